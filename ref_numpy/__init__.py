@@ -1,0 +1,23 @@
+"""ref_numpy: the NumPy reference of the RL math, with hand-derived VJPs (`X_vjp`).
+
+Pure NumPy, float64. Every function `X` has `X_vjp(g, *args, **kwargs)` returning the gradient of
+⟨g, X(...)⟩ wrt X's differentiable inputs, derived by hand in its docstring.
+"""
+from .advantages import (gae, gae_vjp, group_advantages, group_advantages_vjp, whiten,
+                         whiten_vjp)
+from .kl import kl_penalty, kl_penalty_vjp
+from .policy_losses import (cispo_loss, cispo_loss_vjp, policy_objective, policy_objective_vjp,
+                            ppo_clip_loss, ppo_clip_loss_vjp, value_loss, value_loss_vjp)
+from .reduce import aggregate, aggregate_vjp
+
+__all__ = [
+    "gae", "gae_vjp",
+    "whiten", "whiten_vjp",
+    "group_advantages", "group_advantages_vjp",
+    "ppo_clip_loss", "ppo_clip_loss_vjp",
+    "cispo_loss", "cispo_loss_vjp",
+    "value_loss", "value_loss_vjp",
+    "kl_penalty", "kl_penalty_vjp",
+    "aggregate", "aggregate_vjp",
+    "policy_objective", "policy_objective_vjp",
+]

@@ -1,0 +1,372 @@
+"""Advantage estimators: GAE, whitening, group-relative (GRPO/RLOO) advantages.
+
+Readable reference implementations in float64, each with a hand-derived VJP.
+"""
+import numpy as np
+
+from . import _arrays as ar
+from . import _checks
+
+
+# ====================================================================== GAE
+def _gae_inputs(rewards, values, mask, gamma, lam, dones, last_value):
+    r = ar.token("rewards", rewards)
+    v = ar.like("values", values, "rewards", r)
+    m = ar.mask_of(mask, "rewards", r)
+    gamma = _checks.in_range("gamma", gamma, 0.0, 1.0)
+    lam = _checks.in_range("lam", lam, 0.0, 1.0)
+    if dones is None:
+        d = np.zeros(r.shape)
+    else:
+        d = ar.mask_of(dones, "rewards", r, name="dones").astype(np.float64)
+    batch_shape = r.shape[:-1]
+    if last_value is None:
+        lv = np.zeros(batch_shape)
+    else:
+        s = ar.spec("last_value", last_value)
+        _checks.require_float(s)
+        lv = np.asarray(last_value, dtype=np.float64)
+        _checks.last_value(s.shape, batch_shape, bool(np.all(np.isfinite(lv))))
+    ar.finite_at_valid("rewards", r, m)
+    ar.finite_at_valid("values", v, m)
+    d = np.where(m, d, 0.0)
+    (r, v, m, d, lv), squeeze = ar.as_2d(ar.zero_masked(r, m), ar.zero_masked(v, m), m, d, lv)
+    return r, v, m, d, lv, gamma, lam, squeeze
+
+
+def gae(rewards, values, mask=None, *, gamma, lam, dones=None, last_value=None):
+    """Generalised advantage estimation by the backward recursion.
+
+        δ_t = r_t + γ·(1 − d_t)·V_next(t) − V_t
+        A_t = δ_t + γλ·(1 − d_t)·A_next(t),        returns_t = A_t + V_t
+
+    where next(t) is the next *valid* step of the same row and V_next(t) its value; after the last
+    valid step V_next = last_value (0 by default) and A_next = 0.
+
+    Reference: Schulman et al., "High-Dimensional Continuous Control Using Generalized Advantage
+    Estimation", arXiv:1506.02438, eq. (16).
+    Note: masked steps are skipped, not zeroed: the value and the running advantage are carried
+    across them and γ is applied once per valid step (verl's multi-turn convention), so a masked
+    tool-output span neither bootstraps from padding nor decays the advantage. `dones[t] = 1`
+    means the episode ends after valid step t: no bootstrap, and the recursion restarts.
+    dones at masked steps are ignored.
+
+    Worked example (γ = λ = 1, one row, mask [1, 0, 1]): r = [0, 9, 1], V = [0.5, 9, 0.2]
+    gives δ = [0 + 0.2 − 0.5, ·, 1 + 0 − 0.2] = [−0.3, ·, 0.8], A = [0.5, 0, 0.8].
+
+    Args:
+      rewards: [B, T] float (or [T]). Per-step reward.
+      values: [B, T] float. Critic values V(s_t).
+      mask: [B, T] bool or 0/1, or None (all valid). 1 = the step is part of the trajectory.
+      gamma: float in [0, 1]. Discount.
+      lam: float in [0, 1]. GAE λ (0: one-step TD error, 1: Monte-Carlo return minus V).
+      dones: [B, T] bool or 0/1, or None. 1 = the episode terminates after this step.
+      last_value: [B] float, or None (0). Value bootstrapped after the last valid step.
+
+    Returns:
+      (advantages, returns): each [B, T] float64, exactly 0 at masked positions.
+    """
+    r, v, m, d, lv, gamma, lam, squeeze = _gae_inputs(rewards, values, mask, gamma, lam, dones,
+                                                      last_value)
+    B, T = r.shape
+    adv = np.zeros((B, T))
+    next_value = lv.copy()        # V of the next valid step (bootstrap after the last one)
+    lastgaelam = np.zeros(B)      # A of the next valid step
+    for t in reversed(range(T)):
+        valid = m[:, t]
+        cont = 1.0 - d[:, t]
+        delta = r[:, t] + gamma * cont * next_value - v[:, t]
+        a_t = delta + gamma * lam * cont * lastgaelam
+        lastgaelam = np.where(valid, a_t, lastgaelam)
+        next_value = np.where(valid, v[:, t], next_value)
+        adv[:, t] = np.where(valid, a_t, 0.0)
+    ret = np.where(m, adv + v, 0.0)
+    if squeeze:
+        return adv[0], ret[0]
+    return adv, ret
+
+
+def gae_vjp(g, rewards, values, mask=None, *, gamma, lam, dones=None, last_value=None):
+    """VJP of `gae`: the gradients of ⟨g_A, A⟩ + ⟨g_R, returns⟩ wrt rewards and values.
+
+    Gradient:
+      Write c_t = γλ(1 − d_t) and let prev(s) be the previous valid step of s's row. Unrolling
+      A_t = δ_t + c_t·A_next(t) gives A_t = Σ_{s ≥ t} (Π_{k=t}^{prev(s)} c_k)·δ_s over the valid
+      chain. Transposing that lower-triangular map turns the backward recursion into a forward
+      one. With ĝ_t = g_A,t + g_R,t (returns = A + V, so the A-part of g_R joins g_A):
+
+          u_s = ĝ_s + c_prev(s)·u_prev(s)           (u = ∂L/∂δ, first valid step: u = ĝ)
+
+      δ_s = r_s + γ(1 − d_s)·V_next(s) − V_s is linear in r and V:
+          ∂L/∂r_s = u_s
+          ∂L/∂V_s = −u_s + g_R,s + γ(1 − d_prev(s))·u_prev(s)
+      the last term because V_s is the bootstrap value of its previous valid step; the g_R,s
+      term is the direct path returns_s = A_s + V_s. Masked positions get exactly 0.
+
+      Check (T = 2, all valid, no dones): A_0 = δ_0 + γλδ_1, A_1 = δ_1, δ_0 = r_0 + γV_1 − V_0,
+      δ_1 = r_1 − V_1. With g_A = [1, 0], g_R = 0: u = [1, γλ], ∂r = [1, γλ],
+      ∂V = [−1, −γλ + γ] — the same as differentiating A_0 directly.
+
+    Args:
+      g: (g_advantages, g_returns), each shaped like the outputs.
+      rewards, values, mask, gamma, lam, dones, last_value: as for `gae`.
+
+    Returns:
+      {"rewards": [B, T], "values": [B, T]} float64.
+    """
+    r, v, m, d, lv, gamma, lam, squeeze = _gae_inputs(rewards, values, mask, gamma, lam, dones,
+                                                      last_value)
+    if not isinstance(g, (tuple, list)) or len(g) != 2:
+        raise TypeError("g must be a pair (g_advantages, g_returns) shaped like gae's outputs")
+    g_adv = ar.like("g[0]", g[0], "rewards", rewards if not squeeze else r[0])
+    g_ret = ar.like("g[1]", g[1], "rewards", rewards if not squeeze else r[0])
+    if squeeze:
+        g_adv, g_ret = g_adv[None], g_ret[None]
+    g_hat = np.where(m, g_adv + g_ret, 0.0)
+    g_ret = np.where(m, g_ret, 0.0)
+    B, T = r.shape
+    u = np.zeros((B, T))
+    dv = np.zeros((B, T))
+    carry_u = np.zeros(B)   # c_prev · u_prev
+    carry_v = np.zeros(B)   # γ(1 − d_prev) · u_prev
+    for t in range(T):
+        valid = m[:, t]
+        u_t = g_hat[:, t] + carry_u
+        u[:, t] = np.where(valid, u_t, 0.0)
+        dv[:, t] = np.where(valid, -u_t + g_ret[:, t] + carry_v, 0.0)
+        cont = 1.0 - d[:, t]
+        carry_u = np.where(valid, gamma * lam * cont * u_t, carry_u)
+        carry_v = np.where(valid, gamma * cont * u_t, carry_v)
+    if squeeze:
+        return {"rewards": u[0], "values": dv[0]}
+    return {"rewards": u, "values": dv}
+
+
+# ====================================================================== whitening
+def _whiten_inputs(x, mask, ddof, eps, eps_mode, shift_mean):
+    x = ar.token("x", x)
+    m = ar.mask_of(mask, "x", x)
+    ddof = _checks.ddof(ddof)
+    eps = _checks.non_negative("eps", eps)
+    eps_mode = _checks.choice("eps_mode", eps_mode, _checks.EPS_MODES)
+    _checks.boolean("shift_mean", shift_mean)
+    ar.finite_at_valid("x", x, m)
+    _checks.whiten_count(int(m.sum()), ddof)
+    return ar.zero_masked(x, m), m, ddof, eps, eps_mode
+
+
+def _whiten_stats(xs, m, ddof, eps, eps_mode):
+    N = m.sum()
+    mu = xs.sum() / N
+    dev = np.where(m, xs - mu, 0.0)
+    var = (dev ** 2).sum() / (N - ddof)
+    if eps_mode == "var":
+        s = np.sqrt(var + eps)
+    elif eps_mode == "clamp":
+        s = np.sqrt(max(var, eps))
+    else:
+        s = np.sqrt(var) + eps
+    _checks.whiten_scale(s == 0.0, int(N))
+    return N, mu, dev, var, s
+
+
+def whiten(x, mask=None, *, ddof=0, eps=1e-8, eps_mode="var", shift_mean=True):
+    """Masked whitening over all valid entries of the batch.
+
+        μ = Σ m·x / N,   var = Σ m·(x − μ)² / (N − ddof),   N = Σ m
+        y = (x − μ) / s  (shift_mean=True)   or   y = x / s  (shift_mean=False)
+        s = sqrt(var + eps) ("var"), sqrt(max(var, eps)) ("clamp"), sqrt(var) + eps ("std")
+
+    Reference: the advantage normalisation of PPO implementations (e.g. verl `masked_whiten`,
+    OpenRLHF, MiniMind `train_ppo.py`, CleanRL `norm_adv`).
+    Note: `shift_mean=False` scales by the centred spread without centring and adds nothing back.
+    Library defaults differ (np.std ddof=0, torch.std ddof=1); here ddof is always explicit.
+
+    Worked example: x = [1, 2, 3], ddof=0, eps=0: μ = 2, var = 2/3, y = [−1.2247, 0, 1.2247].
+
+    Args:
+      x: [B, T] float (or [T]). Values to whiten (usually advantages).
+      mask: [B, T] bool or 0/1, or None. Statistics use valid entries only.
+      ddof: 0 (divide by N) or 1 (N − 1).
+      eps: float ≥ 0, placed as `eps_mode` says.
+      eps_mode: "var" | "clamp" | "std".
+      shift_mean: bool. Centre (True) or only scale (False).
+
+    Returns:
+      [B, T] float64, 0 at masked positions.
+    """
+    xs, m, ddof, eps, eps_mode = _whiten_inputs(x, mask, ddof, eps, eps_mode, shift_mean)
+    N, mu, dev, var, s = _whiten_stats(xs, m, ddof, eps, eps_mode)
+    num = dev if shift_mean else xs
+    return np.where(m, num / s, 0.0)
+
+
+def whiten_vjp(g, x, mask=None, *, ddof=0, eps=1e-8, eps_mode="var", shift_mean=True):
+    """VJP of `whiten`.
+
+    Gradient:
+      y_j = n_j / s with n_j = x_j − μ (or x_j), s = f(var), var = Σ_k (x_k − μ)² / (N − ddof).
+      Two facts: ∂μ/∂x_i = 1/N, and ∂var/∂x_i = 2(x_i − μ)/(N − ddof) (the μ-path term
+      −2/(N−ddof)·Σ_k (x_k − μ)/N vanishes because the deviations sum to 0). Then
+
+          ∂L/∂x_i = (g_i − ḡ)/s  [ḡ = Σ g / N; just g_i/s when shift_mean=False]
+                    − (Σ_j g_j n_j / s²) · f'(var) · 2(x_i − μ)/(N − ddof)
+
+      f'(var) = 1/(2s) for "var"; 1/(2s) if var ≥ eps else 0 for "clamp" (at var = eps the
+      clamp passes the gradient, as torch.clamp does); 1/(2·sqrt(var)) for "std" (taken as 0
+      when var = 0, where every deviation is 0 and the term vanishes anyway).
+      Masked positions get 0.
+
+    Returns:
+      {"x": [B, T]} float64.
+    """
+    xs, m, ddof, eps, eps_mode = _whiten_inputs(x, mask, ddof, eps, eps_mode, shift_mean)
+    N, mu, dev, var, s = _whiten_stats(xs, m, ddof, eps, eps_mode)
+    gm = ar.zero_masked(ar.like("g", g, "x", xs), m)
+    num = dev if shift_mean else xs
+    if shift_mean:
+        gx = (gm - m * (gm.sum() / N)) / s
+    else:
+        gx = gm / s
+    if eps_mode == "var":
+        ds = 1.0 / (2.0 * s)
+    elif eps_mode == "clamp":
+        ds = 1.0 / (2.0 * s) if var >= eps else 0.0
+    else:
+        ds = 1.0 / (2.0 * np.sqrt(var)) if var > 0 else 0.0
+    gx = gx - (gm * num).sum() / s ** 2 * ds * 2.0 * dev / (N - ddof)
+    return {"x": np.where(m, gx, 0.0)}
+
+
+# ====================================================================== group advantages
+def _group_inputs(rewards, group_size, group_ids, ddof, eps, scale, baseline):
+    s = ar.spec("rewards", rewards)
+    _checks.require_float(s)
+    _checks.require_sequence(s)
+    r = np.asarray(rewards, dtype=np.float64)
+    B = r.shape[0]
+    ids_spec = None if group_ids is None else ar.spec("group_ids", group_ids)
+    _checks.grouping(group_size is not None, ids_spec, B)
+    if group_size is not None:
+        gid = np.arange(B) // _checks.group_size(group_size, B)
+    else:
+        _, gid = np.unique(np.asarray(group_ids), return_inverse=True)
+        gid = gid.reshape(-1)
+    ddof = _checks.ddof(ddof)
+    eps = _checks.non_negative("eps", eps)
+    scale = _checks.choice("scale", scale, _checks.GROUP_SCALES)
+    baseline = _checks.choice("baseline", baseline, _checks.GROUP_BASELINES)
+    ar.finite_at_valid("rewards", r, np.ones(B, dtype=bool))
+    return r, gid, ddof, eps, scale, baseline
+
+
+def _group_parts(r, gid, ddof, eps, scale, baseline):
+    """Centred rewards c, the scale denominator D per row, and what the VJP needs."""
+    counts = np.bincount(gid).astype(np.float64)
+    n = counts[gid]
+    multi = n >= 2
+    mu = (np.bincount(gid, weights=r) / counts)[gid]
+    k = np.ones_like(r) if baseline == "mean" else np.where(multi, n / np.maximum(n - 1, 1), 0)
+    # leave-one-out: r_i − (S − r_i)/(n − 1) = n/(n − 1)·(r_i − μ): a rescaled mean baseline
+    c = np.where(multi, k * (r - mu), 0.0)
+    sigma = None
+    if scale == "group":
+        ss = np.bincount(gid, weights=(r - mu) ** 2)
+        denom = np.maximum(counts - ddof, 1.0)
+        sigma = np.sqrt(ss / denom)[gid]
+        D = sigma + eps
+    elif scale == "batch":
+        B = r.shape[0]
+        mu_b = r.mean()
+        sigma = np.sqrt(((r - mu_b) ** 2).sum() / max(B - ddof, 1))
+        D = np.full_like(r, sigma + eps)
+    else:
+        D = np.ones_like(r)
+    zero = multi & (D == 0.0)
+    _checks.group_spread(int(np.argmax(zero)) if zero.any() else None)
+    return counts, n, multi, mu, k, c, sigma, D
+
+
+def group_advantages(rewards, *, group_size=None, group_ids=None, ddof=0, eps=1e-4,
+                     scale="group", baseline="mean"):
+    """Group-relative advantages (GRPO, Dr. GRPO, RLOO).
+
+        A_i = (r_i − b_i) / (σ + eps)
+
+    b_i = mean of i's group ("mean") or of the others in it ("leave_one_out", RLOO);
+    σ = std of i's group ("group"), of the whole batch ("batch"), or no scaling ("none": A = r − b).
+
+    Reference: Shao et al., DeepSeekMath (GRPO), arXiv:2402.03300, §4.1.2; Liu et al.,
+    Dr. GRPO, arXiv:2503.20783; Ahmadian et al., RLOO, arXiv:2402.14740.
+    Note: a singleton group gets A = 0 (it has no baseline). With "leave_one_out" and "group"
+    scale, σ is the std of the whole group. eps is added to the std (σ + eps), as all of verl,
+    TRL, OpenRLHF, MiniMind do.
+
+    Worked example: rewards [1, 0, 0, 0], group_size 4, ddof 0: μ = 0.25, σ = 0.4330,
+    A_0 = 0.75 / 0.4331 = 1.7317 (with ddof=1, σ = 0.5 and A_0 = 1.4997).
+
+    Args:
+      rewards: [B] float. One scalar reward per sequence.
+      group_size: int dividing B: groups are consecutive blocks. Or:
+      group_ids: [B] int: rows with equal ids form a group, in any order.
+      ddof: 0 or 1, for the std.
+      eps: float ≥ 0.
+      scale: "group" | "batch" | "none".
+      baseline: "mean" | "leave_one_out".
+
+    Returns:
+      [B] float64.
+    """
+    r, gid, ddof, eps, scale, baseline = _group_inputs(rewards, group_size, group_ids, ddof, eps,
+                                                       scale, baseline)
+    *_, multi, _mu, _k, c, _sigma, D = _group_parts(r, gid, ddof, eps, scale, baseline)
+    return np.where(multi, c / D, 0.0)
+
+
+def group_advantages_vjp(g, rewards, *, group_size=None, group_ids=None, ddof=0, eps=1e-4,
+                         scale="group", baseline="mean"):
+    """VJP of `group_advantages`.
+
+    Gradient:
+      For a group of n ≥ 2, c_i = k·(r_i − μ) with k = 1 (mean) or n/(n−1) (leave-one-out,
+      since r_i − (S − r_i)/(n − 1) = n/(n−1)·(r_i − μ)). A_i = c_i / D_i with D = σ + eps.
+
+      1. Through c: ∂c_j/∂r_i = k(δ_ij − 1/n), so with h_j = g_j / D_j,
+            ∂L/∂r_i ⊇ k·(h_i − mean_group(h))            (zero-sum within each group).
+      2. Through σ ("group": per group; "batch": one σ for all rows):
+            ∂L/∂σ = −Σ_j g_j c_j / D_j²   (summed over the rows that σ scales)
+            ∂σ/∂r_i = (r_i − μ_σ) / ((n_σ − ddof)·σ)   (0 when σ = 0, where Σ g_j c_j = 0)
+         with μ_σ, n_σ the mean and count σ is taken over. Singletons have c = 0 and no path 1,
+         but in "batch" scale their reward still moves σ and so gets path 2.
+
+      Check (n = 2, r_0 > r_1, mean, ddof 0, eps 0): A = [+1, −1] whatever r is, so the
+      gradient must be 0. Here c = [σ, −σ]; path 1 gives ∂r_0 = (g_0 − g_1)/(2σ); path 2 gives
+      −σ(g_0 − g_1)/σ² · σ/(2σ) = −(g_0 − g_1)/(2σ). They cancel.
+
+    Returns:
+      {"rewards": [B]} float64.
+    """
+    r, gid, ddof, eps, scale, baseline = _group_inputs(rewards, group_size, group_ids, ddof, eps,
+                                                       scale, baseline)
+    counts, n, multi, mu, k, c, sigma, D = _group_parts(r, gid, ddof, eps, scale, baseline)
+    gs = ar.spec("g", g)
+    _checks.require_float(gs)
+    _checks.require_sequence(gs, r.shape[0])
+    g = np.where(multi, np.asarray(g, dtype=np.float64), 0.0)
+    h = g / D
+    h_mean = (np.bincount(gid, weights=h) / counts)[gid]
+    grad = np.where(multi, k * (h - h_mean), 0.0)
+    if scale != "none":
+        w = -g * c / D ** 2                                   # ∂L/∂σ contributions per row
+        if scale == "group":
+            g_sigma = np.bincount(gid, weights=w)[gid]
+            n_sigma = counts[gid] - ddof
+            centred = r - mu
+        else:
+            g_sigma = w.sum()
+            n_sigma = r.shape[0] - ddof
+            centred = r - r.mean()
+        safe = np.where(sigma > 0, sigma, 1.0)
+        dsigma = np.where(sigma > 0, centred / (np.maximum(n_sigma, 1) * safe), 0.0)
+        grad = grad + g_sigma * dsigma
+    return {"rewards": grad}

@@ -1,0 +1,81 @@
+"""Per-token KL penalty estimators k1, k2, k3 and |·|, with optional clamps, and their VJP."""
+import numpy as np
+
+from . import _arrays as ar
+from . import _checks
+
+
+def _kl_parts(logp, ref_logp, mask, kind, clamp):
+    lp = ar.token("logp", logp)
+    ref = ar.like("ref_logp", ref_logp, "logp", lp)
+    m = ar.mask_of(mask, "logp", lp)
+    kind = _checks.choice("kind", kind, _checks.KL_KINDS)
+    in_b, out_b = _checks.clamp_pair("clamp", clamp)
+    ar.finite_at_valid("logp", lp, m)
+    ar.finite_at_valid("ref_logp", ref, m)
+    x = ar.zero_masked(ref, m) - ar.zero_masked(lp, m)        # x = log(ref/π) at the sample
+    dx = np.ones_like(x)
+    if in_b is not None:
+        dx = (np.abs(x) <= in_b).astype(np.float64)
+        x = np.clip(x, -in_b, in_b)
+    if kind == "k1":
+        k, dk = -x, -np.ones_like(x)
+    elif kind == "k2":
+        k, dk = 0.5 * x ** 2, x
+    elif kind == "k3":
+        xs = np.minimum(x, ar.LOG_FLOAT_MAX)          # exp saturates instead of overflowing
+        em1 = np.expm1(xs)                            # e^x − 1 without cancellation near 0
+        k, dk = em1 - xs, em1 * (x <= ar.LOG_FLOAT_MAX)
+    else:
+        k, dk = np.abs(x), np.sign(x)
+    if out_b is not None:
+        dk = dk * (np.abs(k) <= out_b)
+        k = np.clip(k, -out_b, out_b)
+    return m, k, dk * dx
+
+
+def kl_penalty(logp, ref_logp, mask=None, *, kind="k3", clamp=None):
+    """Per-token estimators of KL(π‖ref) from a sample of π.
+
+    With x = ref_logp − logp = log(ref(y)/π(y)) at the sampled token y ~ π:
+        k1 = −x,   k2 = ½x²,   k3 = e^x − 1 − x,   abs = |x|
+
+    Reference: J. Schulman, "Approximating KL Divergence" (2020), http://joschu.net/blog/kl-approx.html.
+    Note: E_π[k1] = E_π[k3] = KL(π‖ref); k3 ≥ 0 always; k2 is biased (≈ KL to second order).
+    Their *gradients* as losses differ: see `estimators.py` and bug_classes.md (KL).
+    `clamp=(input_bound, output_bound)` clips x to ±input_bound before the estimator and the
+    result to ±output_bound after it (verl k3: (20, 10); OpenRLHF: (None, 10) on every kind).
+    k3 uses expm1 so that small x loses no digits, and caps e^x at the largest float.
+
+    Worked example: logp = log 0.5, ref = log 0.4: x = −0.2231; k1 = 0.2231, k2 = 0.0249,
+    k3 = 0.8 − 1 + 0.2231 = 0.0231.
+
+    Args:
+      logp: [B, T] float (or [T]). log π of the sampled tokens.
+      ref_logp: [B, T] float. log π_ref of the same tokens.
+      mask: [B, T] bool or 0/1, or None.
+      kind: "k1" | "k2" | "k3" | "abs".
+      clamp: None or (input_bound, output_bound), each None or > 0.
+
+    Returns:
+      [B, T] float64, 0 at masked positions.
+    """
+    m, k, _ = _kl_parts(logp, ref_logp, mask, kind, clamp)
+    return np.where(m, k, 0.0)
+
+
+def kl_penalty_vjp(g, logp, ref_logp, mask=None, *, kind="k3", clamp=None):
+    """VJP of `kl_penalty` wrt logp.
+
+    Gradient:
+      x = ref − logp, so ∂x/∂logp = −1 and ∂k/∂logp = −k'(x):
+        k1: +1        k2: −x = logp − ref        k3: −(e^x − 1) = 1 − ref/π        abs: −sign(x)
+      Each clamp multiplies by the indicator that it does not bind (inclusive at its edge, as
+      torch.clamp passes the gradient there). At x = 0, |x| has gradient 0. Masked → 0.
+
+    Returns:
+      {"logp": [B, T]} float64.
+    """
+    m, _, dk = _kl_parts(logp, ref_logp, mask, kind, clamp)
+    gm = ar.zero_masked(ar.like("g", g, "logp", np.asarray(logp, dtype=np.float64)), m)
+    return {"logp": np.where(m, -gm * dk, 0.0)}

@@ -1,0 +1,312 @@
+"""Per-token policy and value losses (PPO clip, dual clip, CISPO, clipped value loss) and the
+composed actor objective, each with a hand-derived VJP.
+"""
+import numpy as np
+
+from . import _arrays as ar
+from . import _checks
+from .kl import kl_penalty, kl_penalty_vjp
+from .reduce import aggregate, aggregate_vjp
+
+
+def _ratio_inputs(logp, old_logp, advantages, mask, log_ratio_clamp):
+    """Validated, padding-free logp, A (expanded to [B, T]), mask, ρ, ratio and dρ/dlogp."""
+    lp = ar.token("logp", logp)
+    old = ar.like("old_logp", old_logp, "logp", lp)
+    s = ar.spec("advantages", advantages)
+    per_seq = _checks.require_advantages(s, ar.spec("logp", lp))
+    m = ar.mask_of(mask, "logp", lp)
+    clamp = _checks.positive("log_ratio_clamp", log_ratio_clamp, allow_none=True)
+    adv = np.asarray(advantages, dtype=np.float64)
+    if per_seq:
+        ar.finite_at_valid("advantages", adv, m.any(axis=-1))
+        adv = np.where(m.any(axis=-1), adv, 0.0)
+        adv = np.repeat(adv[:, None], lp.shape[-1], axis=1)      # one A per sequence → [B, T]
+    ar.finite_at_valid("logp", lp, m)
+    ar.finite_at_valid("old_logp", old, m)
+    ar.finite_at_valid("advantages", adv, m)
+    lp, old, adv = (ar.zero_masked(a, m) for a in (lp, old, adv))
+    rho = lp - old
+    drho = np.ones_like(rho)
+    if clamp is not None:
+        drho = (np.abs(rho) <= clamp).astype(np.float64)  # clamp passes the gradient at its edge
+        rho = np.clip(rho, -clamp, clamp)
+    drho = drho * (rho <= ar.LOG_FLOAT_MAX)               # saturation, see ar.LOG_FLOAT_MAX
+    ratio = np.exp(np.minimum(rho, ar.LOG_FLOAT_MAX))
+    return lp, adv, m, ratio, drho
+
+
+# ====================================================================== PPO clip
+def _ppo_branches(adv, ratio, clip_low, clip_high, clip_c):
+    clip_low = _checks.in_range("clip_low", clip_low, 0.0, 1.0, hi_open=True)
+    clip_high = _checks.non_negative("clip_high", clip_high, allow_none=True)
+    clip_c = _checks.clip_c(clip_c)
+    hi = 1.0 + (clip_low if clip_high is None else clip_high)
+    lo = 1.0 - clip_low
+    l1 = -adv * ratio                               # pg_loss1: unclipped surrogate
+    l2 = -adv * np.clip(ratio, lo, hi)              # pg_loss2: clipped surrogate
+    clipped = l2 > l1                               # at a tie the unclipped branch wins
+    loss = np.where(clipped, l2, l1)
+    dual = np.zeros_like(clipped)
+    if clip_c is not None:
+        dual = (adv < 0) & (loss > -adv * clip_c)   # dual clip: the loss is capped at −c·A
+        loss = np.where(dual, -adv * clip_c, loss)
+    return loss, clipped | dual
+
+
+def ppo_clip_loss(logp, old_logp, advantages, mask=None, *, clip_low=0.2, clip_high=None,
+                  clip_c=None, log_ratio_clamp=None):
+    """PPO clipped surrogate loss per token, with optional asymmetric (clip-higher) and dual clip.
+
+        r = exp(logp − old_logp)
+        l = max(−A·r, −A·clip(r, 1 − ε_low, 1 + ε_high))
+        dual clip (A < 0 only):  l = min(l, −c·A)
+
+    Reference: Schulman et al., PPO, arXiv:1707.06347, eq. (7) (as a loss: the negated
+    objective); Ye et al., dual-clip PPO, arXiv:1912.09729, eq. (4); DAPO clip-higher,
+    arXiv:2503.14476, §3.1.
+    Note: at a tie (r exactly on a clip edge, or l = −c·A) the unclipped branch carries the
+    gradient. `log_ratio_clamp` clamps ρ = logp − old_logp to ±bound before exp, as verl and
+    OpenRLHF do (±20); the ratio then has no gradient beyond the bound. exp() is capped at the
+    largest float (ρ > 709.78 in float64) so that it saturates instead of overflowing.
+
+    Worked example (A = 1, ε = 0.2): r = 1.6487 → l = −1.2 (clip binding, gradient 0);
+    r = 1.1052 → l = −1.1052 (gradient −r); r = 0.2231 → l = −0.2231 (the clip does not bind for
+    A > 0 and r < 1 − ε: min picks the unclipped, smaller objective; gradient −r).
+
+    Args:
+      logp: [B, T] float (or [T]). log π_θ of the sampled tokens.
+      old_logp: [B, T] float. log π_old of the same tokens (behaviour policy).
+      advantages: [B, T] float, or [B] (one per sequence, used for each of its tokens).
+      mask: [B, T] bool or 0/1, or None.
+      clip_low: ε_low in [0, 1).
+      clip_high: ε_high ≥ 0, or None (= clip_low).
+      clip_c: dual-clip constant c > 1, or None (off).
+      log_ratio_clamp: bound > 0 on |logp − old_logp| before exp, or None.
+
+    Returns:
+      [B, T] float64, 0 at masked positions.
+    """
+    lp, adv, m, ratio, _ = _ratio_inputs(logp, old_logp, advantages, mask, log_ratio_clamp)
+    loss, _ = _ppo_branches(adv, ratio, clip_low, clip_high, clip_c)
+    return np.where(m, loss, 0.0)
+
+
+def ppo_clip_loss_vjp(g, logp, old_logp, advantages, mask=None, *, clip_low=0.2, clip_high=None,
+                      clip_c=None, log_ratio_clamp=None):
+    """VJP of `ppo_clip_loss` wrt logp.
+
+    Gradient:
+      dr/dlogp = r, so the unclipped branch l = −A·r has dl/dlogp = −A·r, and the clipped
+      branch −A·clip(r) is constant wherever it is the one chosen (there r is outside
+      [1 − ε_low, 1 + ε_high]; inside, the two branches are equal and the unclipped one is taken).
+      The case split (Spinning Up's):
+        A > 0: −A·r while r ≤ 1 + ε_high, then 0;
+        A < 0: −A·r while r ≥ 1 − ε_low, then 0; with the dual clip also 0 once r > c;
+        A = 0: 0.
+      The log-ratio clamp multiplies by 1[|ρ| ≤ bound].
+      So ∂L/∂logp = g · (−A·r) · 1[unclipped branch active] · 1[|ρ| ≤ bound], 0 when masked.
+
+    Returns:
+      {"logp": [B, T]} float64.
+    """
+    lp, adv, m, ratio, drho = _ratio_inputs(logp, old_logp, advantages, mask, log_ratio_clamp)
+    _, inactive = _ppo_branches(adv, ratio, clip_low, clip_high, clip_c)
+    gm = ar.zero_masked(ar.like("g", g, "logp", lp), m)
+    dl = np.where(inactive, 0.0, -adv * ratio) * drho
+    return {"logp": np.where(m, gm * dl, 0.0)}
+
+
+# ====================================================================== CISPO
+def _cispo_weight(ratio, clip_high, clip_low, bound):
+    bound = _checks.choice("bound", bound, _checks.CISPO_BOUNDS)
+    if bound == "absolute":
+        clip_high = _checks.positive("clip_high", clip_high, allow_inf=True)
+        _checks.cispo_clip_low(clip_low, bound)
+        return np.minimum(ratio, clip_high)
+    clip_high = _checks.non_negative("clip_high", clip_high, allow_inf=True)
+    clip_low = _checks.non_negative("clip_low", clip_low, allow_none=True, allow_inf=True)
+    lo = 0.0 if clip_low is None else max(1.0 - clip_low, 0.0)
+    return np.clip(ratio, lo, 1.0 + clip_high)
+
+
+def cispo_loss(logp, old_logp, advantages, mask=None, *, clip_high=5.0, clip_low=None,
+               bound="absolute", log_ratio_clamp=None):
+    """CISPO loss per token: REINFORCE weighted by a clipped, detached importance ratio.
+
+        l = −sg(w)·A·logp,   w = min(r, clip_high)                         ("absolute")
+                             w = clip(r, 1 − clip_low, 1 + clip_high)      ("relative")
+
+    Reference: MiniMax-M1, arXiv:2506.13585, §3.1 eq. (4)–(5).
+    Note: sg = stop-gradient: w scales the gradient but is not differentiated, so a token whose
+    ratio is clipped still gets a gradient (unlike PPO). "absolute" is MiniMind's and TRL's form
+    (cap 5.0); "relative" is verl's and slime's; clip_low=None there means no lower bound.
+    The loss *value* is −w·A·logp; only its gradient is the CISPO estimator.
+
+    Worked example (A = 1, cap 2): r = 3 → w = 2, dl/dlogp = −2 (clipped, still a gradient);
+    r = 0.3 → w = 0.3, dl/dlogp = −0.3.
+
+    Args:
+      logp, old_logp: [B, T] float (or [T]).
+      advantages: [B, T] float, or [B].
+      mask: [B, T] bool or 0/1, or None.
+      clip_high: cap (absolute, > 0, inf allowed) or upper half-width (relative, ≥ 0).
+      clip_low: relative lower half-width ≥ 0 (≥ 1 disables it), or None.
+      bound: "absolute" | "relative".
+      log_ratio_clamp: bound > 0 on |logp − old_logp| before exp, or None.
+
+    Returns:
+      [B, T] float64, 0 at masked positions.
+    """
+    lp, adv, m, ratio, _ = _ratio_inputs(logp, old_logp, advantages, mask, log_ratio_clamp)
+    w = _cispo_weight(ratio, clip_high, clip_low, bound)
+    return np.where(m, -w * adv * lp, 0.0)
+
+
+def cispo_loss_vjp(g, logp, old_logp, advantages, mask=None, *, clip_high=5.0, clip_low=None,
+                   bound="absolute", log_ratio_clamp=None):
+    """VJP of `cispo_loss` wrt logp.
+
+    Gradient:
+      w is stop-gradient, so l = −w·A·logp is linear in logp: ∂l/∂logp = −w·A, for clipped and
+      unclipped tokens alike. (Differentiating through w instead would add −A·logp·∂w/∂logp =
+      −A·logp·r where w = r: the bug the `detach` stage looks for.) 0 at masked positions.
+
+    Returns:
+      {"logp": [B, T]} float64.
+    """
+    lp, adv, m, ratio, _ = _ratio_inputs(logp, old_logp, advantages, mask, log_ratio_clamp)
+    w = _cispo_weight(ratio, clip_high, clip_low, bound)
+    gm = ar.zero_masked(ar.like("g", g, "logp", lp), m)
+    return {"logp": np.where(m, -gm * w * adv, 0.0)}
+
+
+# ====================================================================== value loss
+def _value_inputs(values, old_values, returns, mask, clip):
+    v = ar.token("values", values)
+    vo = ar.like("old_values", old_values, "values", v)
+    R = ar.like("returns", returns, "values", v)
+    m = ar.mask_of(mask, "values", v)
+    clip = _checks.positive("clip", clip, allow_none=True)
+    for name, a in (("values", v), ("old_values", vo), ("returns", R)):
+        ar.finite_at_valid(name, a, m)
+    v, vo, R = (ar.zero_masked(a, m) for a in (v, vo, R))
+    e1 = v - R
+    if clip is None:
+        return m, e1, e1, np.zeros(v.shape, dtype=bool), np.ones(v.shape)
+    d = v - vo
+    e2 = vo + np.clip(d, -clip, clip) - R
+    use_clipped = 0.5 * e2 ** 2 > 0.5 * e1 ** 2     # a tie goes to the unclipped branch
+    dclip = (np.abs(d) <= clip).astype(np.float64)
+    return m, e1, e2, use_clipped, dclip
+
+
+def value_loss(values, old_values, returns, mask=None, *, clip=0.2):
+    """Clipped value loss per token.
+
+        l = ½·max((v − R)², (v_old + clip(v − v_old, −c, c) − R)²)      (clip=None: ½(v − R)²)
+
+    Reference: the PPO2 baselines value clipping; Engstrom et al., "Implementation Matters",
+    arXiv:2005.12729, §3 (value function clipping).
+    Note: the clip is around the *old value*, not the target. At a tie the unclipped branch
+    carries the gradient.
+
+    Worked example (c = 0.2): v = 1.0, v_old = 0.5, R = 2.0 → clipped v is 0.7,
+    l = ½·max(1.0, 1.69) = 0.845, and the gradient is 0 (v is outside v_old ± c).
+
+    Args:
+      values: [B, T] float (or [T]). New critic values.
+      old_values: [B, T] float. Critic values at rollout time.
+      returns: [B, T] float. Regression targets.
+      mask: [B, T] bool or 0/1, or None.
+      clip: c > 0, or None (unclipped).
+
+    Returns:
+      [B, T] float64, 0 at masked positions.
+    """
+    m, e1, e2, use_clipped, _ = _value_inputs(values, old_values, returns, mask, clip)
+    return np.where(m, 0.5 * np.where(use_clipped, e2 ** 2, e1 ** 2), 0.0)
+
+
+def value_loss_vjp(g, values, old_values, returns, mask=None, *, clip=0.2):
+    """VJP of `value_loss` wrt values.
+
+    Gradient:
+      Unclipped branch: ∂½(v − R)²/∂v = v − R.
+      Clipped branch: ∂½(v_old + clip(v − v_old) − R)²/∂v = (v_clip − R)·1[|v − v_old| ≤ c]:
+      once v has left v_old ± c the clipped branch is flat. So a token whose clipped error is
+      the larger one (the max picks it) gets no gradient unless it sits exactly on the edge.
+
+    Returns:
+      {"values": [B, T]} float64.
+    """
+    m, e1, e2, use_clipped, dclip = _value_inputs(values, old_values, returns, mask, clip)
+    gm = ar.zero_masked(ar.like("g", g, "values", np.asarray(values)), m)
+    dl = np.where(use_clipped, e2 * dclip, e1)
+    return {"values": np.where(m, gm * dl, 0.0)}
+
+
+# ====================================================================== actor objective
+def _policy_parts(mask, ref_logp, loss, beta, kl_kind, kl_clamp):
+    loss = _checks.choice("loss", loss, _checks.POLICY_LOSSES)
+    beta = _checks.non_negative("beta", beta)
+    _checks.policy_mask(mask is None, "policy_objective")
+    _checks.kl_reference(beta, ref_logp is None)
+    fn, vjp = (ppo_clip_loss, ppo_clip_loss_vjp) if loss == "ppo" else (cispo_loss, cispo_loss_vjp)
+    use_kl = beta > 0
+    kl_kw = dict(kind=kl_kind, clamp=kl_clamp)
+    return fn, vjp, use_kl, beta, kl_kw
+
+
+def policy_objective(logp, old_logp, advantages, mask, ref_logp=None, *, loss="ppo",
+                     agg="seq-mean-token-mean", beta=0.0, kl_kind="k3", kl_clamp=None, norm=None,
+                     empty_rows="exclude", **loss_kwargs):
+    """The actor loss a trainer minimises: aggregate(policy_loss + β·kl_penalty).
+
+        J = aggregate(l_policy(logp) + β·k(logp, ref_logp), mask, mode=agg)
+
+    Reference: GRPO, arXiv:2402.03300, eq. (3) (KL as a per-token loss term); the aggregation
+    modes of verl `agg_loss`.
+    Note: `loss` is "ppo" (`ppo_clip_loss`) or "cispo" (`cispo_loss`); `**loss_kwargs` go to it.
+    `norm`, `empty_rows` go to `aggregate`; `kl_kind`, `kl_clamp` to `kl_penalty`.
+
+    Args:
+      logp, old_logp: [B, T] float.
+      advantages: [B, T] or [B] float.
+      mask: [B, T] bool or 0/1 (required).
+      ref_logp: [B, T] float, or None when beta = 0.
+      loss, agg, beta (≥ 0), kl_kind, kl_clamp, norm, empty_rows: see above.
+
+    Returns:
+      float64 scalar.
+    """
+    fn, _, use_kl, beta, kl_kw = _policy_parts(logp, old_logp, advantages, mask, ref_logp, loss,
+                                               beta, kl_kind, kl_clamp, loss_kwargs)
+    per_token = fn(logp, old_logp, advantages, mask, **loss_kwargs)
+    if use_kl:
+        per_token = per_token + beta * kl_penalty(logp, ref_logp, mask, **kl_kw)
+    return aggregate(per_token, mask, mode=agg, norm=norm, empty_rows=empty_rows)
+
+
+def policy_objective_vjp(g, logp, old_logp, advantages, mask, ref_logp=None, *, loss="ppo",
+                         agg="seq-mean-token-mean", beta=0.0, kl_kind="k3", kl_clamp=None,
+                         norm=None, empty_rows="exclude", **loss_kwargs):
+    """VJP of `policy_objective` wrt logp, by the chain rule through its parts.
+
+    Gradient:
+      aggregate is linear: J = Σ_bt w_bt·l_bt with the per-token weights w of `aggregate_vjp`.
+      So the cotangent reaching the per-token losses is g·w, and
+          ∂J/∂logp = policy_vjp(g·w) + β·kl_penalty_vjp(g·w)
+      (ref_logp, old_logp and A are constants).
+
+    Returns:
+      {"logp": [B, T]} float64.
+    """
+    fn, vjp, use_kl, beta, kl_kw = _policy_parts(mask, ref_logp, loss, beta, kl_kind,
+                                                 kl_clamp)
+    per_token = fn(logp, old_logp, advantages, mask, **loss_kwargs)
+    w = aggregate_vjp(g, per_token, mask, mode=agg, norm=norm, empty_rows=empty_rows)["loss"]
+    grad = vjp(w, logp, old_logp, advantages, mask, **loss_kwargs)["logp"]
+    if use_kl:
+        grad = grad + beta * kl_penalty_vjp(w, logp, ref_logp, mask, **kl_kw)["logp"]
+    return {"logp": grad}

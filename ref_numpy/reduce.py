@@ -1,0 +1,84 @@
+"""Loss aggregation: the per-token weights that turn a [B, T] loss into the scalar a trainer
+back-propagates, and their VJP (which *is* those weights)."""
+import numpy as np
+
+from . import _arrays as ar
+from . import _checks
+
+
+def _weights(loss, mask, mode, norm, empty_rows):
+    lo = ar.token("loss", loss)
+    _checks.policy_mask(mask is None, "aggregate")
+    m = ar.mask_of(mask, "loss", lo)
+    mode = _checks.choice("mode", mode, _checks.AGG_MODES)
+    empty_rows = _checks.choice("empty_rows", empty_rows, _checks.EMPTY_ROWS)
+    _checks.agg_norm(norm, mode)
+    ar.finite_at_valid("loss", lo, m)
+    (lo, m), _ = ar.as_2d(lo, m)
+    mf = m.astype(np.float64)
+    L = mf.sum(axis=1)                                   # tokens per row
+    rows = float((L > 0).sum()) if empty_rows == "exclude" else float(m.shape[0])
+    if mode == "token-mean":
+        N = mf.sum()
+        w = mf / N if N > 0 else np.zeros_like(mf)
+    elif mode == "seq-mean-token-mean":
+        w = mf / np.maximum(L, 1.0)[:, None] / max(rows, 1.0)
+    elif mode == "seq-mean-token-sum":
+        w = mf / max(rows, 1.0)
+    else:
+        norm = float(m.shape[1]) if norm is None else _checks.positive("norm", norm)
+        w = mf / norm
+    return ar.zero_masked(lo, m), w
+
+
+def aggregate(loss, mask, *, mode="seq-mean-token-mean", norm=None, empty_rows="exclude"):
+    """Reduce a per-token loss to the scalar a trainer minimises.
+
+        "token-mean":              Σ_bt m·l / Σ_bt m
+        "seq-mean-token-mean":     mean over rows b of (Σ_t m·l / L_b)
+        "seq-mean-token-sum":      mean over rows b of Σ_t m·l
+        "seq-mean-token-sum-norm": Σ_bt m·l / norm   (norm = T, the padded length, by default)
+
+    Reference: verl `agg_loss` (trainer_conventions.md §4); Dr. GRPO, arXiv:2503.20783, §3.1 on
+    the length bias of per-sequence means.
+    Note: rows with no valid token: `empty_rows="exclude"` (verl, OpenRLHF) leaves them out of
+    the row count; "include" (TRL `grpo`, MiniMind GRPO) counts them as rows contributing 0.
+    An all-masked batch aggregates to 0. `seq-mean-token-sum-norm` divides by `norm` only,
+    never by B (verl's Dr. GRPO form).
+
+    Worked example, lengths 1 and 3, all losses 1: token-mean weights every token 1/4;
+    seq-mean-token-mean gives the lone token 1/2 and each of the three 1/6 (length bias).
+
+    Args:
+      loss: [B, T] float (or [T]). Per-token loss; masked positions may hold anything.
+      mask: [B, T] bool or 0/1 (required).
+      mode: one of the four above.
+      norm: float > 0 for "seq-mean-token-sum-norm", or None (T).
+      empty_rows: "exclude" | "include".
+
+    Returns:
+      float64 scalar.
+    """
+    lo, w = _weights(loss, mask, mode, norm, empty_rows)
+    return np.float64((w * lo).sum())
+
+
+def aggregate_vjp(g, loss, mask, *, mode="seq-mean-token-mean", norm=None, empty_rows="exclude"):
+    """VJP of `aggregate` wrt loss.
+
+    Gradient:
+      Every mode is linear in loss, J = Σ_bt w_bt·l_bt, so ∂J/∂l = w: token-mean w = m/N;
+      seq-mean-token-mean w = m_bt/(L_b·B'); seq-mean-token-sum w = m/B';
+      seq-mean-token-sum-norm w = m/norm; B' = the number of rows counted. The VJP is g·w.
+      These weights are the length bias made visible: under seq-mean-token-mean a token of a
+      short answer weighs more than a token of a long one.
+
+    Returns:
+      {"loss": [B, T]} float64 (the shape of `loss`).
+    """
+    s = ar.spec("g", g)
+    _checks.require_float(s)
+    if s.shape != ():
+        raise ValueError(f"g has shape {s.shape}; aggregate returns a scalar, so g must be one")
+    _, w = _weights(loss, mask, mode, norm, empty_rows)
+    return {"loss": (float(g) * w).reshape(np.shape(loss))}

@@ -1,0 +1,21 @@
+"""ref_torch: an independent torch implementation of the RL math; autograd gives gradients.
+
+Same function names and signatures as ref_numpy (without the *_vjp). Any float dtype and device:
+a call computes in its inputs' dtype, on their device.
+"""
+from .advantages import gae, group_advantages, whiten
+from .kl import kl_penalty
+from .policy_losses import cispo_loss, policy_objective, ppo_clip_loss, value_loss
+from .reduce import aggregate
+
+__all__ = [
+    "gae",
+    "whiten",
+    "group_advantages",
+    "ppo_clip_loss",
+    "cispo_loss",
+    "value_loss",
+    "kl_penalty",
+    "aggregate",
+    "policy_objective",
+]

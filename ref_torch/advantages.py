@@ -1,0 +1,162 @@
+"""Advantage estimators in torch (autograd gives the gradients).
+
+Written from the equations, independently of ref_numpy: GAE as a log-depth affine scan with the
+next valid value gathered by index; group statistics through a membership matrix.
+"""
+import torch
+
+from ref_numpy import _checks
+
+from . import _tensors as tt
+
+
+def _reverse_affine_scan(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Solve x_t = b_t + a_t·x_{t+1} (x_T = 0) along the last axis in ⌈log2 T⌉ doubling steps.
+
+    Position t holds the composition of the affine maps f_t ∘ … ∘ f_{t+k−1} (f_s(y) = b_s + a_s·y)
+    as (A, X): combining two adjacent windows gives X_t + A_t·X_{t+k} and A_t·A_{t+k}.
+    """
+    T = b.shape[-1]
+    x, A, k = b, a, 1
+    while k < T:
+        x = x + A * torch.nn.functional.pad(x[..., k:], (0, k))
+        A = A * torch.nn.functional.pad(A[..., k:], (0, k))
+        k *= 2
+    return x
+
+
+def gae(rewards, values, mask=None, *, gamma, lam, dones=None, last_value=None):
+    """Generalised advantage estimation (GAE), arXiv:1506.02438 eq. (16).
+
+        A_t = Σ_{l ≥ 0} (Π_{j < l} γλ(1 − d_{t_j})) · δ_{t_l}  over the valid steps t = t_0 < t_1 < …
+        δ_t = r_t + γ(1 − d_t)·V(next valid step, or last_value) − V_t;   returns = A + V
+
+    Masked steps are skipped (value and advantage carried across them); see ref_numpy.gae for
+    the conventions. Computed as one reverse affine scan (no Python loop over T).
+
+    Args/Returns: as ref_numpy.gae, with tensors; any float dtype and device.
+    """
+    r = tt.token("rewards", rewards)
+    v = tt.like("values", values, "rewards", r)
+    m = tt.mask_of(mask, "rewards", r)
+    gamma = _checks.in_range("gamma", gamma, 0.0, 1.0)
+    lam = _checks.in_range("lam", lam, 0.0, 1.0)
+    d = torch.zeros_like(r) if dones is None else tt.mask_of(dones, "rewards", r, "dones").to(r.dtype)
+    batch_shape = tuple(r.shape[:-1])
+    if last_value is None:
+        lv = torch.zeros(batch_shape, dtype=r.dtype, device=r.device)
+    else:
+        s = tt.spec("last_value", last_value)
+        _checks.require_float(s)
+        _checks.last_value(s.shape, batch_shape, bool(torch.isfinite(last_value).all()))
+        lv = last_value.to(r.dtype)
+    tt.finite_at_valid("rewards", r, m)
+    tt.finite_at_valid("values", v, m)
+    squeeze = r.dim() == 1
+    if squeeze:
+        r, v, m, d, lv = r[None], v[None], m[None], d[None], lv[None]
+    B, T = r.shape
+    zero = torch.zeros((), dtype=r.dtype, device=r.device)
+    r0, v0, d0 = torch.where(m, r, zero), torch.where(m, v, zero), torch.where(m, d, zero)
+
+    # index of the first valid step strictly after t (T = none: bootstrap from last_value)
+    steps = torch.arange(T, device=r.device).expand(B, T)
+    pos = torch.where(m, steps, torch.full_like(steps, T))
+    first_at_or_after = torch.flip(torch.cummin(torch.flip(pos, [-1]), dim=-1).values, [-1])
+    nxt = torch.cat([first_at_or_after[:, 1:], torch.full((B, 1), T, device=r.device)], dim=-1)
+    v_next = torch.gather(torch.cat([v0, lv[:, None]], dim=-1), 1, nxt)
+
+    cont = 1.0 - d0
+    delta = r0 + gamma * cont * v_next - v0
+    a = torch.where(m, gamma * lam * cont, torch.ones_like(r0))   # masked step: carry A across
+    adv = _reverse_affine_scan(a, torch.where(m, delta, zero))
+    adv = torch.where(m, adv, zero)
+    ret = torch.where(m, adv + v0, zero)
+    if squeeze:
+        return adv[0], ret[0]
+    return adv, ret
+
+
+def whiten(x, mask=None, *, ddof=0, eps=1e-8, eps_mode="var", shift_mean=True):
+    """Masked whitening: (x − μ)/s (or x/s), μ and var over valid entries, var with N − ddof.
+
+    s = sqrt(var + eps) | sqrt(max(var, eps)) | sqrt(var) + eps for eps_mode var | clamp | std.
+    Args/Returns: as ref_numpy.whiten, with tensors.
+    """
+    x = tt.token("x", x)
+    m = tt.mask_of(mask, "x", x)
+    ddof = _checks.ddof(ddof)
+    eps = _checks.non_negative("eps", eps)
+    eps_mode = _checks.choice("eps_mode", eps_mode, _checks.EPS_MODES)
+    _checks.boolean("shift_mean", shift_mean)
+    tt.finite_at_valid("x", x, m)
+    n_valid = int(m.sum())
+    _checks.whiten_count(n_valid, ddof)
+    zero = torch.zeros((), dtype=x.dtype, device=x.device)
+    xm = torch.where(m, x, zero)
+    mean = xm.sum() / n_valid
+    centred = torch.where(m, xm - mean, zero)
+    var = centred.pow(2).sum() / (n_valid - ddof)
+    if eps_mode == "var":
+        scale = torch.sqrt(var + eps)
+    elif eps_mode == "clamp":
+        scale = torch.sqrt(torch.clamp(var, min=eps))
+    else:
+        scale = tt.safe_sqrt(var) + eps
+    _checks.whiten_scale(bool(scale == 0), n_valid)
+    out = (centred if shift_mean else xm) / scale
+    return torch.where(m, out, zero)
+
+
+def group_advantages(rewards, *, group_size=None, group_ids=None, ddof=0, eps=1e-4,
+                     scale="group", baseline="mean"):
+    """Group-relative advantages A_i = (r_i − b_i)/(σ + eps) (GRPO arXiv:2402.03300 §4.1.2).
+
+    b_i: group mean, or the mean of the *other* members (leave_one_out, computed as
+    (Σ_group r − r_i)/(n − 1)); σ: group std, batch std, or none. Singleton groups get 0.
+    Args/Returns: as ref_numpy.group_advantages, with tensors.
+    """
+    s = tt.spec("rewards", rewards)
+    _checks.require_float(s)
+    _checks.require_sequence(s)
+    r = rewards
+    B = r.shape[0]
+    ids_spec = None if group_ids is None else tt.spec("group_ids", group_ids)
+    _checks.grouping(group_size is not None, ids_spec, B)
+    if group_size is not None:
+        ids = torch.arange(B, device=r.device) // _checks.group_size(group_size, B)
+    else:
+        ids = group_ids.to(r.device)
+    ddof = _checks.ddof(ddof)
+    eps = _checks.non_negative("eps", eps)
+    scale = _checks.choice("scale", scale, _checks.GROUP_SCALES)
+    baseline = _checks.choice("baseline", baseline, _checks.GROUP_BASELINES)
+    tt.finite_at_valid("rewards", r, torch.ones(B, dtype=torch.bool, device=r.device))
+
+    _, inverse = torch.unique(ids, return_inverse=True)
+    n_groups = int(inverse.max()) + 1
+    member = (inverse[None, :] == torch.arange(n_groups, device=r.device)[:, None]).to(r.dtype)
+    size_g = member.sum(dim=1)                      # [G]
+    size = member.T @ size_g                        # [B]: size of each row's group
+    sum_g = member @ r
+    mean = member.T @ (sum_g / size_g)
+    multi = size >= 2
+    if baseline == "mean":
+        baseline_value = mean
+    else:
+        others = torch.where(multi, size - 1, torch.ones_like(size))
+        baseline_value = (member.T @ sum_g - r) / others
+    zero = torch.zeros((), dtype=r.dtype, device=r.device)
+    centred = torch.where(multi, r - baseline_value, zero)
+    if scale == "group":
+        dof_g = torch.clamp(size_g - ddof, min=1)
+        sigma = member.T @ tt.safe_sqrt(member @ (r - mean).pow(2) / dof_g)
+        denom = sigma + eps
+    elif scale == "batch":
+        sigma = tt.safe_sqrt((r - r.mean()).pow(2).sum() / max(B - ddof, 1))
+        denom = (sigma + eps).expand(B)
+    else:
+        denom = torch.ones_like(r)
+    bad = multi & (denom == 0)
+    _checks.group_spread(int(torch.nonzero(bad)[0]) if bool(bad.any()) else None)
+    return torch.where(multi, centred / torch.where(multi, denom, torch.ones_like(denom)), zero)
