@@ -280,8 +280,8 @@ def policy_objective(logp, old_logp, advantages, mask, ref_logp=None, *, loss="p
     Returns:
       float64 scalar.
     """
-    fn, _, use_kl, beta, kl_kw = _policy_parts(logp, old_logp, advantages, mask, ref_logp, loss,
-                                               beta, kl_kind, kl_clamp, loss_kwargs)
+    fn, _, use_kl, beta, kl_kw = _policy_parts(mask, ref_logp, loss, beta, kl_kind,
+                                               kl_clamp)
     per_token = fn(logp, old_logp, advantages, mask, **loss_kwargs)
     if use_kl:
         per_token = per_token + beta * kl_penalty(logp, ref_logp, mask, **kl_kw)

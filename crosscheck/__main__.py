@@ -1,0 +1,74 @@
+"""`python -m crosscheck`: cross-check every reference function (exit 0 pass, 1 fail, 2 usage)."""
+import argparse
+import sys
+import time
+
+EXIT_PASS, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+
+
+def _check_parser():
+    p = argparse.ArgumentParser(
+        prog="python -m crosscheck",
+        description="Cross-check the NumPy reference (hand VJPs) against the independent torch "
+                    "twin (autograd) and scipy finite differences, on seeded cases in float64.")
+    p.add_argument("--seed", type=int, default=0, help="case seed (default 0)")
+    p.add_argument("--cases", type=int, default=12, metavar="N",
+                   help="cases per function (default 12)")
+    p.add_argument("--only", metavar="NAME[,NAME]", help="check only these functions")
+    p.add_argument("--list", action="store_true", help="list the registry and exit")
+    p.add_argument("--json", action="store_true", help="print one JSON object (SPEC §4)")
+    p.add_argument("-q", "--quiet", action="store_true", help="print failures and a summary only")
+    return p
+
+
+def _list(entries) -> str:
+    lines = []
+    for e in entries.values():
+        det = f"; detached: {e.detached}" if e.detached else ""
+        lines.append(f"{e.name:<18} differentiable wrt {', '.join(e.diff)}{det}")
+    return "\n".join(lines)
+
+
+def check_main(argv) -> int:
+    from . import registry, report
+    from .harness import run
+
+    parser = _check_parser()
+    args = parser.parse_args(argv)
+    entries = registry.build()
+    if args.cases < 1:
+        parser.error(f"--cases is {args.cases}; expected a positive number of cases")
+    if args.only:
+        names = [n.strip() for n in args.only.split(",") if n.strip()]
+        unknown = [n for n in names if n not in entries]
+        if unknown or not names:
+            parser.error(f"--only names unknown function(s) {', '.join(unknown) or '(none)'}; "
+                         f"known: {', '.join(entries)}")
+        entries = {n: entries[n] for n in names}
+    if args.list:
+        print(_list(entries))
+        return EXIT_PASS
+    t0 = time.perf_counter()
+    results = run(entries, seed=args.seed, n_cases=args.cases)
+    seconds = time.perf_counter() - t0
+    ok = all(r.passed for r in results)
+    if args.json:
+        print(report.to_json(results, args.seed))
+    else:
+        if not args.quiet:
+            print(report.table(results))
+            print()
+        if not ok:
+            print(report.failures(results))
+            print()
+        print(report.summary(results, len(entries), args.seed, args.cases, seconds))
+    return EXIT_PASS if ok else EXIT_FAIL
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    return check_main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

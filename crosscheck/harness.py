@@ -1,0 +1,358 @@
+"""The four stages of the cross-check (SPEC §4), run over seeded cases in float64.
+
+value   ref_numpy vs ref_torch outputs (and exact zeros at masked positions)
+vjp     the hand VJP vs torch autograd, for a random cotangent (and exact zeros at masked inputs)
+fd      the hand VJP vs scipy finite differences of the NumPy value: a full Jacobian on small
+        cases, directional derivatives ⟨u, J v⟩ = ⟨Jᵀu, v⟩ on large ones
+detach  where the definition holds a stop-gradient factor: torch autograd vs finite differences
+        of the objective with that factor frozen; the distance to finite differences of the
+        undetached value is reported beside it
+"""
+import dataclasses
+import math
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+
+from . import cases as cases_mod
+from . import finite_diff, tolerances
+from .registry import Entry
+
+STAGES = ("value", "vjp", "fd", "detach")
+
+
+@dataclasses.dataclass
+class StageResult:
+    name: str
+    stage: str
+    status: str = "pass"          # "pass" | "fail"
+    cases: int = 0
+    max_abs_err: float = 0.0
+    max_rel_err: float = 0.0
+    worst: Dict[str, object] = dataclasses.field(default_factory=dict)
+    _badness: float = -1.0        # err / allowed, of the worst comparison so far
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "pass"
+
+
+@dataclasses.dataclass
+class Comparison:
+    ok: bool
+    badness: float
+    max_abs: float
+    max_rel: float
+    index: tuple
+    got: float
+    expected: float
+    allowed: float
+
+
+# ---------------------------------------------------------------- comparisons
+def compare(got, expected, tol: tolerances.Tolerance, scale: float = 1.0,
+            extra: float = 0.0) -> Comparison:
+    """Element-wise |got − expected| ≤ atol·scale + rtol·max(|got|, |expected|) + extra.
+
+    `extra` is the finite differences' round-off bound (0 elsewhere).
+
+    Equal infinities match; any NaN, or an inf against a finite number, is a failure.
+    """
+    got = np.asarray(got, dtype=np.float64)
+    expected = np.asarray(expected, dtype=np.float64)
+    if got.shape != expected.shape:
+        return Comparison(False, math.inf, math.inf, math.inf, (), math.nan, math.nan, 0.0)
+    same_inf = np.isinf(got) & np.isinf(expected) & (np.sign(got) == np.sign(expected))
+    with np.errstate(invalid="ignore", over="ignore"):
+        diff = np.where(same_inf, 0.0, np.abs(got - expected))
+        mag = np.where(same_inf, 0.0, np.maximum(np.abs(got), np.abs(expected)))
+        allowed = tol.atol * scale + tol.rtol * mag + extra
+        diff = np.where(np.isnan(diff), np.inf, diff)
+        badness = np.where(diff == 0, 0.0, diff / allowed)
+        # relative error where it means something: below atol·scale/rtol the absolute term rules
+        rel = np.where(diff == 0, 0.0, diff / np.maximum(mag, tol.atol * scale / tol.rtol))
+    if got.size == 0:
+        return Comparison(True, 0.0, 0.0, 0.0, (), 0.0, 0.0, 0.0)
+    flat = int(np.argmax(badness))
+    idx = np.unravel_index(flat, got.shape) if got.ndim else ()
+    worst = float(badness.flat[flat])
+    return Comparison(bool(worst <= 1.0), worst, float(diff.max()), float(rel.max()),
+                      tuple(int(i) for i in idx), float(got.flat[flat]),
+                      float(expected.flat[flat]), float(allowed.flat[flat]))
+
+
+def _record(res: StageResult, cmp: Comparison, info: Dict[str, object]) -> None:
+    res.max_abs_err = max(res.max_abs_err, cmp.max_abs)
+    res.max_rel_err = max(res.max_rel_err, cmp.max_rel)
+    if not cmp.ok:
+        res.status = "fail"
+    if cmp.badness > res._badness and (res.status == "pass" or not cmp.ok):
+        res._badness = cmp.badness
+        res.worst = dict(info, index=list(cmp.index), got=cmp.got, expected=cmp.expected,
+                         abs_err=abs(cmp.got - cmp.expected) if cmp.ok or math.isfinite(
+                             cmp.got - cmp.expected) else math.inf,
+                         allowed=cmp.allowed)
+
+
+def _fail(res: StageResult, info: Dict[str, object], message: str) -> None:
+    """A failure that is not a numeric comparison (an exception, a NaN, a leak at padding)."""
+    res.status = "fail"
+    res.max_abs_err = math.inf
+    if res._badness < math.inf:
+        res._badness = math.inf
+        res.worst = dict(info, message=message)
+
+
+# ---------------------------------------------------------------- plumbing
+def _outputs(out) -> List[np.ndarray]:
+    seq = out if isinstance(out, tuple) else (out,)
+    return [o.detach().cpu().numpy() if isinstance(o, torch.Tensor) else np.asarray(o)
+            for o in seq]
+
+
+def _to_torch(arrays, requires_grad=()):
+    out = {}
+    for k, v in arrays.items():
+        if v is None:
+            out[k] = None
+        elif v.dtype == bool:
+            out[k] = torch.from_numpy(v.copy())
+        elif v.dtype.kind in "iu":
+            out[k] = torch.from_numpy(v.astype(np.int64))
+        else:
+            out[k] = torch.tensor(v, dtype=torch.float64, requires_grad=k in requires_grad)
+    return out
+
+
+def _valid(case: cases_mod.Case, name: str) -> np.ndarray:
+    """Positions of input `name` that are real data (the mask where it applies)."""
+    x = case.arrays[name]
+    m = case.arrays.get("mask")
+    if m is not None and m.shape == x.shape:
+        return m.astype(bool)
+    return np.ones(x.shape, dtype=bool)
+
+
+def _cotangent(entry: Entry, outs: Sequence[np.ndarray], vec: np.ndarray):
+    parts, k = [], 0
+    for o in outs:
+        parts.append(vec[k:k + o.size].reshape(o.shape) if o.ndim else float(vec[k]))
+        k += o.size
+    return tuple(parts) if len(entry.outputs) > 1 else parts[0]
+
+
+def _hand_vjp(entry: Entry, case: cases_mod.Case, g):
+    return entry.numpy_vjp(g, **case.arrays, **case.params)
+
+
+def _autograd_vjp(entry: Entry, case: cases_mod.Case, g):
+    t = _to_torch(case.arrays, requires_grad=entry.diff)
+    outs = entry.torch_fn(**t, **case.params)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    gs = g if isinstance(g, tuple) else (g,)
+    total = sum((o * torch.as_tensor(gk, dtype=torch.float64)).sum() for o, gk in zip(outs, gs))
+    grads = torch.autograd.grad(total, [t[n] for n in entry.diff], allow_unused=True)
+    return {n: (np.zeros(case.arrays[n].shape) if gr is None else gr.numpy())
+            for n, gr in zip(entry.diff, grads)}
+
+
+def _info(entry, case, index, seed, **more):
+    return dict(case=index, label=case.label, seed=seed, shape=list(case.shape()), **more)
+
+
+# ---------------------------------------------------------------- stages
+def stage_value(entry: Entry, case, index, seed, res: StageResult) -> None:
+    tol = tolerances.get("value")
+    ref = _outputs(entry.numpy_fn(**case.arrays, **case.params))
+    twin = _outputs(entry.torch_fn(**_to_torch(case.arrays), **case.params))
+    mask = case.arrays.get("mask")
+    for name, a, b in zip(entry.outputs, ref, twin):
+        info = _info(entry, case, index, seed, input=name, got_from="ref_torch",
+                     expected_from="ref_numpy")
+        if np.isnan(a).any() or np.isnan(b).any():
+            _fail(res, info, f"output {name} holds NaN for finite valid inputs "
+                             f"(ref_numpy: {int(np.isnan(a).sum())}, ref_torch: "
+                             f"{int(np.isnan(b).sum())} entries)")
+            continue
+        if mask is not None and a.shape == mask.shape and b.shape == mask.shape:
+            leak = (~mask) & ((a != 0) | (b != 0))
+            if leak.any():
+                i = tuple(int(k) for k in np.argwhere(leak)[0])
+                _fail(res, dict(info, index=list(i)),
+                      f"output {name} is not 0 at masked position {i}: ref_numpy {a[i]}, "
+                      f"ref_torch {b[i]}")
+                continue
+        _record(res, compare(b, a, tol), info)
+
+
+def stage_vjp(entry: Entry, case, index, seed, res: StageResult, rng) -> None:
+    tol = tolerances.get("vjp")
+    outs = _outputs(entry.numpy_fn(**case.arrays, **case.params))
+    g = _cotangent(entry, outs, rng.normal(size=sum(o.size for o in outs)))
+    hand = _hand_vjp(entry, case, g)
+    auto = _autograd_vjp(entry, case, g)
+    for name in entry.diff:
+        info = _info(entry, case, index, seed, input=name, got_from="ref_numpy hand VJP",
+                     expected_from="torch autograd")
+        h, a = np.asarray(hand[name]), np.asarray(auto[name])
+        valid = _valid(case, name)
+        if h.shape == valid.shape and a.shape == valid.shape:
+            leak = (~valid) & ((h != 0) | (a != 0) | np.isnan(h) | np.isnan(a))
+            if leak.any():
+                i = tuple(int(k) for k in np.argwhere(leak)[0])
+                _fail(res, dict(info, index=list(i)),
+                      f"gradient wrt {name} is not 0 at masked position {i}: hand {h[i]}, "
+                      f"autograd {a[i]}")
+                continue
+        _record(res, compare(h, a, tol), info)
+
+
+def _fd_against(entry: Entry, case, index, seed, res, stage, grad_of, freeze, rng,
+                got_from, undetached=False):
+    """Compare grad_of(cotangent)[input] with finite differences of the NumPy value."""
+    tol = tolerances.get(stage)
+    outs = _outputs(entry.numpy_fn(**case.arrays, **case.params))
+    n_out = sum(o.size for o in outs)
+    f_scale = max((float(np.abs(o[np.isfinite(o)]).max(initial=0.0)) for o in outs), default=0.0)
+    noise = finite_diff.roundoff(f_scale, case.fd_step)
+    for name in entry.diff:
+        x0 = case.arrays[name]
+        idx = np.flatnonzero(_valid(case, name))
+        if idx.size == 0:
+            continue
+        base = x0.reshape(-1)[idx].copy()
+
+        def f(xv, frozen=freeze):
+            delta = np.zeros(x0.size)
+            delta[idx] = xv - base
+            delta = delta.reshape(x0.shape)
+            if frozen is not None:
+                arrays = frozen(case.arrays, case.params, name, delta)
+            else:
+                arrays = dict(case.arrays, **{name: x0 + delta})
+            return np.concatenate([o.reshape(-1) for o in
+                                   _outputs(entry.numpy_fn(**arrays, **case.params))])
+
+        info = _info(entry, case, index, seed, input=name, got_from=got_from,
+                     expected_from="scipy finite differences" +
+                     (" (detached factor frozen)" if freeze is not None else ""))
+        if idx.size <= finite_diff.FULL_JACOBIAN_MAX_INPUTS:
+            J_fd = finite_diff.jacobian(f, base, case.fd_step)
+            J_got = np.empty_like(J_fd)
+            for k in range(n_out):
+                e = np.zeros(n_out)
+                e[k] = 1.0
+                J_got[k] = np.asarray(grad_of(_cotangent(entry, outs, e))[name]).reshape(-1)[idx]
+            scale = max(1.0, float(np.abs(J_fd).max()))
+            cmp = compare(J_got, J_fd, tol, scale, noise)
+            out_i, in_i = cmp.index if cmp.index else (0, 0)
+            where = dict(output_index=_unflat(outs, out_i, entry.outputs),
+                         input_index=list(np.unravel_index(idx[in_i], x0.shape)))
+            extra = {}
+            if undetached:
+                J_plain = finite_diff.jacobian(lambda xv: f(xv, None), base, case.fd_step)
+                extra["undetached_fd_max_abs_diff"] = float(np.abs(J_got - J_plain).max())
+            _record(res, cmp, dict(info, mode="full Jacobian", **where, **extra))
+        else:
+            for k in range(3):
+                u = rng.normal(size=n_out)
+                v = rng.normal(size=idx.size)
+                d_fd = finite_diff.directional(lambda t: float(u @ f(base + t * v)),
+                                               case.fd_step)
+                d_got = float(np.asarray(grad_of(_cotangent(entry, outs, u))[name])
+                              .reshape(-1)[idx] @ v)
+                extra = {}
+                if undetached:
+                    d_plain = finite_diff.directional(
+                        lambda t: float(u @ f(base + t * v, None)), case.fd_step)
+                    extra["undetached_fd_max_abs_diff"] = abs(d_got - d_plain)
+                cmp = compare(d_got, d_fd, tol, max(1.0, abs(d_fd)),
+                              noise * float(np.abs(u).sum()))
+                _record(res, cmp, dict(info, mode=f"directional ⟨u, J v⟩, direction {k}",
+                                       **extra))
+
+
+def _unflat(outs, flat_index, names):
+    for name, o in zip(names, outs):
+        if flat_index < o.size:
+            return [name] + [int(i) for i in np.unravel_index(flat_index, o.shape)]
+        flat_index -= o.size
+    return []
+
+
+def stage_fd(entry, case, index, seed, res, rng):
+    _fd_against(entry, case, index, seed, res, "fd", lambda g: _hand_vjp(entry, case, g),
+                entry.freeze_for(case.params), rng, "ref_numpy hand VJP")
+
+
+def stage_detach(entry, case, index, seed, res, rng):
+    _fd_against(entry, case, index, seed, res, "detach",
+                lambda g: _autograd_vjp(entry, case, g), entry.freeze_for(case.params), rng,
+                "torch autograd", undetached=True)
+
+
+# ---------------------------------------------------------------- driver
+def applicable(entry: Entry, case: cases_mod.Case, stage: str) -> bool:
+    if stage not in case.stages:
+        return False
+    if stage == "detach":
+        return entry.freeze_for(case.params) is not None
+    return True
+
+
+def run_entry(entry: Entry, seed: int, n_cases: int,
+              stages: Sequence[str] = STAGES) -> List[StageResult]:
+    results = {s: StageResult(entry.name, s) for s in stages}
+    for i in range(n_cases):
+        rng = cases_mod.rng_for(seed, entry.name, i)
+        case = entry.case(rng, i)
+        for stage in stages:
+            if not applicable(entry, case, stage):
+                continue
+            res = results[stage]
+            res.cases += 1
+            stage_rng = cases_mod.rng_for(seed, entry.name + ":" + stage, i)
+            try:
+                if stage == "value":
+                    stage_value(entry, case, i, seed, res)
+                elif stage == "vjp":
+                    stage_vjp(entry, case, i, seed, res, stage_rng)
+                elif stage == "fd":
+                    stage_fd(entry, case, i, seed, res, stage_rng)
+                else:
+                    stage_detach(entry, case, i, seed, res, stage_rng)
+            except Exception as exc:  # a twin that raises is a failure of that stage, reported
+                _fail(res, _info(entry, case, i, seed, input="-"),
+                      f"raised {type(exc).__name__}: {exc}")
+    return [r for r in results.values() if r.cases > 0]
+
+
+def run(entries: Dict[str, Entry], seed: int = 0, n_cases: int = 12,
+        stages: Sequence[str] = STAGES, progress=None) -> List[StageResult]:
+    out: List[StageResult] = []
+    for entry in entries.values():
+        rs = run_entry(entry, seed, n_cases, stages)
+        out.extend(rs)
+        if progress is not None:
+            progress(entry, rs)
+    return out
+
+
+def failure_message(r: StageResult) -> str:
+    """One readable paragraph: function, stage, input, seed, case, shape, worst index, values."""
+    w = r.worst
+    head = (f"FAIL {r.name} · {r.stage} · input {w.get('input', '?')} · seed {w.get('seed')} · "
+            f"case {w.get('case')} ({w.get('label', '')}) · shape {tuple(w.get('shape', ()))}")
+    if "message" in w:
+        body = w["message"]
+    else:
+        where = w.get("input_index", w.get("index"))
+        if "output_index" in w:
+            where = f"d{w['output_index'][0]}{w['output_index'][1:]} / d{w.get('input')}{where}"
+        body = (f"worst at {where} ({w.get('mode', 'element-wise')}): "
+                f"{w.get('got_from')} = {w.get('got'):.12g}, {w.get('expected_from')} = "
+                f"{w.get('expected'):.12g} (|diff| {w.get('abs_err'):.3g} > allowed "
+                f"{w.get('allowed'):.3g})")
+    return (f"{head}\n    {body}\n    reproduce: python -m crosscheck --only {r.name} "
+            f"--seed {w.get('seed')}")

@@ -1,0 +1,43 @@
+"""The one tolerance table. Every gradient check runs in float64.
+
+A comparison passes where |got − expected| ≤ atol·scale + rtol·max(|got|, |expected|), with
+scale = 1 except for finite differences, where it is max(1, the largest |entry| of the
+finite-difference Jacobian or directional derivative), because their error is absolute in the
+size of what is differentiated.
+"""
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Tolerance:
+    rtol: float
+    atol: float
+    why: str
+
+
+TOLERANCES = {
+    ("value", "float64"): Tolerance(
+        rtol=1e-12, atol=1e-12,
+        why="the same formula evaluated in a different order and library: a few ulps, "
+            "amplified up to ~100× by exp, expm1, the whitening divisions and GAE's "
+            "reassociated scan; 1e-12 leaves a further 10× margin over 1e-14"),
+    ("vjp", "float64"): Tolerance(
+        rtol=1e-10, atol=1e-12,
+        why="hand VJP vs autograd: exact derivatives both sides, but through chains "
+            "(whitening's mean and variance, the group std, GAE's recursion vs scan) whose "
+            "rounding reaches ~1e-13 relative; 1e-10 is 1000× above that and far below any "
+            "missing factor, sign or term, which errs by O(1)"),
+    ("fd", "float64"): Tolerance(
+        rtol=1e-6, atol=1e-8,
+        why="scipy.differentiate's Richardson-extrapolated central differences (order 8, "
+            "adaptive step ≤ 1e-3) reach 1e-9–1e-11 on smooth pieces; round-off in "
+            "f(x ± h) of size eps·|f|/h dominates for |f| ~ e^30, so 1e-6 relative"),
+    ("detach", "float64"): Tolerance(
+        rtol=1e-6, atol=1e-8,
+        why="the same finite differences as 'fd', of the objective with the detached "
+            "factor held at its value"),
+}
+
+
+def get(stage: str, dtype: str = "float64") -> Tolerance:
+    return TOLERANCES[(stage, dtype)]
