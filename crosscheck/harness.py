@@ -152,7 +152,10 @@ def _autograd_vjp(entry: Entry, case: cases_mod.Case, g):
     outs = outs if isinstance(outs, tuple) else (outs,)
     gs = g if isinstance(g, tuple) else (g,)
     total = sum((o * torch.as_tensor(gk, dtype=torch.float64)).sum() for o, gk in zip(outs, gs))
-    grads = torch.autograd.grad(total, [t[n] for n in entry.diff], allow_unused=True)
+    if total.requires_grad:
+        grads = torch.autograd.grad(total, [t[n] for n in entry.diff], allow_unused=True)
+    else:                       # the output does not depend on any input: its gradient is 0
+        grads = [None] * len(entry.diff)
     return {n: (np.zeros(case.arrays[n].shape) if gr is None else gr.numpy())
             for n, gr in zip(entry.diff, grads)}
 
@@ -248,7 +251,7 @@ def _fd_against(entry: Entry, case, index, seed, res, stage, grad_of, freeze, rn
             cmp = compare(J_got, J_fd, tol, scale, noise)
             out_i, in_i = cmp.index if cmp.index else (0, 0)
             where = dict(output_index=_unflat(outs, out_i, entry.outputs),
-                         input_index=list(np.unravel_index(idx[in_i], x0.shape)))
+                         input_index=[int(i) for i in np.unravel_index(idx[in_i], x0.shape)])
             extra = {}
             if undetached:
                 J_plain = finite_diff.jacobian(lambda xv: f(xv, None), base, case.fd_step)

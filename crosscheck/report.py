@@ -3,10 +3,14 @@ import json
 import math
 from typing import List
 
+import numpy as np
+
 from .harness import StageResult, failure_message
 
 
 def _json_safe(v):
+    if isinstance(v, np.generic):
+        v = v.item()
     if isinstance(v, float) and not math.isfinite(v):
         return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
     if isinstance(v, dict):

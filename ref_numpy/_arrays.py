@@ -43,7 +43,7 @@ def mask_of(mask, ref_name: str, ref: np.ndarray, name: str = "mask") -> np.ndar
     _checks.require_mask(s, _checks.Spec(ref_name, ref.shape, "float", "float64"))
     m = np.asarray(mask)
     ok = bool(np.all((m == 0) | (m == 1)))
-    bad = None if ok else m[(m != 0) & (m != 1)].flat[0]
+    bad = None if ok else m[(m != 0) & (m != 1)].flat[0].item()
     _checks.mask_values(name, ok, bad)
     return m.astype(bool)
 

@@ -284,6 +284,7 @@ def _group_parts(r, gid, ddof, eps, scale, baseline):
         D = np.ones_like(r)
     zero = multi & (D == 0.0)
     _checks.group_spread(int(np.argmax(zero)) if zero.any() else None)
+    D = np.where(multi, D, 1.0)      # singletons: A = 0 regardless; keep 0/0 out of the arithmetic
     return counts, n, multi, mu, k, c, sigma, D
 
 

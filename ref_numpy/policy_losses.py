@@ -43,7 +43,8 @@ def _ppo_branches(adv, ratio, clip_low, clip_high, clip_c):
     clip_c = _checks.clip_c(clip_c)
     hi = 1.0 + (clip_low if clip_high is None else clip_high)
     lo = 1.0 - clip_low
-    l1 = -adv * ratio                               # pg_loss1: unclipped surrogate
+    with np.errstate(over="ignore"):                # |A|·r past the largest float is ±inf
+        l1 = -adv * ratio                           # pg_loss1: unclipped surrogate
     l2 = -adv * np.clip(ratio, lo, hi)              # pg_loss2: clipped surrogate
     clipped = l2 > l1                               # at a tie the unclipped branch wins
     loss = np.where(clipped, l2, l1)
@@ -113,8 +114,10 @@ def ppo_clip_loss_vjp(g, logp, old_logp, advantages, mask=None, *, clip_low=0.2,
     lp, adv, m, ratio, drho = _ratio_inputs(logp, old_logp, advantages, mask, log_ratio_clamp)
     _, inactive = _ppo_branches(adv, ratio, clip_low, clip_high, clip_c)
     gm = ar.zero_masked(ar.like("g", g, "logp", lp), m)
-    dl = np.where(inactive, 0.0, -adv * ratio) * drho
-    return {"logp": np.where(m, gm * dl, 0.0)}
+    with np.errstate(over="ignore"):
+        # (g·A)·r, in that order: r is finite (saturated), so g = 0 or A = 0 gives 0, never 0·inf
+        grad = np.where(inactive | (drho == 0), 0.0, -(gm * adv) * ratio)
+    return {"logp": np.where(m, grad, 0.0)}
 
 
 # ====================================================================== CISPO
@@ -160,7 +163,8 @@ def cispo_loss(logp, old_logp, advantages, mask=None, *, clip_high=5.0, clip_low
     """
     lp, adv, m, ratio, _ = _ratio_inputs(logp, old_logp, advantages, mask, log_ratio_clamp)
     w = _cispo_weight(ratio, clip_high, clip_low, bound)
-    return np.where(m, -w * adv * lp, 0.0)
+    with np.errstate(over="ignore"):                # an uncapped w·|A·logp| may pass max float
+        return np.where(m, -w * (adv * lp), 0.0)
 
 
 def cispo_loss_vjp(g, logp, old_logp, advantages, mask=None, *, clip_high=5.0, clip_low=None,
@@ -178,7 +182,8 @@ def cispo_loss_vjp(g, logp, old_logp, advantages, mask=None, *, clip_high=5.0, c
     lp, adv, m, ratio, _ = _ratio_inputs(logp, old_logp, advantages, mask, log_ratio_clamp)
     w = _cispo_weight(ratio, clip_high, clip_low, bound)
     gm = ar.zero_masked(ar.like("g", g, "logp", lp), m)
-    return {"logp": np.where(m, -gm * w * adv, 0.0)}
+    with np.errstate(over="ignore"):
+        return {"logp": np.where(m, -(gm * adv) * w, 0.0)}
 
 
 # ====================================================================== value loss

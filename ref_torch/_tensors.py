@@ -3,6 +3,7 @@
 `ref_torch` computes in the dtype and on the device of its inputs; all float inputs of one call
 must share them.
 """
+import functools
 import math
 
 import torch
@@ -10,9 +11,18 @@ import torch
 from ref_numpy import _checks  # the shared, math-free validation (plain Python)
 
 
+@functools.lru_cache(maxsize=None)
 def log_float_max(dtype: torch.dtype) -> float:
-    """Largest exp() argument that stays finite in `dtype` (709.78 in float64, 88.72 in float32)."""
-    return math.log(torch.finfo(dtype).max)
+    """Largest exp() argument, representable in `dtype`, whose exp stays finite there.
+
+    log(max) rounded to nearest can round *up* (float32: 88.7228394 → exp = inf), so step down
+    by one resolution unit until exp is finite: 709.78 in float64, 88.72 in float32, 11.08 in
+    float16, 88.5 in bfloat16.
+    """
+    c = torch.tensor(math.log(torch.finfo(dtype).max), dtype=dtype)
+    while not bool(torch.isfinite(torch.exp(c))):
+        c = (c.double() - c.double().abs() * torch.finfo(dtype).eps).to(dtype)
+    return float(c)
 
 
 def _kind(x: torch.Tensor) -> str:

@@ -1,0 +1,48 @@
+"""Test helpers: run a reference function through both twins and both gradient paths."""
+import numpy as np
+import torch
+
+import ref_numpy
+import ref_torch
+
+
+def to_torch(x):
+    if x is None or isinstance(x, (int, float, str, tuple)):
+        return x
+    a = np.asarray(x)
+    if a.dtype == bool:
+        return torch.from_numpy(a.copy())
+    if a.dtype.kind in "iu":
+        return torch.from_numpy(a.astype(np.int64))
+    return torch.tensor(a, dtype=torch.float64)
+
+
+def both(name, *args, **kwargs):
+    """(ref_numpy output, ref_torch output as numpy) for the same float64 inputs."""
+    out_np = getattr(ref_numpy, name)(*args, **kwargs)
+    out_t = getattr(ref_torch, name)(*[to_torch(a) for a in args],
+                                     **{k: to_torch(v) for k, v in kwargs.items()})
+    if isinstance(out_t, tuple):
+        return out_np, tuple(o.numpy() for o in out_t)
+    return out_np, out_t.detach().numpy()
+
+
+def grads(name, wrt, g, *args, **kwargs):
+    """(hand VJP, torch autograd) of ⟨g, name(*args)⟩ wrt the positional argument `wrt` (index)."""
+    hand = getattr(ref_numpy, name + "_vjp")(g, *args, **kwargs)
+    targs = [to_torch(a) for a in args]
+    targs[wrt] = targs[wrt].clone().requires_grad_(True)
+    out = getattr(ref_torch, name)(*targs, **{k: to_torch(v) for k, v in kwargs.items()})
+    outs = out if isinstance(out, tuple) else (out,)
+    gs = g if isinstance(g, tuple) else (g,)
+    total = sum((o * torch.as_tensor(np.asarray(gk, dtype=np.float64))).sum()
+                for o, gk in zip(outs, gs))
+    (auto,) = torch.autograd.grad(total, [targs[wrt]])
+    key = list(hand)[0] if len(hand) == 1 else None
+    return hand, auto.numpy(), key
+
+
+def close(actual, expected, atol=1e-12, rtol=1e-12):
+    np.testing.assert_allclose(np.asarray(actual, dtype=np.float64),
+                               np.asarray(expected, dtype=np.float64), atol=atol, rtol=rtol,
+                               strict=True)

@@ -1,0 +1,243 @@
+"""The harness catches planted bugs at the right stage and names them; the CLI keeps its contract."""
+import dataclasses
+import io
+import json
+import contextlib
+
+import jsonschema
+import numpy as np
+import pytest
+import torch
+
+import ref_numpy
+import ref_torch
+from crosscheck import __main__ as cli
+from crosscheck import harness, registry
+
+SEED = 0
+N = 8
+
+
+def run_with(name, **replace):
+    entry = dataclasses.replace(registry.build()[name], **replace)
+    return {r.stage: r for r in harness.run_entry(entry, SEED, N)}
+
+
+def assert_caught(results, name, stage, input_name):
+    r = results[stage]
+    assert r.status == "fail", f"{name} {stage} should have failed"
+    msg = harness.failure_message(r)
+    assert f"FAIL {name} · {stage} · input {input_name} · seed {SEED}" in msg
+    assert "shape (" in msg
+    assert f"reproduce: python -m crosscheck --only {name} --seed {SEED}" in msg
+    return msg
+
+
+def test_the_real_registry_passes_on_these_cases():
+    for name in registry.build():
+        results = run_with(name)
+        assert all(r.passed for r in results.values()), [harness.failure_message(r) for r in
+                                                         results.values() if not r.passed]
+
+
+# ---------------------------------------------------------------- planted bugs
+def test_vjp_missing_the_ratio_factor_fails_vjp_and_fd():
+    def vjp_without_ratio(g, logp, old_logp, advantages, mask=None, **kw):
+        good = ref_numpy.ppo_clip_loss_vjp(g, logp, old_logp, advantages, mask, **kw)["logp"]
+        m = np.ones(np.shape(logp), bool) if mask is None else np.asarray(mask, bool)
+        with np.errstate(invalid="ignore"):                   # padding may be NaN − NaN
+            ratio = np.exp(np.where(m, np.asarray(logp) - np.asarray(old_logp), 0.0))
+        return {"logp": np.where(m, good / ratio, 0.0)}      # −A instead of −A·r
+
+    results = run_with("ppo_clip_loss", numpy_vjp=vjp_without_ratio)
+    msg = assert_caught(results, "ppo_clip_loss", "vjp", "logp")
+    assert "ref_numpy hand VJP" in msg and "torch autograd" in msg
+    assert_caught(results, "ppo_clip_loss", "fd", "logp")
+    assert results["value"].passed
+
+
+def test_whitening_vjp_missing_the_variance_path_is_caught():
+    def vjp_mean_only(g, x, mask=None, *, ddof=0, eps=1e-8, eps_mode="var", shift_mean=True):
+        m = np.ones(np.shape(x), bool) if mask is None else np.asarray(mask, bool)
+        xs = np.where(m, x, 0.0)
+        n = m.sum()
+        var = (np.where(m, xs - xs.sum() / n, 0.0) ** 2).sum() / (n - ddof)
+        s = {"var": np.sqrt(var + eps), "clamp": np.sqrt(max(var, eps)),
+             "std": np.sqrt(var) + eps}[eps_mode]
+        gm = np.where(m, g, 0.0)
+        gx = (gm - m * gm.sum() / n) / s if shift_mean else gm / s
+        return {"x": np.where(m, gx, 0.0)}                    # forgot ∂s/∂x
+
+    results = run_with("whiten", numpy_vjp=vjp_mean_only)
+    assert_caught(results, "whiten", "vjp", "x")
+    assert_caught(results, "whiten", "fd", "x")
+
+
+def test_twin_with_the_wrong_ddof_fails_value():
+    def whiten_unbiased(x, mask=None, *, ddof=0, eps=1e-8, eps_mode="var", shift_mean=True):
+        return ref_torch.whiten(x, mask, ddof=1, eps=eps, eps_mode=eps_mode, shift_mean=shift_mean)
+
+    results = run_with("whiten", torch_fn=whiten_unbiased)
+    msg = assert_caught(results, "whiten", "value", "output")
+    assert "ref_torch" in msg and "ref_numpy" in msg
+
+
+def test_group_twin_with_the_wrong_ddof_fails_value():
+    def grpo_unbiased(rewards, **kw):
+        return ref_torch.group_advantages(rewards, **dict(kw, ddof=1))
+
+    results = run_with("group_advantages", torch_fn=grpo_unbiased)
+    assert_caught(results, "group_advantages", "value", "output")
+
+
+def _cispo_without_detach(logp, old_logp, advantages, mask=None, *, clip_high=5.0, clip_low=None,
+                          bound="absolute", log_ratio_clamp=None):
+    """Same value as CISPO, but the weight w is differentiated: the classic missing .detach()."""
+    out = ref_torch.cispo_loss(logp, old_logp, advantages, mask, clip_high=clip_high,
+                               clip_low=clip_low, bound=bound, log_ratio_clamp=log_ratio_clamp)
+    m = torch.ones_like(logp, dtype=torch.bool) if mask is None else mask.bool()
+    A = advantages if advantages.shape == logp.shape else advantages[:, None].expand(logp.shape)
+    zero = torch.zeros((), dtype=logp.dtype)
+    lp, A = torch.where(m, logp, zero), torch.where(m, A, zero)
+    rho = torch.where(m, logp - old_logp, zero)
+    if log_ratio_clamp is not None:
+        rho = torch.clamp(rho, -log_ratio_clamp, log_ratio_clamp)
+    r = torch.exp(rho)
+    if bound == "absolute":
+        w = torch.clamp(r, max=clip_high)
+    else:
+        w = torch.clamp(r, min=0.0 if clip_low is None else max(1 - clip_low, 0.0),
+                        max=1 + clip_high)
+    return out + torch.where(m, -(w - w.detach()) * A * lp, zero)
+
+
+def test_missing_detach_is_caught_by_vjp_and_detach_stages():
+    results = run_with("cispo_loss", torch_fn=_cispo_without_detach)
+    assert results["value"].passed                           # the value cannot show it
+    assert_caught(results, "cispo_loss", "vjp", "logp")
+    msg = assert_caught(results, "cispo_loss", "detach", "logp")
+    assert "detached factor frozen" in msg
+    assert results["fd"].passed                               # the hand VJP is still right
+
+
+def test_detach_stage_reports_the_distance_to_the_undetached_gradient():
+    r = run_with("cispo_loss")["detach"]
+    assert r.passed
+    assert r.worst["undetached_fd_max_abs_diff"] > 1e-3     # the detach matters on these cases
+
+
+def test_hand_vjp_differentiating_the_detached_weight_fails_fd():
+    def vjp_through_w(g, logp, old_logp, advantages, mask=None, **kw):
+        t = {k: (None if v is None else torch.as_tensor(np.asarray(v)))
+             for k, v in dict(logp=logp, old_logp=old_logp, advantages=advantages,
+                              mask=mask).items()}
+        lp = t["logp"].clone().requires_grad_(True)
+        out = _cispo_without_detach(lp, t["old_logp"], t["advantages"], t["mask"], **kw)
+        (gr,) = torch.autograd.grad((out * torch.as_tensor(g)).sum(), [lp])
+        return {"logp": gr.numpy()}
+
+    results = run_with("cispo_loss", numpy_vjp=vjp_through_w)
+    assert_caught(results, "cispo_loss", "fd", "logp")
+
+
+def test_policy_logp_detached_by_accident_is_caught():
+    def objective_detached(logp, *args, **kwargs):
+        return ref_torch.policy_objective(logp.detach(), *args, **kwargs)
+
+    results = run_with("policy_objective", torch_fn=objective_detached)
+    assert results["value"].passed
+    assert_caught(results, "policy_objective", "vjp", "logp")
+
+
+def test_a_twin_that_raises_is_a_reported_failure_not_a_crash():
+    def broken(*a, **k):
+        raise RuntimeError("boom")
+
+    results = run_with("kl_penalty", torch_fn=broken)
+    msg = assert_caught(results, "kl_penalty", "value", "-")
+    assert "raised RuntimeError: boom" in msg
+
+
+def test_a_twin_leaking_padding_into_outputs_is_caught():
+    def leaky(loss, mask, **kw):
+        return ref_torch.aggregate(torch.nan_to_num(loss, nan=1.0, posinf=1.0, neginf=1.0),
+                                   torch.ones_like(mask, dtype=torch.bool), **kw)
+
+    results = run_with("aggregate", torch_fn=leaky)
+    assert_caught(results, "aggregate", "value", "output")
+
+
+# ---------------------------------------------------------------- CLI and JSON
+SCHEMA = {
+    "type": "object",
+    "required": ["passed", "seed", "results"],
+    "properties": {
+        "passed": {"type": "boolean"},
+        "seed": {"type": "integer"},
+        "results": {"type": "array", "items": {
+            "type": "object",
+            "required": ["name", "stage", "status", "cases", "max_abs_err", "max_rel_err",
+                         "worst"],
+            "properties": {
+                "name": {"type": "string"},
+                "stage": {"enum": ["value", "vjp", "fd", "detach"]},
+                "status": {"enum": ["pass", "fail"]},
+                "cases": {"type": "integer", "minimum": 1},
+                "max_abs_err": {"type": ["number", "string"]},
+                "max_rel_err": {"type": ["number", "string"]},
+                "worst": {"type": "object"},
+            },
+        }},
+    },
+}
+
+
+def run_cli(argv):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = cli.main(argv)
+    return code, out.getvalue()
+
+
+def test_json_output_validates_and_covers_every_applicable_stage():
+    code, text = run_cli(["--json", "--cases", "4"])
+    assert code == 0
+    doc = json.loads(text)
+    jsonschema.validate(doc, SCHEMA)
+    assert doc["passed"] is True and doc["seed"] == 0
+    got = {(r["name"], r["stage"]) for r in doc["results"]}
+    for name, e in registry.build().items():
+        for stage in ("value", "vjp", "fd"):
+            assert (name, stage) in got
+    assert ("cispo_loss", "detach") in got and ("policy_objective", "detach") in got
+    assert ("ppo_clip_loss", "detach") not in got
+
+
+def test_json_is_byte_identical_for_the_same_seed():
+    assert run_cli(["--json", "--cases", "3", "--seed", "5"]) == \
+        run_cli(["--json", "--cases", "3", "--seed", "5"])
+
+
+def test_exit_codes(monkeypatch):
+    assert run_cli(["--only", "aggregate", "--cases", "2", "-q"])[0] == 0
+    with pytest.raises(SystemExit) as e:
+        run_cli(["--only", "nonesuch"])
+    assert e.value.code == 2
+    with pytest.raises(SystemExit) as e:
+        run_cli(["--cases", "0"])
+    assert e.value.code == 2
+    broken = dataclasses.replace(registry.build()["whiten"],
+                                 torch_fn=lambda x, mask=None, **kw: ref_torch.whiten(
+                                     x, mask, **dict(kw, ddof=1)))
+    monkeypatch.setattr(registry, "build", lambda: {"whiten": broken})
+    code, text = run_cli(["--cases", "4"])
+    assert code == 1
+    assert "FAIL whiten · value" in text
+
+
+def test_list_names_every_function():
+    code, text = run_cli(["--list"])
+    assert code == 0
+    for name in registry.build():
+        assert name in text
+    assert "detached: w = clip(ratio)" in text

@@ -1,0 +1,49 @@
+"""The registry, ref_numpy.__all__ and ref_torch.__all__ match one-to-one, with equal signatures."""
+import inspect
+
+import ref_numpy
+import ref_torch
+from crosscheck import registry
+
+
+def test_registry_matches_both_all_lists():
+    names = list(registry.build())
+    assert sorted(ref_torch.__all__) == sorted(names)
+    assert sorted(ref_numpy.__all__) == sorted(names + [n + "_vjp" for n in names])
+
+
+def test_twins_have_identical_signatures():
+    for name in registry.build():
+        assert inspect.signature(getattr(ref_numpy, name)) == \
+            inspect.signature(getattr(ref_torch, name)), name
+
+
+def test_vjp_signature_is_g_then_the_function_signature():
+    for name in registry.build():
+        fn = inspect.signature(getattr(ref_numpy, name))
+        vjp = inspect.signature(getattr(ref_numpy, name + "_vjp"))
+        params = list(vjp.parameters.values())
+        assert params[0].name == "g" and params[0].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+        assert params[1:] == list(fn.parameters.values()), name
+
+
+def test_vjp_docstrings_derive_the_gradient():
+    for name in registry.build():
+        doc = getattr(ref_numpy, name + "_vjp").__doc__
+        assert "Gradient:" in doc, name
+
+
+def test_hyper_parameters_are_keyword_only():
+    arrays = {"rewards", "values", "mask", "x", "logp", "old_logp", "advantages", "old_values",
+              "returns", "ref_logp", "loss", "dones", "last_value", "group_ids"}
+    for name in registry.build():
+        for p in inspect.signature(getattr(ref_numpy, name)).parameters.values():
+            if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD:
+                assert p.name in arrays, f"{name}: {p.name} should be keyword-only"
+
+
+def test_every_entry_declares_inputs_that_exist():
+    for name, e in registry.build().items():
+        params = inspect.signature(e.numpy_fn).parameters
+        assert all(d in params for d in e.diff), name
+        assert set(e.numpy_vjp.__code__.co_varnames) >= set(params), name
