@@ -41,8 +41,8 @@ def test_cispo_extremes(kw):
     no_nan(hand["logp"], auto)
 
 
-@pytest.mark.parametrize("kind, clamp", itertools.product(
-    ["k1", "k2", "k3", "abs"], [None, (20.0, 10.0), (None, 10.0)]))
+@pytest.mark.parametrize("kind, clamp", list(itertools.product(
+    ["k1", "k2", "k3", "abs"], [None, (20.0, 10.0), (None, 10.0)])))
 def test_kl_extremes(kind, clamp):
     logp = np.full(RHO.shape, -0.5)
     no_nan(*both("kl_penalty", logp, logp + RHO, kind=kind, clamp=clamp))
