@@ -25,7 +25,7 @@ def _list(entries) -> str:
     lines = []
     for e in entries.values():
         det = f"; detached: {e.detached}" if e.detached else ""
-        lines.append(f"{e.name:<18} differentiable wrt {', '.join(e.diff)}{det}")
+        lines.append(f"{e.name:<22} differentiable wrt {', '.join(e.diff)}{det}")
     return "\n".join(lines)
 
 

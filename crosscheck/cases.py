@@ -318,6 +318,38 @@ def policy_objective_case(rng, i):
                 arrays, params, stages=stages)
 
 
+SEED_P = np.array([0.5, 0.3, 0.15, 0.05])      # the seed's policy and reference (example 6)
+SEED_Q = np.array([0.4, 0.4, 0.15, 0.05])
+
+
+def _estimator_logits(rng, i):
+    if i == 0:
+        return np.log(SEED_P), np.log(SEED_Q), "the seed's p and q"
+    V = _cycle(i, [3, 4, 2, 5, 7])
+    spread = _cycle(i // 5, [0.5, 1.5, 3.0])
+    return (rng.normal(0, spread, V), rng.normal(0, spread, V),
+            f"V={V}, logits ~ N(0, {spread}²)")
+
+
+def kl_estimator_moments_case(rng, i):
+    z, zr, label = _estimator_logits(rng, i)
+    kind = _cycle(i, ["k1", "k2", "k3"])
+    return Case(f"{label}, kind={kind}", dict(logits=z, ref_logits=zr), dict(kind=kind))
+
+
+def kl_estimator_gradient_case(rng, i):
+    z, zr, label = _estimator_logits(rng, i)
+    kind = _cycle(i, ["k1", "k2", "k3"])
+    use = _cycle(i // 3, ["loss", "reward"])
+    is_weight = _cycle(i // 2, [None, "detached", "attached"])
+    off = i % 4 >= 2
+    zs = z + rng.normal(0, 0.7, z.shape) if off else None
+    return Case(f"{label}, kind={kind}, use={use}, is_weight={is_weight}" +
+                (", samples from another policy" if off else ", on-policy"),
+                dict(logits=z, ref_logits=zr, sample_logits=zs),
+                dict(kind=kind, use=use, is_weight=is_weight))
+
+
 GENERATORS: Dict[str, Callable[[np.random.Generator, int], Case]] = {
     "gae": gae_case,
     "whiten": whiten_case,
@@ -328,4 +360,6 @@ GENERATORS: Dict[str, Callable[[np.random.Generator, int], Case]] = {
     "kl_penalty": kl_penalty_case,
     "aggregate": aggregate_case,
     "policy_objective": policy_objective_case,
+    "kl_estimator_moments": kl_estimator_moments_case,
+    "kl_estimator_gradient": kl_estimator_gradient_case,
 }

@@ -105,8 +105,10 @@ def _fail(res: StageResult, info: Dict[str, object], message: str) -> None:
 
 
 # ---------------------------------------------------------------- plumbing
-def _outputs(out) -> List[np.ndarray]:
-    seq = out if isinstance(out, tuple) else (out,)
+def _outputs(out, keys=None) -> List[np.ndarray]:
+    """A function's outputs as a list of numpy arrays (a dict in the order of `keys`)."""
+    seq = [out[k] for k in keys] if isinstance(out, dict) else \
+        (out if isinstance(out, tuple) else (out,))
     return [o.detach().cpu().numpy() if isinstance(o, torch.Tensor) else np.asarray(o)
             for o in seq]
 
@@ -139,6 +141,8 @@ def _cotangent(entry: Entry, outs: Sequence[np.ndarray], vec: np.ndarray):
     for o in outs:
         parts.append(vec[k:k + o.size].reshape(o.shape) if o.ndim else float(vec[k]))
         k += o.size
+    if entry.dict_output:
+        return dict(zip(entry.outputs, parts))
     return tuple(parts) if len(entry.outputs) > 1 else parts[0]
 
 
@@ -149,8 +153,11 @@ def _hand_vjp(entry: Entry, case: cases_mod.Case, g):
 def _autograd_vjp(entry: Entry, case: cases_mod.Case, g):
     t = _to_torch(case.arrays, requires_grad=entry.diff)
     outs = entry.torch_fn(**t, **case.params)
-    outs = outs if isinstance(outs, tuple) else (outs,)
-    gs = g if isinstance(g, tuple) else (g,)
+    if entry.dict_output:
+        outs, gs = [outs[k] for k in entry.outputs], [g[k] for k in entry.outputs]
+    else:
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        gs = g if isinstance(g, tuple) else (g,)
     total = sum((o * torch.as_tensor(gk, dtype=torch.float64)).sum() for o, gk in zip(outs, gs))
     if total.requires_grad:
         grads = torch.autograd.grad(total, [t[n] for n in entry.diff], allow_unused=True)
@@ -161,14 +168,15 @@ def _autograd_vjp(entry: Entry, case: cases_mod.Case, g):
 
 
 def _info(entry, case, index, seed, **more):
-    return dict(case=index, label=case.label, seed=seed, shape=list(case.shape()), **more)
+    return dict(case=index, label=case.label, seed=seed, shape=[int(n) for n in case.shape()],
+                **more)
 
 
 # ---------------------------------------------------------------- stages
 def stage_value(entry: Entry, case, index, seed, res: StageResult) -> None:
     tol = tolerances.get("value")
-    ref = _outputs(entry.numpy_fn(**case.arrays, **case.params))
-    twin = _outputs(entry.torch_fn(**_to_torch(case.arrays), **case.params))
+    ref = _outputs(entry.numpy_fn(**case.arrays, **case.params), entry.outputs)
+    twin = _outputs(entry.torch_fn(**_to_torch(case.arrays), **case.params), entry.outputs)
     mask = case.arrays.get("mask")
     for name, a, b in zip(entry.outputs, ref, twin):
         info = _info(entry, case, index, seed, input=name, got_from="ref_torch",
@@ -191,7 +199,7 @@ def stage_value(entry: Entry, case, index, seed, res: StageResult) -> None:
 
 def stage_vjp(entry: Entry, case, index, seed, res: StageResult, rng) -> None:
     tol = tolerances.get("vjp")
-    outs = _outputs(entry.numpy_fn(**case.arrays, **case.params))
+    outs = _outputs(entry.numpy_fn(**case.arrays, **case.params), entry.outputs)
     g = _cotangent(entry, outs, rng.normal(size=sum(o.size for o in outs)))
     hand = _hand_vjp(entry, case, g)
     auto = _autograd_vjp(entry, case, g)
@@ -215,7 +223,7 @@ def _fd_against(entry: Entry, case, index, seed, res, stage, grad_of, freeze, rn
                 got_from, undetached=False):
     """Compare grad_of(cotangent)[input] with finite differences of the NumPy value."""
     tol = tolerances.get(stage)
-    outs = _outputs(entry.numpy_fn(**case.arrays, **case.params))
+    outs = _outputs(entry.numpy_fn(**case.arrays, **case.params), entry.outputs)
     n_out = sum(o.size for o in outs)
     f_scale = max((float(np.abs(o[np.isfinite(o)]).max(initial=0.0)) for o in outs), default=0.0)
     noise = finite_diff.roundoff(f_scale, case.fd_step)
@@ -235,7 +243,8 @@ def _fd_against(entry: Entry, case, index, seed, res, stage, grad_of, freeze, rn
             else:
                 arrays = dict(case.arrays, **{name: x0 + delta})
             return np.concatenate([o.reshape(-1) for o in
-                                   _outputs(entry.numpy_fn(**arrays, **case.params))])
+                                   _outputs(entry.numpy_fn(**arrays, **case.params),
+                                            entry.outputs)])
 
         info = _info(entry, case, index, seed, input=name, got_from=got_from,
                      expected_from="scipy finite differences" +
@@ -284,7 +293,25 @@ def _unflat(outs, flat_index, names):
     return []
 
 
+def _fd_of_objectives(entry: Entry, case, index, seed, res) -> None:
+    """Gradient-valued outputs vs finite differences of the objectives they are gradients of."""
+    tol = tolerances.get("fd")
+    name = entry.diff[0]
+    x0 = case.arrays[name]
+    grads = dict(zip(entry.outputs,
+                     _outputs(entry.numpy_fn(**case.arrays, **case.params), entry.outputs)))
+    for key, objective in entry.objectives(case.arrays, case.params).items():
+        J = finite_diff.jacobian(lambda x: np.array([objective(x)]), x0, case.fd_step)[0]
+        noise = finite_diff.roundoff(abs(objective(x0)), case.fd_step)
+        cmp = compare(grads[key], J, tol, max(1.0, float(np.abs(J).max())), noise)
+        _record(res, cmp, _info(entry, case, index, seed, input=name, output=key,
+                                got_from=f"ref_numpy {key}",
+                                expected_from="scipy finite differences of its expectation"))
+
+
 def stage_fd(entry, case, index, seed, res, rng):
+    if entry.objectives is not None:
+        return _fd_of_objectives(entry, case, index, seed, res)
     _fd_against(entry, case, index, seed, res, "fd", lambda g: _hand_vjp(entry, case, g),
                 entry.freeze_for(case.params), rng, "ref_numpy hand VJP")
 
@@ -299,6 +326,8 @@ def stage_detach(entry, case, index, seed, res, rng):
 def applicable(entry: Entry, case: cases_mod.Case, stage: str) -> bool:
     if stage not in case.stages:
         return False
+    if stage == "vjp" and entry.numpy_vjp is None:
+        return False            # a gradient-valued function: its value stage is the autograd check
     if stage == "detach":
         return entry.freeze_for(case.params) is not None
     return True

@@ -5,6 +5,7 @@ Pure NumPy, float64. Every function `X` has `X_vjp(g, *args, **kwargs)` returnin
 """
 from .advantages import (gae, gae_vjp, group_advantages, group_advantages_vjp, whiten,
                          whiten_vjp)
+from .estimators import kl_estimator_gradient, kl_estimator_moments, kl_estimator_moments_vjp
 from .kl import kl_penalty, kl_penalty_vjp
 from .policy_losses import (cispo_loss, cispo_loss_vjp, policy_objective, policy_objective_vjp,
                             ppo_clip_loss, ppo_clip_loss_vjp, value_loss, value_loss_vjp)
@@ -20,4 +21,6 @@ __all__ = [
     "kl_penalty", "kl_penalty_vjp",
     "aggregate", "aggregate_vjp",
     "policy_objective", "policy_objective_vjp",
+    "kl_estimator_moments", "kl_estimator_moments_vjp",
+    "kl_estimator_gradient",   # its value is a gradient: checked against autograd and FD, no VJP
 ]

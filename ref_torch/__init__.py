@@ -4,6 +4,7 @@ Same function names and signatures as ref_numpy (without the *_vjp). Any float d
 a call computes in its inputs' dtype, on their device.
 """
 from .advantages import gae, group_advantages, whiten
+from .estimators import kl_estimator_gradient, kl_estimator_moments
 from .kl import kl_penalty
 from .policy_losses import cispo_loss, policy_objective, ppo_clip_loss, value_loss
 from .reduce import aggregate
@@ -18,4 +19,6 @@ __all__ = [
     "kl_penalty",
     "aggregate",
     "policy_objective",
+    "kl_estimator_moments",
+    "kl_estimator_gradient",
 ]

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from crosscheck import cases, registry
+from crosscheck.harness import _outputs
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -14,10 +15,10 @@ def test_output_dtype_follows_input(name, dtype):
     t = {k: (None if v is None else
              torch.from_numpy(v.copy()).to(dtype) if v.dtype.kind == "f" else torch.from_numpy(v))
          for k, v in case.arrays.items()}
-    out = entry.torch_fn(**t, **case.params)
-    outs = out if isinstance(out, tuple) else (out,)
-    ref = entry.numpy_fn(**case.arrays, **case.params)
-    refs = ref if isinstance(ref, tuple) else (ref,)
+    outs = entry.torch_fn(**t, **case.params)
+    outs = [outs[k] for k in entry.outputs] if entry.dict_output else \
+        (outs if isinstance(outs, tuple) else (outs,))
+    refs = _outputs(entry.numpy_fn(**case.arrays, **case.params), entry.outputs)
     for o, r in zip(outs, refs):
         assert o.dtype == dtype
         assert torch.isfinite(o).all()
