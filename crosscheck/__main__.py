@@ -65,8 +65,48 @@ def check_main(argv) -> int:
     return EXIT_PASS if ok else EXIT_FAIL
 
 
+def explain_main(argv) -> int:
+    import json
+
+    from . import explain
+
+    p = argparse.ArgumentParser(
+        prog="python -m crosscheck explain",
+        description="A guided walkthrough of the RL math and its gradients, every number "
+                    "computed by ref_numpy and confirmed by ref_torch.")
+    p.add_argument("--lang", choices=("en", "zh"), default="en", help="language (default en)")
+    p.add_argument("--topic", choices=explain.TOPICS, help="show one topic")
+    p.add_argument("--json", action="store_true", help="the numbers, for programs")
+    p.add_argument("--plot", metavar="DIR", help="write PNG figures to DIR (needs matplotlib)")
+    args = p.parse_args(argv)
+    topics = (args.topic,) if args.topic else explain.TOPICS
+    try:
+        sections = explain.walkthrough(topics)
+    except explain.WalkthroughError as exc:
+        print(f"walkthrough stopped: {exc}", file=sys.stderr)
+        return EXIT_FAIL
+    if args.json:
+        print(json.dumps(explain.to_json_doc(sections), indent=2, ensure_ascii=False))
+    else:
+        print(explain.to_text(sections, args.lang), end="")
+    if args.plot:
+        from . import plots
+        try:
+            paths = plots.write_figures(args.plot)
+        except plots.PlotUnavailable as exc:
+            print(str(exc), file=sys.stderr)
+            return EXIT_USAGE
+        print("\n".join(f"wrote {path}" for path in paths), file=sys.stderr)
+    return EXIT_PASS
+
+
+SUBCOMMANDS = {"explain": explain_main}
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in SUBCOMMANDS:
+        return SUBCOMMANDS[argv[0]](argv[1:])
     return check_main(argv)
 
 

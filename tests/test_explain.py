@@ -1,0 +1,255 @@
+"""The walkthrough: the seed's values, each corrected fact, both languages, figures, loud failure.
+
+Facts are read from the walkthrough's own data (what it prints), and each is pinned against a
+value derived here by hand.
+"""
+import builtins
+import contextlib
+import dataclasses
+import io
+import json
+import math
+import re
+
+import numpy as np
+import pytest
+from wcwidth import wcswidth
+
+import ref_numpy
+from crosscheck import __main__ as cli
+from crosscheck import explain, registry
+
+
+@pytest.fixture(scope="module")
+def topics():
+    return {s.name: s for s in explain.walkthrough()}
+
+
+def data(topics, name):
+    return topics[name].data
+
+
+# ---------------------------------------------------------------- the seed's values
+def test_seed_values_are_reproduced(topics):
+    gae = data(topics, "gae")["outputs"]
+    np.testing.assert_allclose(gae["advantages"], [0.9697, -0.1322, 0.0763, -0.0198, 0.3000],
+                               atol=0.5e-4)
+    np.testing.assert_allclose(gae["td_errors"], [1.0940, -0.2040, 0.0950, -0.3020, 0.3000],
+                               atol=0.5e-4)
+    w = data(topics, "whiten")["outputs"]
+    np.testing.assert_allclose([w["mean"], w["var"], w["std"]], [0.2388, 0.1538, 0.3921],
+                               atol=0.5e-4)
+    np.testing.assert_allclose(w["whitened"], [1.8638, -0.9461, -0.4143, -0.6596, 0.1561],
+                               atol=0.5e-4)
+    ppo = data(topics, "ppo")["outputs"]
+    np.testing.assert_allclose(ppo["loss"], [-1.2000, -1.1052, -0.7408, -0.2231], atol=0.5e-4)
+    assert abs(ppo["token_mean"] - -0.8173) < 0.5e-4
+    np.testing.assert_allclose(data(topics, "grpo")["outputs"]["advantages"][:2],
+                               [1.3410409688949585, -0.44701361656188965], atol=1e-6)
+    m = data(topics, "kl")["outputs"]["moments"]
+    assert abs(m["k1"]["kl_forward"] - 0.025267) < 0.5e-6
+    assert abs(m["k1"]["var"] - 0.049086) < 0.5e-6 and abs(m["k3"]["var"] - 0.000255) < 0.5e-6
+
+
+def test_gae_gradient_table_matches_the_closed_form(topics):
+    # ∂A_0/∂r_t = (γλ)^t; ∂A_0/∂V_0 = −1; ∂A_0/∂V_t = (γλ)^(t−1)·γ(1 − λ) for t ≥ 1
+    g = data(topics, "gae")["gradients"]
+    gl, gamma, lam = 0.99 * 0.95, 0.99, 0.95
+    np.testing.assert_allclose(g["dA0_drewards"], [gl ** t for t in range(5)], rtol=1e-12)
+    np.testing.assert_allclose(g["dA0_dvalues"],
+                               [-1.0] + [gl ** (t - 1) * gamma * (1 - lam) for t in range(1, 5)],
+                               rtol=1e-12)
+
+
+def test_whitening_gradient_sums_to_zero(topics):
+    assert abs(sum(data(topics, "whiten")["gradients"]["dy0_dx"])) < 1e-12
+
+
+# ---------------------------------------------------------------- corrected facts
+def test_only_token_0_of_the_ppo_table_is_clipped(topics):
+    tokens = data(topics, "ppo")["tokens"]
+    assert [t["clip_binding"] for t in tokens] == [True, False, False, False]
+    # tokens 2 and 3 are below 0.8 yet keep the gradient −r (A = 1): the clip does not bind
+    for i, rho in ((2, -0.3), (3, -1.5)):
+        assert tokens[i]["ratio"] < 0.8
+        assert tokens[i]["grad_logp"] == pytest.approx(-math.exp(rho), rel=1e-12)
+
+
+def test_token_ratios_are_what_the_seed_misprints(topics):
+    tokens = data(topics, "ppo")["tokens"]
+    assert tokens[3]["ratio"] == pytest.approx(math.exp(-1.5), rel=1e-12)    # 0.2231, not 0.37
+    assert abs(tokens[3]["ratio"] - 0.37) > 0.1
+    assert not 0.8 <= tokens[2]["ratio"] <= 1.2                              # 0.7408: outside
+
+
+def test_clip_binding_is_exactly_where_the_gradient_is_zero(topics):
+    for key in ("tokens", "dual_tokens"):
+        for t in data(topics, "ppo")[key]:
+            assert t["clip_binding"] == (t["grad_logp"] == 0.0 and t["advantage"] != 0.0)
+    assert [t["clip_binding"] for t in data(topics, "ppo")["dual_tokens"]] == \
+        [True, False, False, True]          # r = 0.5 (lower edge, A < 0) and r = 4 > c = 3
+
+
+def test_ppo_does_not_limit_a_decrease_when_a_is_positive(topics):
+    t0 = data(topics, "cispo")["tokens"][0]                     # ratio 0.3, A = +1
+    assert t0["ppo_effective_ratio"] == pytest.approx(0.3, rel=1e-12)   # not 0.8
+    assert t0["ppo_grad_logp"] == pytest.approx(-0.3, rel=1e-12)
+    assert t0["ppo_clip_binding"] is False
+
+
+def test_cispo_keeps_the_gradient_of_clipped_tokens(topics):
+    tokens = data(topics, "cispo")["tokens"]
+    assert [t["ppo_clip_binding"] for t in tokens] == [False, False, True, True, True]
+    assert [t["clip_binding"] for t in tokens] == [False] * 5
+    for t in tokens:                                        # −min(r, 2)·A
+        assert t["grad_logp"] == pytest.approx(-min(t["ratio"], 2.0), rel=1e-12)
+    # without the detach the gradient would be −A·(w + logπ·r·1[r < cap]); logπ = −0.5
+    for t in tokens:
+        expected = -(min(t["ratio"], 2.0) + (-0.5 * t["ratio"] if t["ratio"] < 2.0 else 0.0))
+        assert t["undetached_grad_logp"] == pytest.approx(expected, rel=1e-8, abs=1e-10)
+
+
+def test_grpo_loss_is_zero_at_ratio_one_but_its_gradient_is_not(topics):
+    d = data(topics, "grpo")
+    assert abs(d["outputs"]["loss_at_ratio_one"]) < 1e-15
+    g = np.array(d["gradients"]["grad_logp_first_token"])
+    A = np.array(d["outputs"]["advantages"])
+    L = np.array(d["inputs"]["lengths"])
+    np.testing.assert_allclose(g, -A / (L * len(A)), rtol=1e-12)     # −A_i/(L_i·B)
+    assert np.abs(g).min() > 1e-3
+
+
+def test_aggregation_weights_show_the_length_bias(topics):
+    d = data(topics, "grpo")
+    L = np.array(d["inputs"]["lengths"])
+    w = d["outputs"]["token_weights"]
+    np.testing.assert_allclose(w["token-mean"], 1 / L.sum(), rtol=1e-12)
+    np.testing.assert_allclose(w["seq-mean-token-mean"], 1 / (L * len(L)), rtol=1e-12)
+    np.testing.assert_allclose(w["seq-mean-token-sum"], 1 / len(L), rtol=1e-12)
+    np.testing.assert_allclose(w["seq-mean-token-sum-norm"], 1 / L.max(), rtol=1e-12)
+
+
+def test_which_divergence_each_estimator_follows(topics):
+    rows = {(g["kind"], g["use"], g["samples"], g["is_weight"]): g["follows"]
+            for g in data(topics, "kl")["gradients"]["expected"]}
+    assert rows[("k1", "loss", "pi", None)] == "zero"
+    assert rows[("k1", "reward", "pi", None)] == "forward"
+    assert rows[("k2", "loss", "pi", None)] == "forward"
+    assert rows[("k3", "loss", "pi", None)] == "reverse"
+    assert rows[("k3", "loss", "uniform", None)] == "neither"
+    assert rows[("k3", "loss", "uniform", "detached")] == "reverse"
+    assert rows[("k3", "loss", "uniform", "attached")] == "forward"
+
+
+def test_k3_variance_claim_is_refuted(topics):
+    far = data(topics, "kl")["outputs"]["far_apart_var"]
+    assert far["k3"] > 10 * far["k1"]
+
+
+def test_std_convention_numbers(topics):
+    out = data(topics, "compare")["outputs"]
+    assert out["minimind_A0"] == pytest.approx(0.75 / (math.sqrt(3) / 4 + 1e-4), rel=1e-12)
+    assert out["trl_A0"] == pytest.approx(0.75 / (0.5 + 1e-4), rel=1e-12)
+
+
+# ---------------------------------------------------------------- languages and layout
+DECIMAL = re.compile(r"\d+\.\d+(?:e[-+]?\d+)?")
+
+
+def test_both_languages_print_the_same_numbers(topics):
+    sections = list(topics.values())
+    en, zh = explain.to_text(sections, "en"), explain.to_text(sections, "zh")
+    assert en != zh
+    assert DECIMAL.findall(en) == DECIMAL.findall(zh)
+    assert len(DECIMAL.findall(en)) > 300
+
+
+def test_zh_tables_align_by_display_width(topics):
+    text = explain.to_text(list(topics.values()), "zh")
+    blocks, current = [], []
+    for line in text.splitlines():
+        if line.startswith("  ") and (" | " in line or "-+-" in line):
+            current.append(line)
+        elif current:
+            blocks.append(current)
+            current = []
+    def columns(line):            # display-width positions of the column separators
+        return [wcswidth(line[:m.start() + 1]) for m in re.finditer(r" \| |-\+-", line)]
+
+    assert len(blocks) >= 10
+    for block in blocks:
+        assert len({tuple(columns(line)) for line in block}) == 1, block[0]
+    assert any(wcswidth(line) > len(line) for b in blocks for line in b)   # CJK was present
+
+
+# ---------------------------------------------------------------- failing loudly, CLI, figures
+def test_walkthrough_stops_when_hand_and_autograd_disagree():
+    entries = registry.build()
+
+    def wrong_vjp(g, *a, **k):
+        good = ref_numpy.ppo_clip_loss_vjp(g, *a, **k)
+        return {"logp": good["logp"] * 1.001}
+
+    entries["ppo_clip_loss"] = dataclasses.replace(entries["ppo_clip_loss"], numpy_vjp=wrong_vjp)
+    with pytest.raises(explain.WalkthroughError, match="ppo_clip_loss d/dlogp: hand VJP vs "
+                                                       "autograd disagree"):
+        explain.walkthrough(("ppo",), entries=entries)
+
+
+def run(argv):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main(argv)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_cli_topic_and_json():
+    code, out, _ = run(["explain", "--json", "--topic", "ppo"])
+    assert code == 0
+    doc = json.loads(out)
+    assert [t["name"] for t in doc["topics"]] == ["ppo"]
+    for t in doc["topics"][0]["tokens"]:
+        assert {"ratio", "grad_logp", "clip_binding"} <= set(t)
+    code, out, _ = run(["explain", "--topic", "kl", "--lang", "zh"])
+    assert code == 0 and "KL 估计器" in out
+    with pytest.raises(SystemExit) as e:
+        run(["explain", "--topic", "nonesuch"])
+    assert e.value.code == 2
+
+
+def test_cli_exits_1_when_the_walkthrough_stops(monkeypatch):
+    real = registry.build
+
+    def broken():
+        entries = real()
+        e = entries["gae"]
+        entries["gae"] = dataclasses.replace(
+            e, torch_fn=lambda *a, **k: tuple(x * 1.01 for x in e.torch_fn(*a, **k)))
+        return entries
+
+    monkeypatch.setattr(registry, "build", broken)
+    code, _, err = run(["explain", "--topic", "gae"])
+    assert code == 1 and "walkthrough stopped" in err
+
+
+def test_plot_writes_the_figures(tmp_path):
+    code, _, err = run(["explain", "--topic", "gae", "--plot", str(tmp_path)])
+    assert code == 0
+    for name in ("ppo_objective.png", "kl_estimators.png", "gae_weights.png"):
+        data_ = (tmp_path / name).read_bytes()
+        assert data_[:8] == b"\x89PNG\r\n\x1a\n" and len(data_) > 10_000
+        assert f"wrote {tmp_path / name}" in err
+
+
+def test_plot_without_matplotlib_says_how_to_get_it(monkeypatch, tmp_path):
+    real_import = builtins.__import__
+
+    def no_matplotlib(name, *a, **k):
+        if name.startswith("matplotlib"):
+            raise ImportError("no matplotlib here")
+        return real_import(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    code, _, err = run(["explain", "--topic", "gae", "--plot", str(tmp_path)])
+    assert code == 2
+    assert 'pip install -e ".[plot]"' in err
