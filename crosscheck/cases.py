@@ -160,8 +160,9 @@ def group_advantages_case(rng, i):
     G = _cycle(i, [4, 3, 2, 5, 1])
     P = _cycle(i // 2, [2, 3, 1, 4])
     B = P * G
-    scale = _cycle(i, ["group", "batch", "none"])
-    baseline = _cycle(i // 3, ["mean", "leave_one_out"])
+    scale = _cycle(i, ["group", "batch", "none", "leave_one_out"])
+    baseline = "leave_one_out" if scale == "leave_one_out" else \
+        _cycle(i // 3, ["mean", "leave_one_out"])
     ddof = _cycle(i // 2, [0, 1])
     eps = _cycle(i, [1e-4, 1e-6, 1e-2])
     r = rng.normal(size=B)
@@ -179,14 +180,19 @@ def group_advantages_case(rng, i):
         perm = rng.permutation(ids.size)
         arrays = dict(rewards=r[perm], group_ids=ids[perm] * 3 + 1)
         label = f"shuffled group_ids with a singleton, " + label
+    if i % 5 == 3:                                 # unscorable rows: out of the statistics, NaN
+        valid = rng.random(arrays["rewards"].size) < 0.75
+        arrays["rewards"] = np.where(valid, arrays["rewards"], np.nan)
+        arrays["valid"] = valid
+        label += ", invalid rows (NaN rewards)"
     if i % 6 == 4:                                 # an all-equal group: σ = 0 (non-smooth: no FD)
         size = params.get("group_size", None)
         rr = arrays["rewards"]
         if size:
-            rr[:size] = 0.5
+            rr[:size] = np.where(np.isnan(rr[:size]), np.nan, 0.5)
         else:
             ids = arrays["group_ids"]
-            rr[ids == ids[0]] = 0.5
+            rr[ids == ids[0]] = np.where(np.isnan(rr[ids == ids[0]]), np.nan, 0.5)
         stages = ("value", "vjp")
         label += ", an all-equal group"
     return Case(label, arrays, params, stages=stages)
@@ -202,9 +208,13 @@ def _ratio_case(rng, i, loss):
         clip_low = _cycle(i, [0.2, 0.1, 0.3])
         clip_high = _cycle(i // 3, [None, 0.28])
         clip_c = _cycle(i // 2, [None, 3.0])
+        delta = _cycle(i // 5, [None, None, 2.5])
         lrc = _cycle(i // 4, [None, 20.0])
-        params = dict(clip_low=clip_low, clip_high=clip_high, clip_c=clip_c, log_ratio_clamp=lrc)
+        params = dict(clip_low=clip_low, clip_high=clip_high, clip_c=clip_c, delta=delta,
+                      log_ratio_clamp=lrc)
         edges = _ratio_edges(clip_low, clip_high, clip_c)
+        if delta is not None:
+            edges.append(math.log(delta))
     else:
         bound = _cycle(i, ["absolute", "relative"])
         lrc = _cycle(i // 4, [None, 20.0])
@@ -296,8 +306,8 @@ def aggregate_case(rng, i):
 
 
 def policy_objective_case(rng, i):
-    loss = _cycle(i, ["ppo", "cispo"])
-    base = _ratio_case(rng, i // 2, loss)
+    loss = _cycle(i, ["ppo", "cispo", "gspo"])
+    base = gspo_loss_case(rng, i // 3) if loss == "gspo" else _ratio_case(rng, i // 3, loss)
     B, T = base.shape()
     m = base.arrays["mask"]
     agg = _cycle(i // 2, ["seq-mean-token-mean", "token-mean", "seq-mean-token-sum",
@@ -316,6 +326,58 @@ def policy_objective_case(rng, i):
     stages = ("value", "vjp") if "extreme" in base.label else ALL_STAGES
     return Case(f"loss={loss}, agg={agg}, beta={beta}, kl_kind={kl_kind}; " + base.label,
                 arrays, params, stages=stages)
+
+
+def gspo_loss_case(rng, i):
+    B, T = _shape(i, rng)
+    kind = _mask_kind(i)
+    m = _mask(rng, B, T, kind)
+    form = _cycle(i, ["token", "sequence"])
+    clip_low, clip_high = _cycle(i // 2, [(3e-4, 4e-4), (0.2, 0.2), (0.2, 0.28)])
+    cap = _cycle(i // 3, [None, 10.0])
+    # a row's mean log-ratio decides its clip branch: draw it away from both clip edges, then
+    # spread the token log-ratios around it with exactly that mean over the valid tokens
+    rho_bar = _away(rng.normal(0.0, 0.3, size=(B, 1)),
+                    [math.log(1 - clip_low), math.log(1 + clip_high)])
+    noise = rng.normal(0.0, 0.4, size=(B, T))
+    L = np.maximum(m.sum(axis=1, keepdims=True), 1)
+    noise -= np.where(m, noise, 0.0).sum(axis=1, keepdims=True) / L
+    logp = _logps(rng, (B, T))
+    old = logp - (rho_bar + noise)
+    params = dict(clip_low=clip_low, clip_high=clip_high, form=form, log_ratio_max=cap)
+    arrays = dict(logp=_garbage(logp, m, rng), old_logp=_garbage(old, m, rng),
+                  advantages=_advantages(rng, B, T, i, m), mask=m)
+    return Case(f"{kind} mask, " + ", ".join(f"{k}={v}" for k, v in params.items()), arrays,
+                params)
+
+
+def discounted_returns_case(rng, i):
+    B, T = _shape(i, rng)
+    kind = _mask_kind(i)
+    m = _mask(rng, B, T, kind)
+    gamma = _cycle(i, [0.99, 1.0, 0.5, 0.0])
+    return Case(f"{kind} mask, γ={gamma}",
+                dict(rewards=_garbage(rng.normal(size=(B, T)), m, rng), mask=m), dict(gamma=gamma))
+
+
+def approx_kl_case(rng, i):
+    B, T = _shape(i, rng)
+    kind = _mask_kind(i)
+    m = _mask(rng, B, T, kind)
+    k = _cycle(i, ["k1", "k2", "k3"])
+    logp = _logps(rng, (B, T))
+    old = logp - _log_ratio(rng, (B, T), extreme=i % 7 == 5)
+    return Case(f"{kind} mask, kind={k}" + (", extreme log-ratios" if i % 7 == 5 else ""),
+                dict(logp=_garbage(logp, m, rng), old_logp=_garbage(old, m, rng), mask=m),
+                dict(kind=k))
+
+
+def clip_fraction_case(rng, i):
+    base = _ratio_case(rng, i, "ppo")
+    params = dict(clip_low=base.params["clip_low"], clip_high=base.params["clip_high"],
+                  definition=_cycle(i, ["loss", "sign", "ratio"]))
+    return Case(f"definition={params['definition']}; " + base.label, base.arrays, params,
+                stages=("value",))
 
 
 SEED_P = np.array([0.5, 0.3, 0.15, 0.05])      # the seed's policy and reference (example 6)
@@ -362,4 +424,8 @@ GENERATORS: Dict[str, Callable[[np.random.Generator, int], Case]] = {
     "policy_objective": policy_objective_case,
     "kl_estimator_moments": kl_estimator_moments_case,
     "kl_estimator_gradient": kl_estimator_gradient_case,
+    "gspo_loss": gspo_loss_case,
+    "discounted_returns": discounted_returns_case,
+    "approx_kl": approx_kl_case,
+    "clip_fraction": clip_fraction_case,
 }

@@ -70,6 +70,7 @@ def compare(got, expected, tol: tolerances.Tolerance, scale: float = 1.0,
         allowed = tol.atol * scale + tol.rtol * mag + extra
         diff = np.where(np.isnan(diff), np.inf, diff)
         badness = np.where(diff == 0, 0.0, diff / allowed)
+        badness = np.where(np.isnan(badness), np.inf, badness)    # NaN anywhere is the worst
         # relative error where it means something: below atol·scale/rtol the absolute term rules
         rel = np.where(diff == 0, 0.0, diff / np.maximum(mag, tol.atol * scale / tol.rtol))
     if got.size == 0:
@@ -130,9 +131,10 @@ def _to_torch(arrays, requires_grad=()):
 def _valid(case: cases_mod.Case, name: str) -> np.ndarray:
     """Positions of input `name` that are real data (the mask where it applies)."""
     x = case.arrays[name]
-    m = case.arrays.get("mask")
-    if m is not None and m.shape == x.shape:
-        return m.astype(bool)
+    for key in ("mask", "valid"):          # token mask, or group_advantages' valid rows
+        m = case.arrays.get(key)
+        if m is not None and m.shape == x.shape:
+            return m.astype(bool)
     return np.ones(x.shape, dtype=bool)
 
 
@@ -239,12 +241,12 @@ def _fd_against(entry: Entry, case, index, seed, res, stage, grad_of, freeze, rn
             delta[idx] = xv - base
             delta = delta.reshape(x0.shape)
             if frozen is not None:
-                arrays = frozen(case.arrays, case.params, name, delta)
+                fn, arrays, params = frozen(case.arrays, case.params, name, delta)
             else:
-                arrays = dict(case.arrays, **{name: x0 + delta})
+                fn, arrays, params = entry.numpy_fn, dict(case.arrays, **{name: x0 + delta}), \
+                    case.params
             return np.concatenate([o.reshape(-1) for o in
-                                   _outputs(entry.numpy_fn(**arrays, **case.params),
-                                            entry.outputs)])
+                                   _outputs(fn(**arrays, **params), entry.outputs)])
 
         info = _info(entry, case, index, seed, input=name, got_from=got_from,
                      expected_from="scipy finite differences" +
@@ -326,6 +328,8 @@ def stage_detach(entry, case, index, seed, res, rng):
 def applicable(entry: Entry, case: cases_mod.Case, stage: str) -> bool:
     if stage not in case.stages:
         return False
+    if stage in ("vjp", "fd", "detach") and not entry.diff:
+        return False            # not differentiable (a count)
     if stage == "vjp" and entry.numpy_vjp is None:
         return False            # a gradient-valued function: its value stage is the autograd check
     if stage == "detach":

@@ -16,10 +16,11 @@ import ref_torch
 
 from . import cases as cases_mod
 
-# A freeze rule: (arrays, params, input name, perturbation of that input) -> perturbed arrays in
-# which every detached factor keeps its value at the unperturbed point.
+# A freeze rule: (arrays, params, input name, perturbation of that input) -> (numpy function,
+# arrays, params) whose value is the objective with every detached factor held at its value at
+# the unperturbed point. An entry's `freeze` gives the rule that applies to a case's params.
 Freeze = Callable[[Dict[str, np.ndarray], Dict[str, object], str, np.ndarray],
-                  Dict[str, np.ndarray]]
+                  Tuple[Callable, Dict[str, np.ndarray], Dict[str, object]]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,20 +41,52 @@ class Entry:
                                   Dict[str, Callable[[np.ndarray], float]]]] = None
 
     def freeze_for(self, params) -> Optional[Freeze]:
-        """The freeze rule that applies to a case (policy_objective: only for loss='cispo')."""
-        if self.freeze is None:
-            return None
-        if self.name == "policy_objective" and params.get("loss") != "cispo":
-            return None
-        return self.freeze
+        """The freeze rule that applies to a case, or None (no stop-gradient in its definition)."""
+        return None if self.freeze is None else self.freeze(params)
 
 
 def _freeze_ratio(arrays, params, name, delta):
-    """Hold r = exp(logp − old_logp) fixed: move old_logp with logp, so sg(w(r)) is frozen."""
+    """CISPO: hold r = exp(logp − old_logp) fixed by moving old_logp with logp: sg(w(r)) frozen,
+    and the objective is the same function of the perturbed arrays."""
+    fn = getattr(ref_numpy, "policy_objective" if "loss" in params else "cispo_loss")
     out = dict(arrays)
     out[name] = arrays[name] + delta
     out["old_logp"] = arrays["old_logp"] + delta
-    return out
+    return fn, out, params
+
+
+def _freeze_sequence_ratio(arrays, params, name, delta):
+    """GSPO-token: the ratio of token t is exp(logp_t − sg(logp_t) + sg(ρ̄_i)); with ρ̄ frozen at
+    its value it is exp(ρ̄_i + Δlogp_t), a per-token PPO ratio against old' = logp − ρ̄_i."""
+    lp, old = arrays["logp"], arrays["old_logp"]
+    m = np.ones(lp.shape, bool) if arrays.get("mask") is None else arrays["mask"].astype(bool)
+    with np.errstate(invalid="ignore"):
+        diff = np.where(m, lp - old, 0.0)
+    rho_bar = diff.sum(axis=-1, keepdims=True) / np.maximum(m.sum(axis=-1, keepdims=True), 1)
+    out = dict(arrays, old_logp=np.where(m, lp - rho_bar, old))
+    out[name] = arrays[name] + delta
+    ppo = dict(clip_low=params.get("clip_low", 3e-4), clip_high=params.get("clip_high", 4e-4),
+               log_ratio_clamp=params.get("log_ratio_max"))
+    if "loss" in params:          # policy_objective: the same objective with PPO on those ratios
+        rest = {k: v for k, v in params.items()
+                if k not in ("form", "log_ratio_max", "clip_low", "clip_high")}
+        return ref_numpy.policy_objective, out, dict(rest, loss="ppo", **ppo)
+    return ref_numpy.ppo_clip_loss, out, ppo
+
+
+def _cispo_rule(params):
+    return _freeze_ratio
+
+
+def _gspo_rule(params):
+    return _freeze_sequence_ratio if params.get("form", "token") == "token" else None
+
+
+def _objective_rule(params):
+    loss = params.get("loss", "ppo")
+    if loss == "cispo":
+        return _freeze_ratio
+    return _gspo_rule(params) if loss == "gspo" else None
 
 
 def _entry(name, diff, detached="", freeze=None, outputs=("output",), dict_output=False,
@@ -99,16 +132,22 @@ def build() -> Dict[str, Entry]:
         _entry("group_advantages", ("rewards",)),
         _entry("ppo_clip_loss", ("logp",)),
         _entry("cispo_loss", ("logp",), detached="w = clip(ratio): CISPO's importance weight",
-               freeze=_freeze_ratio),
+               freeze=_cispo_rule),
+        _entry("gspo_loss", ("logp",),
+               detached="the sequence ratio in form='token' (straight-through GSPO-token)",
+               freeze=_gspo_rule),
         _entry("value_loss", ("values",)),
         _entry("kl_penalty", ("logp",)),
         _entry("aggregate", ("loss",)),
         _entry("policy_objective", ("logp",),
-               detached="w = clip(ratio) when loss='cispo'", freeze=_freeze_ratio),
+               detached="CISPO's weight, or GSPO-token's sequence ratio", freeze=_objective_rule),
         _entry("kl_estimator_moments", ("logits",), outputs=ref_numpy.estimators.MOMENT_KEYS,
                dict_output=True),
         _entry("kl_estimator_gradient", ("logits",), outputs=ref_numpy.estimators.GRADIENT_KEYS,
                dict_output=True, objectives=_estimator_objectives),
+        _entry("discounted_returns", ("rewards",)),
+        _entry("approx_kl", ("logp",)),
+        _entry("clip_fraction", ()),                  # a count: value stage only
     ]
     return {e.name: e for e in entries}
 

@@ -3,12 +3,13 @@
 Pure NumPy, float64. Every function `X` has `X_vjp(g, *args, **kwargs)` returning the gradient of
 ⟨g, X(...)⟩ wrt X's differentiable inputs, derived by hand in its docstring.
 """
-from .advantages import (gae, gae_vjp, group_advantages, group_advantages_vjp, whiten,
-                         whiten_vjp)
+from .advantages import (discounted_returns, discounted_returns_vjp, gae, gae_vjp,
+                         group_advantages, group_advantages_vjp, whiten, whiten_vjp)
 from .estimators import kl_estimator_gradient, kl_estimator_moments, kl_estimator_moments_vjp
-from .kl import kl_penalty, kl_penalty_vjp
-from .policy_losses import (cispo_loss, cispo_loss_vjp, policy_objective, policy_objective_vjp,
-                            ppo_clip_loss, ppo_clip_loss_vjp, value_loss, value_loss_vjp)
+from .kl import approx_kl, approx_kl_vjp, kl_penalty, kl_penalty_vjp
+from .policy_losses import (cispo_loss, cispo_loss_vjp, clip_fraction, gspo_loss, gspo_loss_vjp,
+                            policy_objective, policy_objective_vjp, ppo_clip_loss,
+                            ppo_clip_loss_vjp, value_loss, value_loss_vjp)
 from .reduce import aggregate, aggregate_vjp
 
 __all__ = [
@@ -23,4 +24,8 @@ __all__ = [
     "policy_objective", "policy_objective_vjp",
     "kl_estimator_moments", "kl_estimator_moments_vjp",
     "kl_estimator_gradient",   # its value is a gradient: checked against autograd and FD, no VJP
+    "gspo_loss", "gspo_loss_vjp",
+    "discounted_returns", "discounted_returns_vjp",
+    "approx_kl", "approx_kl_vjp",
+    "clip_fraction",           # a count: not differentiable, no VJP
 ]

@@ -27,11 +27,13 @@ AGG_MODES = (
 )
 EMPTY_ROWS = ("exclude", "include")
 EPS_MODES = ("var", "clamp", "std")
-GROUP_SCALES = ("group", "batch", "none")
+GROUP_SCALES = ("group", "batch", "leave_one_out", "none")
 GROUP_BASELINES = ("mean", "leave_one_out")
 KL_KINDS = ("k1", "k2", "k3", "abs")
 CISPO_BOUNDS = ("absolute", "relative")
-POLICY_LOSSES = ("ppo", "cispo")
+POLICY_LOSSES = ("ppo", "cispo", "gspo")
+GSPO_FORMS = ("token", "sequence")
+CLIP_FRACTIONS = ("loss", "sign", "ratio")
 
 
 # ---------------------------------------------------------------- arrays
@@ -167,6 +169,22 @@ def clip_c(v):
     return v
 
 
+def ratio_cap(name: str, v):
+    """An absolute cap on a ratio: None (off) or a number > 1."""
+    if v is None:
+        return None
+    v = number(name, v)
+    if v <= 1.0:
+        raise ValueError(f"{name} is {v}; an absolute ratio cap must exceed 1 (or be None)")
+    return v
+
+
+def delta_above_clip(delta, hi: float) -> None:
+    if delta is not None and delta < hi:
+        raise ValueError(f"delta is {delta} but the upper clip edge 1 + clip_high is {hi}; "
+                         f"TRL's cap must be at least the clip edge (it recommends δ > 1 + ε)")
+
+
 def clamp_pair(name: str, v):
     """`clamp=(input_bound, output_bound)`, each None or a positive number."""
     if v is None:
@@ -208,6 +226,12 @@ def whiten_scale(scale_is_zero: bool, n_valid: int) -> None:
     if scale_is_zero:
         raise ValueError(f"x has zero variance over its {n_valid} valid entries and eps=0: "
                          f"whitening would divide by zero")
+
+
+def loo_scale(scale: str, baseline: str) -> None:
+    if scale == "leave_one_out" and baseline != "leave_one_out":
+        raise ValueError(f"scale is 'leave_one_out' but baseline is {baseline!r}; the others' "
+                         f"std goes with the others' mean (baseline='leave_one_out', as NeMo)")
 
 
 def group_spread(row) -> None:

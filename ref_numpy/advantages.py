@@ -142,6 +142,68 @@ def gae_vjp(g, rewards, values, mask=None, *, gamma, lam, dones=None, last_value
     return {"rewards": u, "values": dv}
 
 
+# ====================================================================== discounted returns
+def _returns_inputs(rewards, mask, gamma):
+    r = ar.token("rewards", rewards)
+    m = ar.mask_of(mask, "rewards", r)
+    gamma = _checks.in_range("gamma", gamma, 0.0, 1.0)
+    ar.finite_at_valid("rewards", r, m)
+    (r, m), squeeze = ar.as_2d(ar.zero_masked(r, m), m)
+    return r, m, gamma, squeeze
+
+
+def discounted_returns(rewards, mask=None, *, gamma):
+    """Discounted reward-to-go, the REINFORCE++ return.
+
+        G_t = r_t + γ·G_next(t),    G after the last valid step = 0
+
+    Reference: Hu, REINFORCE++, arXiv:2501.03262, §3 (verl `reinforce_plus_plus`).
+    Note: masked steps are skipped (G is carried across them), as in `gae`; for right-padded
+    rows this equals verl's reset after EOS. It is `gae` with V ≡ 0 and λ = 1.
+
+    Worked example (γ = 0.5): r = [1, 0, 2] → G = [1 + 0.5·(0 + 0.5·2), 0 + 0.5·2, 2] = [1.5, 1, 2].
+
+    Args:
+      rewards: [B, T] float (or [T]).
+      mask: [B, T] bool or 0/1, or None.
+      gamma: float in [0, 1].
+
+    Returns:
+      [B, T] float64, 0 at masked positions.
+    """
+    r, m, gamma, squeeze = _returns_inputs(rewards, mask, gamma)
+    G = np.zeros_like(r)
+    running = np.zeros(r.shape[0])
+    for t in reversed(range(r.shape[1])):
+        running = np.where(m[:, t], r[:, t] + gamma * running, running)
+        G[:, t] = np.where(m[:, t], running, 0.0)
+    return G[0] if squeeze else G
+
+
+def discounted_returns_vjp(g, rewards, mask=None, *, gamma):
+    """VJP of `discounted_returns` wrt rewards.
+
+    Gradient:
+      G_t = Σ_{s ≥ t} γ^(k(s) − k(t))·r_s over the valid chain (k = index among valid steps),
+      so ∂L/∂r_s = Σ_{t ≤ s} γ^(k(s) − k(t))·g_t: the transposed map runs forwards,
+          u_s = g_s + γ·u_prev(s).
+      Check: T = 2, g = [1, 0]: ∂G_0/∂r = [1, γ].
+
+    Returns:
+      {"rewards": [B, T]} float64.
+    """
+    r, m, gamma, squeeze = _returns_inputs(rewards, mask, gamma)
+    gm = ar.like("g", g, "rewards", r[0] if squeeze else r)
+    gm = np.where(m, gm[None] if squeeze else gm, 0.0)
+    u = np.zeros_like(r)
+    carry = np.zeros(r.shape[0])
+    for t in range(r.shape[1]):
+        u_t = gm[:, t] + gamma * carry
+        u[:, t] = np.where(m[:, t], u_t, 0.0)
+        carry = np.where(m[:, t], u_t, carry)
+    return {"rewards": u[0] if squeeze else u}
+
+
 # ====================================================================== whitening
 def _whiten_inputs(x, mask, ddof, eps, eps_mode, shift_mean):
     x = ar.token("x", x)
@@ -239,7 +301,7 @@ def whiten_vjp(g, x, mask=None, *, ddof=0, eps=1e-8, eps_mode="var", shift_mean=
 
 
 # ====================================================================== group advantages
-def _group_inputs(rewards, group_size, group_ids, ddof, eps, scale, baseline):
+def _group_inputs(rewards, group_size, group_ids, ddof, eps, scale, baseline, valid):
     s = ar.spec("rewards", rewards)
     _checks.require_float(s)
     _checks.require_sequence(s)
@@ -256,8 +318,12 @@ def _group_inputs(rewards, group_size, group_ids, ddof, eps, scale, baseline):
     eps = _checks.non_negative("eps", eps)
     scale = _checks.choice("scale", scale, _checks.GROUP_SCALES)
     baseline = _checks.choice("baseline", baseline, _checks.GROUP_BASELINES)
-    ar.finite_at_valid("rewards", r, np.ones(B, dtype=bool))
-    return r, gid, ddof, eps, scale, baseline
+    _checks.loo_scale(scale, baseline)
+    keep = np.ones(B, dtype=bool) if valid is None else \
+        ar.mask_of(valid, "rewards", r, name="valid")
+    ar.finite_at_valid("rewards", r, keep)
+    _, gid_kept = np.unique(gid[keep], return_inverse=True)     # groups of the kept rows only
+    return np.where(keep, r, 0.0), keep, gid_kept.reshape(-1), ddof, eps, scale, baseline
 
 
 def _group_parts(r, gid, ddof, eps, scale, baseline):
@@ -280,6 +346,22 @@ def _group_parts(r, gid, ddof, eps, scale, baseline):
         mu_b = r.mean()
         sigma = np.sqrt(((r - mu_b) ** 2).sum() / max(B - ddof, 1))
         D = np.full_like(r, sigma + eps)
+    elif scale == "leave_one_out":
+        # the others' spread Σ_{j≠i}(r_j − μ_i)², μ_i the others' mean, summed directly group by
+        # group (a shortcut through the whole group's sum of squares cancels when the others
+        # are nearly equal and r_i is not)
+        ss = np.zeros_like(r)
+        for g in np.unique(gid):
+            rows = np.flatnonzero(gid == g)
+            rr = r[rows]
+            if rows.size < 2:
+                continue
+            mu_others = (rr.sum() - rr) / (rows.size - 1)
+            dev = np.where(np.eye(rows.size, dtype=bool), 0.0, rr[None, :] - mu_others[:, None])
+            ss[rows] = (dev ** 2).sum(axis=1)
+        dof = n - 1 - ddof
+        sigma = np.where(multi & (dof > 0), np.sqrt(np.maximum(ss, 0.0) / np.maximum(dof, 1)), 0.0)
+        D = np.where(sigma > 0, sigma + eps, 1.0)     # NeMo: no scaling where the spread is 0
     else:
         D = np.ones_like(r)
     zero = multi & (D == 0.0)
@@ -289,13 +371,15 @@ def _group_parts(r, gid, ddof, eps, scale, baseline):
 
 
 def group_advantages(rewards, *, group_size=None, group_ids=None, ddof=0, eps=1e-4,
-                     scale="group", baseline="mean"):
+                     scale="group", baseline="mean", valid=None):
     """Group-relative advantages (GRPO, Dr. GRPO, RLOO).
 
         A_i = (r_i − b_i) / (σ + eps)
 
     b_i = mean of i's group ("mean") or of the others in it ("leave_one_out", RLOO);
-    σ = std of i's group ("group"), of the whole batch ("batch"), or no scaling ("none": A = r − b).
+    σ = std of i's group ("group"), of the whole batch ("batch"), of the *others* in i's group
+    ("leave_one_out", NeMo: with the leave-one-out baseline only, and no scaling — not even
+    eps — where that spread is 0), or no scaling ("none": A = r − b).
 
     Reference: Shao et al., DeepSeekMath (GRPO), arXiv:2402.03300, §4.1.2; Liu et al.,
     Dr. GRPO, arXiv:2503.20783; Ahmadian et al., RLOO, arXiv:2402.14740.
@@ -312,20 +396,25 @@ def group_advantages(rewards, *, group_size=None, group_ids=None, ddof=0, eps=1e
       group_ids: [B] int: rows with equal ids form a group, in any order.
       ddof: 0 or 1, for the std.
       eps: float ≥ 0.
-      scale: "group" | "batch" | "none".
+      scale: "group" | "batch" | "leave_one_out" | "none".
       baseline: "mean" | "leave_one_out".
+      valid: [B] bool or 0/1, or None. Rows with valid = 0 (unscorable, or a response with no
+        tokens) leave the group statistics, may hold NaN, and get A = 0 (TRL; the OpenRLHF #1239
+        bug kept them in the baseline).
 
     Returns:
       [B] float64.
     """
-    r, gid, ddof, eps, scale, baseline = _group_inputs(rewards, group_size, group_ids, ddof, eps,
-                                                       scale, baseline)
-    *_, multi, _mu, _k, c, _sigma, D = _group_parts(r, gid, ddof, eps, scale, baseline)
-    return np.where(multi, c / D, 0.0)
+    r, keep, gid, ddof, eps, scale, baseline = _group_inputs(
+        rewards, group_size, group_ids, ddof, eps, scale, baseline, valid)
+    *_, multi, _mu, _k, c, _sigma, D = _group_parts(r[keep], gid, ddof, eps, scale, baseline)
+    out = np.zeros(r.shape)
+    out[keep] = np.where(multi, c / D, 0.0)
+    return out
 
 
 def group_advantages_vjp(g, rewards, *, group_size=None, group_ids=None, ddof=0, eps=1e-4,
-                         scale="group", baseline="mean"):
+                         scale="group", baseline="mean", valid=None):
     """VJP of `group_advantages`.
 
     Gradient:
@@ -344,16 +433,41 @@ def group_advantages_vjp(g, rewards, *, group_size=None, group_ids=None, ddof=0,
       gradient must be 0. Here c = [σ, −σ]; path 1 gives ∂r_0 = (g_0 − g_1)/(2σ); path 2 gives
       −σ(g_0 − g_1)/σ² · σ/(2σ) = −(g_0 − g_1)/(2σ). They cancel.
 
+      "leave_one_out" scale: A_i = c_i/D_i with c_i = r_i − μ_i, μ_i and σ_i the mean and std of
+      the m = n − 1 others O_i, D_i = σ_i + eps (1 where σ_i = 0). r_i enters A_i only through
+      c_i (∂ = 1/D_i); r_k, k ∈ O_i, enters through μ_i (∂c_i/∂r_k = −1/m) and σ_i
+      (∂σ_i/∂r_k = (r_k − μ_i)/((m − ddof)σ_i)). With e_i = g_i/(m·D_i) and
+      h_i = g_i·c_i/(D_i²·(m − ddof)·σ_i) (0 where σ_i = 0), summing over i ≠ k in the group:
+          ∂L/∂r_k = g_k/D_k − Σ_{i≠k} e_i − r_k·Σ_{i≠k} h_i + Σ_{i≠k} h_i·μ_i
+      Rows with valid = 0 get 0.
+
     Returns:
       {"rewards": [B]} float64.
     """
-    r, gid, ddof, eps, scale, baseline = _group_inputs(rewards, group_size, group_ids, ddof, eps,
-                                                       scale, baseline)
-    counts, n, multi, mu, k, c, sigma, D = _group_parts(r, gid, ddof, eps, scale, baseline)
+    r_all, keep, gid, ddof, eps, scale, baseline = _group_inputs(
+        rewards, group_size, group_ids, ddof, eps, scale, baseline, valid)
     gs = ar.spec("g", g)
     _checks.require_float(gs)
-    _checks.require_sequence(gs, r.shape[0])
-    g = np.where(multi, np.asarray(g, dtype=np.float64), 0.0)
+    _checks.require_sequence(gs, r_all.shape[0])
+    out = np.zeros(r_all.shape)
+    out[keep] = _group_vjp_kept(np.asarray(g, dtype=np.float64)[keep], r_all[keep], gid, ddof,
+                                eps, scale, baseline)
+    return {"rewards": out}
+
+
+def _group_vjp_kept(g, r, gid, ddof, eps, scale, baseline):
+    counts, n, multi, mu, k, c, sigma, D = _group_parts(r, gid, ddof, eps, scale, baseline)
+    g = np.where(multi, g, 0.0)
+    if scale == "leave_one_out":
+        m = np.maximum(n - 1, 1)
+        mu_i = (np.bincount(gid, weights=r)[gid] - r) / m
+        e = g / (m * D)
+        pos = sigma > 0
+        h = np.where(pos, g * c / (D ** 2 * np.maximum(n - 1 - ddof, 1) * np.where(pos, sigma, 1)),
+                     0.0)
+        group_sum = lambda x: np.bincount(gid, weights=x)[gid]   # noqa: E731
+        grad = g / D - (group_sum(e) - e) - r * (group_sum(h) - h) + (group_sum(h * mu_i) - h * mu_i)
+        return np.where(multi, grad, 0.0)
     h = g / D
     h_mean = (np.bincount(gid, weights=h) / counts)[gid]
     grad = np.where(multi, k * (h - h_mean), 0.0)
@@ -370,4 +484,4 @@ def group_advantages_vjp(g, rewards, *, group_size=None, group_ids=None, ddof=0,
         safe = np.where(sigma > 0, sigma, 1.0)
         dsigma = np.where(sigma > 0, centred / (np.maximum(n_sigma, 1) * safe), 0.0)
         grad = grad + g_sigma * dsigma
-    return {"rewards": grad}
+    return grad

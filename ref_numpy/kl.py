@@ -79,3 +79,55 @@ def kl_penalty_vjp(g, logp, ref_logp, mask=None, *, kind="k3", clamp=None):
     m, _, dk = _kl_parts(logp, ref_logp, mask, kind, clamp)
     gm = ar.zero_masked(ar.like("g", g, "logp", np.asarray(logp, dtype=np.float64)), m)
     return {"logp": np.where(m, -gm * dk, 0.0)}
+
+
+def _approx_parts(logp, old_logp, mask, kind):
+    lp = ar.token("logp", logp)
+    old = ar.like("old_logp", old_logp, "logp", lp)
+    m = ar.mask_of(mask, "logp", lp)
+    kind = _checks.choice("kind", kind, ("k1", "k2", "k3"))
+    ar.finite_at_valid("logp", lp, m)
+    ar.finite_at_valid("old_logp", old, m)
+    u = ar.zero_masked(lp, m) - ar.zero_masked(old, m)          # log(π/π_old) at x ~ π_old
+    n = int(m.sum())
+    return m, u, kind, n
+
+
+def approx_kl(logp, old_logp, mask=None, *, kind="k1"):
+    """The "approx KL" trainers log: a token-mean estimate of KL(π_old‖π) from the rollout.
+
+    With u = logp − old_logp at tokens sampled from π_old:
+        k1 = −u,   k2 = ½u²,   k3 = e^u − 1 − u,   approx_kl = Σ m·k / Σ m
+
+    Reference: Schulman (2020); trainer_conventions.md §9: verl/OpenRLHF log k1 (`ppo_kl`),
+    MiniMind and TRL PPO k2, CleanRL k3 (`approx_kl`).
+    Note: k1 can average negative on a batch although KL ≥ 0; k3 cannot. This is kl_penalty
+    with the roles of the two policies swapped (samples from π_old). 0 when no token is valid.
+
+    Returns:
+      float64 scalar.
+    """
+    m, u, kind, n = _approx_parts(logp, old_logp, mask, kind)
+    us = np.minimum(u, ar.LOG_FLOAT_MAX)
+    k = {"k1": -u, "k2": 0.5 * u ** 2, "k3": np.expm1(us) - us}[kind]
+    return np.float64(np.where(m, k, 0.0).sum() / n) if n else np.float64(0.0)
+
+
+def approx_kl_vjp(g, logp, old_logp, mask=None, *, kind="k1"):
+    """VJP of `approx_kl` wrt logp.
+
+    Gradient:
+      ∂u/∂logp = 1 and each valid token weighs 1/N: ∂/∂logp = g/N · k'(u) with
+      k1' = −1, k2' = u, k3' = e^u − 1 (0 past the exp cap). Masked positions get 0.
+
+    Returns:
+      {"logp": [B, T]} float64.
+    """
+    m, u, kind, n = _approx_parts(logp, old_logp, mask, kind)
+    s = ar.spec("g", g)
+    _checks.require_float(s)
+    if s.shape != ():
+        raise ValueError(f"g has shape {s.shape}; approx_kl returns a scalar, so g must be one")
+    dk = {"k1": -np.ones_like(u), "k2": u,
+          "k3": np.expm1(np.minimum(u, ar.LOG_FLOAT_MAX)) * (u <= ar.LOG_FLOAT_MAX)}[kind]
+    return {"logp": np.where(m, float(g) * dk / max(n, 1), 0.0)}

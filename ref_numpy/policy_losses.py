@@ -37,12 +37,18 @@ def _ratio_inputs(logp, old_logp, advantages, mask, log_ratio_clamp):
 
 
 # ====================================================================== PPO clip
-def _ppo_branches(adv, ratio, clip_low, clip_high, clip_c):
+def _ppo_branches(adv, ratio, clip_low, clip_high, clip_c, delta=None):
     clip_low = _checks.in_range("clip_low", clip_low, 0.0, 1.0, hi_open=True)
     clip_high = _checks.non_negative("clip_high", clip_high, allow_none=True)
     clip_c = _checks.clip_c(clip_c)
+    delta = _checks.ratio_cap("delta", delta)
     hi = 1.0 + (clip_low if clip_high is None else clip_high)
     lo = 1.0 - clip_low
+    _checks.delta_above_clip(delta, hi)
+    capped = np.zeros(ratio.shape, dtype=bool)
+    if delta is not None:                           # TRL: the unclipped ratio is capped at δ
+        capped = ratio > delta
+        ratio = np.minimum(ratio, delta)
     with np.errstate(over="ignore"):                # |A|·r past the largest float is ±inf
         l1 = -adv * ratio                           # pg_loss1: unclipped surrogate
     l2 = -adv * np.clip(ratio, lo, hi)              # pg_loss2: clipped surrogate
@@ -52,11 +58,11 @@ def _ppo_branches(adv, ratio, clip_low, clip_high, clip_c):
     if clip_c is not None:
         dual = (adv < 0) & (loss > -adv * clip_c)   # dual clip: the loss is capped at −c·A
         loss = np.where(dual, -adv * clip_c, loss)
-    return loss, clipped | dual
+    return loss, clipped | dual | (capped & ~clipped)
 
 
 def ppo_clip_loss(logp, old_logp, advantages, mask=None, *, clip_low=0.2, clip_high=None,
-                  clip_c=None, log_ratio_clamp=None):
+                  clip_c=None, delta=None, log_ratio_clamp=None):
     """PPO clipped surrogate loss per token, with optional asymmetric (clip-higher) and dual clip.
 
         r = exp(logp − old_logp)
@@ -83,18 +89,20 @@ def ppo_clip_loss(logp, old_logp, advantages, mask=None, *, clip_low=0.2, clip_h
       clip_low: ε_low in [0, 1).
       clip_high: ε_high ≥ 0, or None (= clip_low).
       clip_c: dual-clip constant c > 1, or None (off).
+      delta: TRL's absolute cap δ > 1 on the unclipped ratio, min(r, δ)·A, or None. For
+        δ ≥ 1 + ε_high it equals the dual clip with c = δ (A < 0) and changes nothing for A > 0.
       log_ratio_clamp: bound > 0 on |logp − old_logp| before exp, or None.
 
     Returns:
       [B, T] float64, 0 at masked positions.
     """
     lp, adv, m, ratio, _ = _ratio_inputs(logp, old_logp, advantages, mask, log_ratio_clamp)
-    loss, _ = _ppo_branches(adv, ratio, clip_low, clip_high, clip_c)
+    loss, _ = _ppo_branches(adv, ratio, clip_low, clip_high, clip_c, delta)
     return np.where(m, loss, 0.0)
 
 
 def ppo_clip_loss_vjp(g, logp, old_logp, advantages, mask=None, *, clip_low=0.2, clip_high=None,
-                      clip_c=None, log_ratio_clamp=None):
+                      clip_c=None, delta=None, log_ratio_clamp=None):
     """VJP of `ppo_clip_loss` wrt logp.
 
     Gradient:
@@ -105,6 +113,7 @@ def ppo_clip_loss_vjp(g, logp, old_logp, advantages, mask=None, *, clip_low=0.2,
         A > 0: −A·r while r ≤ 1 + ε_high, then 0;
         A < 0: −A·r while r ≥ 1 − ε_low, then 0; with the dual clip also 0 once r > c;
         A = 0: 0.
+      With TRL's δ, the unclipped branch is min(r, δ)·A: flat (gradient 0) once r > δ.
       The log-ratio clamp multiplies by 1[|ρ| ≤ bound].
       So ∂L/∂logp = g · (−A·r) · 1[unclipped branch active] · 1[|ρ| ≤ bound], 0 when masked.
 
@@ -112,7 +121,7 @@ def ppo_clip_loss_vjp(g, logp, old_logp, advantages, mask=None, *, clip_low=0.2,
       {"logp": [B, T]} float64.
     """
     lp, adv, m, ratio, drho = _ratio_inputs(logp, old_logp, advantages, mask, log_ratio_clamp)
-    _, inactive = _ppo_branches(adv, ratio, clip_low, clip_high, clip_c)
+    _, inactive = _ppo_branches(adv, ratio, clip_low, clip_high, clip_c, delta)
     gm = ar.zero_masked(ar.like("g", g, "logp", lp), m)
     with np.errstate(over="ignore"):
         # (g·A)·r, in that order: r is finite (saturated), so g = 0 or A = 0 gives 0, never 0·inf
@@ -186,6 +195,126 @@ def cispo_loss_vjp(g, logp, old_logp, advantages, mask=None, *, clip_high=5.0, c
         return {"logp": np.where(m, -(gm * adv) * w, 0.0)}
 
 
+# ====================================================================== GSPO
+def _gspo_parts(logp, old_logp, advantages, mask, clip_low, clip_high, form, log_ratio_max):
+    lp, adv, m, _, _ = _ratio_inputs(logp, old_logp, advantages, mask, None)
+    old = ar.zero_masked(np.asarray(old_logp, dtype=np.float64), m)
+    clip_low = _checks.in_range("clip_low", clip_low, 0.0, 1.0, hi_open=True)
+    clip_high = _checks.non_negative("clip_high", clip_high)
+    form = _checks.choice("form", form, _checks.GSPO_FORMS)
+    cap = _checks.number("log_ratio_max", log_ratio_max, allow_none=True)
+    (lp, old, adv, m), squeeze = ar.as_2d(lp, old, adv, m)
+    L = m.sum(axis=1)
+    rho_bar = (lp - old).sum(axis=1) / np.maximum(L, 1)        # length-normalised log-ratio
+    hi = min(ar.LOG_FLOAT_MAX, np.inf if cap is None else cap)
+    alive = rho_bar <= hi                                        # the cap passes the gradient at it
+    s = np.exp(np.minimum(rho_bar, hi))[:, None] * np.ones_like(lp)
+    l1 = -adv * s
+    l2 = -adv * np.clip(s, 1.0 - clip_low, 1.0 + clip_high)
+    clipped = l2 > l1
+    loss = np.where(m, np.where(clipped, l2, l1), 0.0)
+    return lp, adv, m, L, s, loss, clipped, alive, form, squeeze
+
+
+def gspo_loss(logp, old_logp, advantages, mask=None, *, clip_low=3e-4, clip_high=4e-4,
+              form="token", log_ratio_max=None):
+    """GSPO: the PPO clip on the length-normalised *sequence* ratio.
+
+        s_i = exp((1/L_i)·Σ_t m_it·(logp_it − old_logp_it))
+        l_it = max(−A_it·s_i, −A_it·clip(s_i, 1 − ε_low, 1 + ε_high))
+
+    Reference: Zheng et al., "Group Sequence Policy Optimization", arXiv:2507.18071, eq. (5)–(7)
+    (sequence form) and eq. (10)–(11) (GSPO-token).
+    Note: `form="token"` is GSPO-token, verl's `gspo` and TRL's `sequence_token`: the per-token
+    ratio is exp(logp_t − sg(logp_t) + sg(log s_i)), equal to s_i in value, but the gradient
+    reaches token t only through its own logp_t. `form="sequence"` (TRL `sequence`, OpenRLHF,
+    NeMo) differentiates through the mean, so every token of a row shares the gradient.
+    The two agree when the advantage is constant within a row and the loss is aggregated
+    seq-mean-token-mean. The ratio is the *mean* of log-ratios, never their product.
+    `log_ratio_max` caps log s_i from above (verl: 10). ε defaults are the paper's.
+
+    Worked example (one row, two tokens, log-ratios 0.2 and −0.1, A = 1, ε = 0.2):
+    s = e^0.05 = 1.0513, inside the clip: l = [−1.0513, −1.0513].
+
+    Args:
+      logp, old_logp: [B, T] float (or [T]).
+      advantages: [B, T] or [B] float.
+      mask: [B, T] bool or 0/1, or None.
+      clip_low: ε_low in [0, 1). clip_high: ε_high ≥ 0.
+      form: "token" | "sequence".
+      log_ratio_max: upper cap on log s_i, or None.
+
+    Returns:
+      [B, T] float64, 0 at masked positions.
+    """
+    *_, loss, _, _, _, squeeze = _gspo_parts(logp, old_logp, advantages, mask, clip_low,
+                                             clip_high, form, log_ratio_max)
+    return loss[0] if squeeze else loss
+
+
+def gspo_loss_vjp(g, logp, old_logp, advantages, mask=None, *, clip_low=3e-4, clip_high=4e-4,
+                  form="token", log_ratio_max=None):
+    """VJP of `gspo_loss` wrt logp.
+
+    Gradient:
+      Per token the unclipped branch is −A_it·s_i (flat where the clip binds, as in PPO), so
+      ∂l_iu/∂s_i = −A_iu·1[unclipped at u]; the cap on log s multiplies by 1[log s_i ≤ max].
+      "token": ∂s_it/∂logp_it = s_i and nothing else (the sg terms), so
+          ∂L/∂logp_it = g_it·(−A_it)·s_i·1[unclipped at t]
+      "sequence": ∂s_i/∂logp_it = s_i/L_i for every valid t of the row, so each token gets
+          ∂L/∂logp_it = (s_i/L_i)·Σ_u g_iu·(−A_iu)·1[unclipped at u]
+      With A constant in a row and g = 1/(L_i·B) (seq-mean-token-mean) the two coincide.
+
+    Returns:
+      {"logp": [B, T]} float64.
+    """
+    lp, adv, m, L, s, _, clipped, alive, form, squeeze = _gspo_parts(
+        logp, old_logp, advantages, mask, clip_low, clip_high, form, log_ratio_max)
+    gm = ar.like("g", g, "logp", np.asarray(logp, dtype=np.float64))
+    gm = np.where(m, gm[None] if squeeze else gm, 0.0)
+    per_token = np.where(clipped | ~alive[:, None], 0.0, -(gm * adv) * s)
+    if form == "token":
+        grad = per_token
+    else:
+        grad = np.where(m, per_token.sum(axis=1, keepdims=True) / np.maximum(L, 1)[:, None], 0.0)
+    grad = np.where(m, grad, 0.0)
+    return {"logp": grad[0] if squeeze else grad}
+
+
+# ====================================================================== diagnostics
+def clip_fraction(logp, old_logp, advantages, mask=None, *, clip_low=0.2, clip_high=None,
+                  definition="loss"):
+    """The fraction of valid tokens a trainer logs as "clipped", by one of three definitions.
+
+        "loss":  l_clipped > l_unclipped strictly (verl `pg_clipfrac`, OpenRLHF): the clip binds
+        "sign":  (r > 1 + ε_high and A > 0) or (r < 1 − ε_low and A < 0) (TRL's low/high)
+        "ratio": r > 1 + ε_high or r < 1 − ε_low, whatever A (MiniMind, CleanRL |r − 1| > ε)
+
+    Reference: trainer_conventions.md §9; trl #3175 (a clip fraction defined backwards).
+    Note: "loss" and "sign" agree except at A = 0 and exact ties: both count where the gradient
+    is zeroed. "ratio" also counts tokens the clip does not touch (A > 0 with r < 1 − ε).
+    Not differentiable (a count).
+
+    Returns:
+      float64 in [0, 1]; 0 when no token is valid.
+    """
+    lp, adv, m, ratio, _ = _ratio_inputs(logp, old_logp, advantages, mask, None)
+    definition = _checks.choice("definition", definition, _checks.CLIP_FRACTIONS)
+    clip_low = _checks.in_range("clip_low", clip_low, 0.0, 1.0, hi_open=True)
+    clip_high = _checks.non_negative("clip_high", clip_high, allow_none=True)
+    hi = 1.0 + (clip_low if clip_high is None else clip_high)
+    lo = 1.0 - clip_low
+    if definition == "loss":
+        with np.errstate(over="ignore"):
+            hit = -adv * np.clip(ratio, lo, hi) > -adv * ratio
+    elif definition == "sign":
+        hit = ((ratio > hi) & (adv > 0)) | ((ratio < lo) & (adv < 0))
+    else:
+        hit = (ratio > hi) | (ratio < lo)
+    n = m.sum()
+    return np.float64((hit & m).sum() / n) if n else np.float64(0.0)
+
+
 # ====================================================================== value loss
 def _value_inputs(values, old_values, returns, mask, clip):
     v = ar.token("values", values)
@@ -257,7 +386,8 @@ def _policy_parts(mask, ref_logp, loss, beta, kl_kind, kl_clamp):
     beta = _checks.non_negative("beta", beta)
     _checks.policy_mask(mask is None, "policy_objective")
     _checks.kl_reference(beta, ref_logp is None)
-    fn, vjp = (ppo_clip_loss, ppo_clip_loss_vjp) if loss == "ppo" else (cispo_loss, cispo_loss_vjp)
+    fn, vjp = {"ppo": (ppo_clip_loss, ppo_clip_loss_vjp), "cispo": (cispo_loss, cispo_loss_vjp),
+               "gspo": (gspo_loss, gspo_loss_vjp)}[loss]
     use_kl = beta > 0
     kl_kw = dict(kind=kl_kind, clamp=kl_clamp)
     return fn, vjp, use_kl, beta, kl_kw
@@ -272,7 +402,8 @@ def policy_objective(logp, old_logp, advantages, mask, ref_logp=None, *, loss="p
 
     Reference: GRPO, arXiv:2402.03300, eq. (3) (KL as a per-token loss term); the aggregation
     modes of verl `agg_loss`.
-    Note: `loss` is "ppo" (`ppo_clip_loss`) or "cispo" (`cispo_loss`); `**loss_kwargs` go to it.
+    Note: `loss` is "ppo" (`ppo_clip_loss`), "cispo" (`cispo_loss`) or "gspo" (`gspo_loss`);
+    `**loss_kwargs` go to it.
     `norm`, `empty_rows` go to `aggregate`; `kl_kind`, `kl_clamp` to `kl_penalty`.
 
     Args:

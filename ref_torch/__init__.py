@@ -3,10 +3,11 @@
 Same function names and signatures as ref_numpy (without the *_vjp). Any float dtype and device:
 a call computes in its inputs' dtype, on their device.
 """
-from .advantages import gae, group_advantages, whiten
+from .advantages import discounted_returns, gae, group_advantages, whiten
 from .estimators import kl_estimator_gradient, kl_estimator_moments
-from .kl import kl_penalty
-from .policy_losses import cispo_loss, policy_objective, ppo_clip_loss, value_loss
+from .kl import approx_kl, kl_penalty
+from .policy_losses import (cispo_loss, clip_fraction, gspo_loss, policy_objective, ppo_clip_loss,
+                            value_loss)
 from .reduce import aggregate
 
 __all__ = [
@@ -21,4 +22,8 @@ __all__ = [
     "policy_objective",
     "kl_estimator_moments",
     "kl_estimator_gradient",
+    "gspo_loss",
+    "discounted_returns",
+    "approx_kl",
+    "clip_fraction",
 ]

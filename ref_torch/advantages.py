@@ -77,6 +77,22 @@ def gae(rewards, values, mask=None, *, gamma, lam, dones=None, last_value=None):
     return adv, ret
 
 
+def discounted_returns(rewards, mask=None, *, gamma):
+    """Reward-to-go G_t = r_t + γ·G_(next valid step), masked steps skipped (REINFORCE++).
+
+    One reverse affine scan (masked steps carry G unchanged). Args/Returns: as
+    ref_numpy.discounted_returns, with tensors.
+    """
+    r = tt.token("rewards", rewards)
+    m = tt.mask_of(mask, "rewards", r)
+    gamma = _checks.in_range("gamma", gamma, 0.0, 1.0)
+    tt.finite_at_valid("rewards", r, m)
+    zero = torch.zeros((), dtype=r.dtype, device=r.device)
+    decay = torch.where(m, torch.full_like(r, gamma), torch.ones_like(r))
+    G = _reverse_affine_scan(decay, torch.where(m, r, zero))
+    return torch.where(m, G, zero)
+
+
 def whiten(x, mask=None, *, ddof=0, eps=1e-8, eps_mode="var", shift_mean=True):
     """Masked whitening: (x − μ)/s (or x/s), μ and var over valid entries, var with N − ddof.
 
@@ -109,30 +125,40 @@ def whiten(x, mask=None, *, ddof=0, eps=1e-8, eps_mode="var", shift_mean=True):
 
 
 def group_advantages(rewards, *, group_size=None, group_ids=None, ddof=0, eps=1e-4,
-                     scale="group", baseline="mean"):
+                     scale="group", baseline="mean", valid=None):
     """Group-relative advantages A_i = (r_i − b_i)/(σ + eps) (GRPO arXiv:2402.03300 §4.1.2).
 
     b_i: group mean, or the mean of the *other* members (leave_one_out, computed as
-    (Σ_group r − r_i)/(n − 1)); σ: group std, batch std, or none. Singleton groups get 0.
-    Args/Returns: as ref_numpy.group_advantages, with tensors.
+    (Σ_group r − r_i)/(n − 1)); σ: group std, batch std, the others' std (NeMo; no scaling
+    where it is 0), or none. Singleton groups get 0; rows with valid = 0 leave the statistics
+    and get 0. Args/Returns: as ref_numpy.group_advantages, with tensors.
     """
     s = tt.spec("rewards", rewards)
     _checks.require_float(s)
     _checks.require_sequence(s)
-    r = rewards
-    B = r.shape[0]
+    B = rewards.shape[0]
     ids_spec = None if group_ids is None else tt.spec("group_ids", group_ids)
     _checks.grouping(group_size is not None, ids_spec, B)
     if group_size is not None:
-        ids = torch.arange(B, device=r.device) // _checks.group_size(group_size, B)
+        ids = torch.arange(B, device=rewards.device) // _checks.group_size(group_size, B)
     else:
-        ids = group_ids.to(r.device)
+        ids = group_ids.to(rewards.device)
     ddof = _checks.ddof(ddof)
     eps = _checks.non_negative("eps", eps)
     scale = _checks.choice("scale", scale, _checks.GROUP_SCALES)
     baseline = _checks.choice("baseline", baseline, _checks.GROUP_BASELINES)
-    tt.finite_at_valid("rewards", r, torch.ones(B, dtype=torch.bool, device=r.device))
+    _checks.loo_scale(scale, baseline)
+    keep = tt.mask_of(valid, "rewards", rewards, "valid")
+    tt.finite_at_valid("rewards", rewards, keep)
+    out = torch.zeros_like(rewards)
+    kept = _group_advantages_of(rewards[keep], ids[keep], ddof, eps, scale, baseline)
+    return out.masked_scatter(keep, kept)
 
+
+def _group_advantages_of(r, ids, ddof, eps, scale, baseline):
+    B = r.shape[0]
+    if B == 0:
+        return r
     _, inverse = torch.unique(ids, return_inverse=True)
     n_groups = int(inverse.max()) + 1
     member = (inverse[None, :] == torch.arange(n_groups, device=r.device)[:, None]).to(r.dtype)
@@ -155,6 +181,16 @@ def group_advantages(rewards, *, group_size=None, group_ids=None, ddof=0, eps=1e
     elif scale == "batch":
         sigma = tt.safe_sqrt((r - r.mean()).pow(2).sum() / max(B - ddof, 1))
         denom = (sigma + eps).expand(B)
+    elif scale == "leave_one_out":
+        # others[i, j] = 1 when j is in i's group and j ≠ i: the others' mean and spread directly
+        others = member.T @ member - torch.eye(B, dtype=r.dtype, device=r.device)
+        n_others = others.sum(dim=1)
+        mean_others = (others @ r) / torch.clamp(n_others, min=1)
+        spread = (others * (r[None, :] - mean_others[:, None]).pow(2)).sum(dim=1)
+        dof = n_others - ddof
+        var = torch.where(dof > 0, spread / torch.clamp(dof, min=1), torch.zeros_like(spread))
+        sigma = tt.safe_sqrt(var)
+        denom = torch.where(sigma > 0, sigma + eps, torch.ones_like(sigma))
     else:
         denom = torch.ones_like(r)
     bad = multi & (denom == 0)

@@ -37,3 +37,28 @@ def kl_penalty(logp, ref_logp, mask=None, *, kind="k3", clamp=None):
     if out_bound is not None:
         est = torch.clamp(est, -out_bound, out_bound)
     return torch.where(m, est, zero)
+
+
+def approx_kl(logp, old_logp, mask=None, *, kind="k1"):
+    """Token-mean estimate of KL(π_old‖π) from rollout tokens x ~ π_old, with
+    log_ratio = logp − old_logp: k1 = −log_ratio, k2 = ½log_ratio², k3 = expm1(log_ratio) −
+    log_ratio. Args/Returns: as ref_numpy.approx_kl, with tensors (a 0-d tensor).
+    """
+    lp = tt.token("logp", logp)
+    old = tt.like("old_logp", old_logp, "logp", lp)
+    m = tt.mask_of(mask, "logp", lp)
+    kind = _checks.choice("kind", kind, ("k1", "k2", "k3"))
+    tt.finite_at_valid("logp", lp, m)
+    tt.finite_at_valid("old_logp", old, m)
+    zero = torch.zeros((), dtype=lp.dtype, device=lp.device)
+    log_ratio = torch.where(m, lp, zero) - torch.where(m, old, zero)
+    if kind == "k1":
+        est = -log_ratio
+    elif kind == "k2":
+        est = 0.5 * log_ratio.pow(2)
+    else:
+        capped = torch.clamp(log_ratio, max=tt.log_float_max(lp.dtype))
+        est = torch.expm1(capped) - capped
+    n = int(m.sum())
+    total = torch.where(m, est, zero).sum()
+    return total / n if n else total * 0

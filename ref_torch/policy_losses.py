@@ -38,11 +38,12 @@ def _prepare(logp, old_logp, advantages, mask, log_ratio_clamp):
 
 
 def ppo_clip_loss(logp, old_logp, advantages, mask=None, *, clip_low=0.2, clip_high=None,
-                  clip_c=None, log_ratio_clamp=None):
+                  clip_c=None, delta=None, log_ratio_clamp=None):
     """PPO clipped surrogate as a loss (arXiv:1707.06347 eq. 7), clip-higher, dual clip.
 
     objective = min(r·A, clip(r, 1 − ε_low, 1 + ε_high)·A); for A < 0 with dual clip:
-    objective = max(objective, c·A). loss = −objective. Ties keep the unclipped term.
+    objective = max(objective, c·A). TRL's δ caps the unclipped ratio: min(r, δ)·A.
+    loss = −objective. Ties keep the unclipped term.
     Args/Returns: as ref_numpy.ppo_clip_loss, with tensors.
     """
     lp0, adv0, m, ratio, zero = _prepare(logp, old_logp, advantages, mask, log_ratio_clamp)
@@ -50,7 +51,9 @@ def ppo_clip_loss(logp, old_logp, advantages, mask=None, *, clip_low=0.2, clip_h
     eps_high = _checks.non_negative("clip_high", clip_high, allow_none=True)
     eps_high = eps_low if eps_high is None else eps_high
     c = _checks.clip_c(clip_c)
-    surr1 = ratio * adv0
+    cap = _checks.ratio_cap("delta", delta)
+    _checks.delta_above_clip(cap, 1.0 + eps_high)
+    surr1 = (ratio if cap is None else torch.clamp(ratio, max=cap)) * adv0
     surr2 = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv0
     objective = torch.where(surr2 < surr1, surr2, surr1)
     if c is not None:
@@ -78,6 +81,55 @@ def cispo_loss(logp, old_logp, advantages, mask=None, *, clip_high=5.0, clip_low
         lo = _checks.non_negative("clip_low", clip_low, allow_none=True, allow_inf=True)
         weight = torch.clamp(ratio, min=0.0 if lo is None else max(1.0 - lo, 0.0), max=1.0 + hi)
     return torch.where(m, -(weight.detach() * adv0) * lp0, zero)
+
+
+def gspo_loss(logp, old_logp, advantages, mask=None, *, clip_low=3e-4, clip_high=4e-4,
+              form="token", log_ratio_max=None):
+    """GSPO (arXiv:2507.18071): PPO's clip on s_i = exp(mean over the row's valid tokens of
+    logp − old_logp). form="token": per-token ratio exp(logp − sg(logp) + sg(log s_i)), the
+    straight-through GSPO-token; form="sequence": the gradient flows through the mean.
+    Args/Returns: as ref_numpy.gspo_loss, with tensors.
+    """
+    lp0, adv0, m, _, zero = _prepare(logp, old_logp, advantages, mask, None)
+    eps_low = _checks.in_range("clip_low", clip_low, 0.0, 1.0, hi_open=True)
+    eps_high = _checks.non_negative("clip_high", clip_high)
+    form = _checks.choice("form", form, _checks.GSPO_FORMS)
+    cap = _checks.number("log_ratio_max", log_ratio_max, allow_none=True)
+    old0 = torch.where(m, old_logp, zero)
+    lengths = m.sum(dim=-1, keepdim=True).clamp(min=1).to(lp0.dtype)
+    seq_log_ratio = (lp0 - old0).sum(dim=-1, keepdim=True) / lengths
+    if form == "token":
+        log_s = lp0 - lp0.detach() + seq_log_ratio.detach()
+    else:
+        log_s = seq_log_ratio.expand_as(lp0)
+    top = tt.log_float_max(lp0.dtype) if cap is None else min(cap, tt.log_float_max(lp0.dtype))
+    s = torch.exp(torch.clamp(log_s, max=top))
+    surr1 = s * adv0
+    surr2 = torch.clamp(s, 1.0 - eps_low, 1.0 + eps_high) * adv0
+    return torch.where(m, -torch.where(surr2 < surr1, surr2, surr1), zero)
+
+
+def clip_fraction(logp, old_logp, advantages, mask=None, *, clip_low=0.2, clip_high=None,
+                  definition="loss"):
+    """Fraction of valid tokens counted as clipped: "loss" (clipped loss > unclipped), "sign"
+    (TRL: r > 1+ε with A > 0, or r < 1−ε with A < 0), "ratio" (|r − 1| beyond ε).
+    Args/Returns: as ref_numpy.clip_fraction, with tensors (a 0-d tensor).
+    """
+    lp0, adv0, m, ratio, zero = _prepare(logp, old_logp, advantages, mask, None)
+    definition = _checks.choice("definition", definition, _checks.CLIP_FRACTIONS)
+    eps_low = _checks.in_range("clip_low", clip_low, 0.0, 1.0, hi_open=True)
+    eps_high = _checks.non_negative("clip_high", clip_high, allow_none=True)
+    eps_high = eps_low if eps_high is None else eps_high
+    with torch.no_grad():
+        if definition == "loss":
+            hit = torch.clamp(ratio, 1 - eps_low, 1 + eps_high) * adv0 < ratio * adv0
+        elif definition == "sign":
+            hit = ((ratio > 1 + eps_high) & (adv0 > 0)) | ((ratio < 1 - eps_low) & (adv0 < 0))
+        else:
+            hit = (ratio > 1 + eps_high) | (ratio < 1 - eps_low)
+        n = m.sum()
+        count = (hit & m).sum().to(lp0.dtype)
+        return count / n if int(n) else count * 0
 
 
 def value_loss(values, old_values, returns, mask=None, *, clip=0.2):
@@ -114,7 +166,7 @@ def policy_objective(logp, old_logp, advantages, mask, ref_logp=None, *, loss="p
     beta = _checks.non_negative("beta", beta)
     _checks.policy_mask(mask is None, "policy_objective")
     _checks.kl_reference(beta, ref_logp is None)
-    policy = ppo_clip_loss if loss == "ppo" else cispo_loss
+    policy = {"ppo": ppo_clip_loss, "cispo": cispo_loss, "gspo": gspo_loss}[loss]
     per_token = policy(logp, old_logp, advantages, mask, **loss_kwargs)
     if beta > 0:
         per_token = per_token + beta * kl_penalty(logp, ref_logp, mask, kind=kl_kind,

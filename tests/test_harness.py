@@ -208,11 +208,12 @@ def test_json_output_validates_and_covers_every_applicable_stage():
     got = {(r["name"], r["stage"]) for r in doc["results"]}
     for name, e in registry.build().items():
         for stage in ("value", "vjp", "fd"):
-            if stage == "vjp" and e.numpy_vjp is None:
-                assert (name, stage) not in got          # its value stage is the autograd check
+            if (stage == "vjp" and e.numpy_vjp is None) or (stage != "value" and not e.diff):
+                assert (name, stage) not in got   # a gradient-valued function, or a count
                 continue
             assert (name, stage) in got
     assert ("cispo_loss", "detach") in got and ("policy_objective", "detach") in got
+    assert ("gspo_loss", "detach") in got
     assert ("ppo_clip_loss", "detach") not in got
 
 

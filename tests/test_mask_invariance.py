@@ -55,6 +55,11 @@ def test_padding_changes_nothing(name, index):
         g = g if len(g) > 1 else g[0]
         return out_np, out_t, entry.numpy_vjp(g, **c.arrays, **c.params), _autograd_vjp(entry, c, g)
 
+    if entry.numpy_vjp is None:                 # a count: compare values only
+        for x, y in zip(_outputs(entry.numpy_fn(**case.arrays, **case.params)),
+                        _outputs(entry.numpy_fn(**other.arrays, **other.params))):
+            np.testing.assert_array_equal(x, y, strict=True)
+        return
     a, b = run(case), run(other)
     for x, y in zip(a[0] + a[1], b[0] + b[1]):
         np.testing.assert_array_equal(x, y, strict=True)

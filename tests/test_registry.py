@@ -13,9 +13,11 @@ def test_registry_matches_both_all_lists():
     assert sorted(ref_torch.__all__) == sorted(names)
     assert sorted(ref_numpy.__all__) == sorted(names + with_vjp)
     # only a function whose value is itself a gradient (checked against autograd and finite
-    # differences of its objective) goes without a VJP
-    assert [n for n, e in entries.items() if e.numpy_vjp is None] == ["kl_estimator_gradient"]
+    # differences of its objective) and a count (not differentiable) go without a VJP
+    assert [n for n, e in entries.items() if e.numpy_vjp is None] == \
+        ["kl_estimator_gradient", "clip_fraction"]
     assert entries["kl_estimator_gradient"].objectives is not None
+    assert entries["clip_fraction"].diff == ()
 
 
 def test_twins_have_identical_signatures():
@@ -37,6 +39,8 @@ def test_vjp_signature_is_g_then_the_function_signature():
 
 def test_vjp_docstrings_derive_the_gradient():
     for name, e in registry.build().items():
+        if not e.diff:
+            continue                              # a count: nothing to differentiate
         doc = (e.numpy_vjp or e.numpy_fn).__doc__
         assert "Gradient:" in doc, name
 
@@ -44,7 +48,7 @@ def test_vjp_docstrings_derive_the_gradient():
 def test_hyper_parameters_are_keyword_only():
     arrays = {"rewards", "values", "mask", "x", "logp", "old_logp", "advantages", "old_values",
               "returns", "ref_logp", "loss", "dones", "last_value", "group_ids", "logits",
-              "ref_logits"}
+              "ref_logits", "valid"}
     for name in registry.build():
         for p in inspect.signature(getattr(ref_numpy, name)).parameters.values():
             if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD:
