@@ -2,6 +2,7 @@
 
 `python -m crosscheck` runs the harness; see README.md.
 """
+from .audit import AuditReport, assert_conforms, audit
 from .registry import REGISTRY, Entry, build
 
-__all__ = ["REGISTRY", "Entry", "build"]
+__all__ = ["REGISTRY", "Entry", "build", "audit", "assert_conforms", "AuditReport"]

@@ -100,14 +100,103 @@ def explain_main(argv) -> int:
     return EXIT_PASS
 
 
-SUBCOMMANDS = {"explain": explain_main}
+def _load_target(target):
+    """'path/to/file.py:function' → the function; raises ValueError with a usage message."""
+    import importlib.util
+    import os
+
+    path, sep, name = target.rpartition(":")
+    if not sep or not path or not name:
+        raise ValueError(f"target is {target!r}; expected path/to/file.py:function")
+    if not os.path.isfile(path):
+        raise ValueError(f"target file {path!r} does not exist")
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    spec = importlib.util.spec_from_file_location("crosscheck_audit_target", path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # the user's module: report, never a traceback
+        raise ValueError(f"importing {path} raised {type(exc).__name__}: {exc}") from None
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise ValueError(f"{path} has no function {name!r}")
+    return fn
+
+
+def _parse_set(items):
+    import ast
+
+    out = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--set {item!r}; expected key=value, e.g. --set ddof=1")
+        try:
+            out[key.strip()] = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            out[key.strip()] = value.strip()
+    return out
+
+
+def audit_main(argv) -> int:
+    import json
+
+    from . import profiles
+    from .audit import audit as run_audit
+
+    p = argparse.ArgumentParser(
+        prog="python -m crosscheck audit",
+        description="Audit your own function against a reference: values, gradients, masks, "
+                    "group permutations, micro-batch accumulation, KL direction.")
+    p.add_argument("target", nargs="?", help="path/to/file.py:function (your adapter)")
+    p.add_argument("--ref", help="the reference function, e.g. group_advantages")
+    p.add_argument("--profile", choices=sorted(profiles.PROFILES), help="a trainer's conventions")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="a reference convention (repeatable), e.g. --set ddof=1")
+    p.add_argument("--cases", type=int, default=200, help="cases (default 200)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--backend", choices=("torch", "numpy"), default="torch")
+    p.add_argument("--accumulation", choices=("mean", "sum"), default="mean",
+                   help="how your trainer combines micro-batch gradients (default mean)")
+    p.add_argument("--json", action="store_true", help="the report as one JSON object")
+    p.add_argument("--list-profiles", action="store_true", help="show the trainer profiles")
+    args = p.parse_args(argv)
+    if args.list_profiles:
+        print(profiles.describe())
+        return EXIT_PASS
+    if not args.target or not args.ref:
+        p.error("give a target path/to/file.py:function and --ref NAME (or --list-profiles)")
+    if args.cases < 1:
+        p.error(f"--cases is {args.cases}; expected a positive number")
+    try:
+        fn = _load_target(args.target)
+        conventions = _parse_set(args.set)
+        report = run_audit(fn, args.ref, backend=args.backend, profile=args.profile,
+                                 cases=args.cases, seed=args.seed,
+                                 accumulation=args.accumulation, **conventions)
+    except (ValueError, TypeError) as exc:
+        print(f"python -m crosscheck audit: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2, ensure_ascii=False))
+    else:
+        print(report)
+    return EXIT_PASS if report.ok else EXIT_FAIL
+
+
+SUBCOMMANDS = {"explain": explain_main, "audit": audit_main}
 
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in SUBCOMMANDS:
-        return SUBCOMMANDS[argv[0]](argv[1:])
-    return check_main(argv)
+    try:
+        if argv and argv[0] in SUBCOMMANDS:
+            return SUBCOMMANDS[argv[0]](argv[1:])
+        return check_main(argv)
+    except BrokenPipeError:            # `... | head` closed stdout: stop quietly
+        import os
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_FAIL
 
 
 if __name__ == "__main__":
