@@ -261,15 +261,20 @@ def diagnose(aud, case, check) -> Tuple[str, bool]:
         user = _user_values(aud, probes)
         if user is None:
             return "", False
-        for label, params in _variants(aud):
-            if _all_match(aud, user, lambda d, p=params: aud.entry.numpy_fn(
-                    **_ref_args(d), **p)):
-                return (f"matches {name} with {label}: a convention difference, not a bug",
-                        False)
-        for label, value_fn, _ in KNOWN.get(name, []):
-            if value_fn is not None and _all_match(aud, user, lambda d, f=value_fn: f(
-                    d, aud.params)):
-                return f"matches a known bug: {label}", False
+        known = next((label for label, value_fn, _ in KNOWN.get(name, [])
+                      if value_fn is not None and _all_match(
+                          aud, user, lambda d, f=value_fn: f(d, aud.params))), None)
+        convention = next((label for label, params in _variants(aud)
+                           if _all_match(aud, user, lambda d, p=params: aud.entry.numpy_fn(
+                               **_ref_args(d), **p))), None)
+        if known and convention:
+            return (f"matches a known bug: {known} (it computes the same as {name} with "
+                    f"{convention})", False)
+        if known:
+            return f"matches a known bug: {known}", False
+        if convention:
+            return (f"matches {name} with {convention}: a convention difference, not a bug",
+                    False)
         return "", False
     user = _user_grads(aud, probes)
     if user is None:

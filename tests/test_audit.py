@@ -1,0 +1,453 @@
+"""The audit: correct trainer-style implementations pass under each profile (no false alarms over
+several seeds), and every bug class of bug_classes.md that concerns these functions is flagged
+by the right check. The implementations here are written as trainers write them (torch, masks
+multiplied in), not by calling ref_torch."""
+import contextlib
+import io
+import json
+import math
+import os
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from crosscheck import __main__ as cli
+from crosscheck import assert_conforms, audit
+from crosscheck.audit import AuditUsageError
+
+EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "examples")
+sys.path.insert(0, EXAMPLES)
+import buggy  # noqa: E402
+import minimind_style  # noqa: E402
+import trl_style  # noqa: E402
+import verl_style  # noqa: E402
+
+SEEDS = (0, 1)
+N = 30
+
+
+def failing(report):
+    return {f.check for f in report.failures}
+
+
+def finding(report, check):
+    return next(f for f in report.findings if f.check == check)
+
+
+# ================================================================ correct implementations
+def grpo(ddof, eps):
+    def fn(rewards, group_ids, valid=None):
+        out = torch.zeros_like(rewards)
+        keep = torch.ones_like(rewards, dtype=torch.bool) if valid is None else valid.bool()
+        for g in torch.unique(group_ids[keep]):
+            idx = (group_ids == g) & keep
+            r = rewards[idx]
+            if r.numel() > 1:
+                out[idx] = (r - r.mean()) / (r.std(unbiased=bool(ddof)) + eps)
+        return out
+    return fn
+
+
+def whiten(ddof, eps, mode):
+    def fn(x, mask):
+        m = mask.to(x.dtype)
+        n = m.sum()
+        xm = torch.where(mask.bool(), x, torch.zeros((), dtype=x.dtype))
+        mean = (xm * m).sum() / n
+        var = (((xm - mean) * m) ** 2).sum() / (n - ddof)
+        if mode == "var":
+            out = (xm - mean) * torch.rsqrt(var + eps)
+        elif mode == "clamp":
+            out = (xm - mean) * torch.rsqrt(torch.clamp(var, min=eps))
+        else:
+            out = (xm - mean) / (torch.sqrt(var) + eps)
+        return out * m
+    return fn
+
+
+def ppo(lo=0.2, hi=0.2, c=None, clamp=None):
+    def fn(logp, old_logp, advantages, mask):
+        m = mask.bool()
+        zero = torch.zeros((), dtype=logp.dtype)
+        A = advantages[:, None].expand_as(logp) if advantages.dim() == 1 else advantages
+        A = torch.where(m, A, zero)
+        lr = torch.where(m, logp - old_logp, zero)
+        if clamp:
+            lr = torch.clamp(lr, -clamp, clamp)
+        ratio = torch.exp(lr)
+        loss1, loss2 = -A * ratio, -A * torch.clamp(ratio, 1 - lo, 1 + hi)
+        loss = torch.maximum(loss1, loss2)
+        if c is not None:
+            loss = torch.where(A < 0, torch.minimum(loss, -A * c), loss)
+        return loss * m
+    return fn
+
+
+def kl(kind, clamp_in=None, clamp_out=None):
+    def fn(logp, ref_logp, mask):
+        m = mask.bool()
+        zero = torch.zeros((), dtype=logp.dtype)
+        x = torch.where(m, ref_logp - logp, zero)
+        if clamp_in:
+            x = torch.clamp(x, -clamp_in, clamp_in)
+        k = {"k1": -x, "k2": 0.5 * x ** 2, "k3": torch.exp(x) - x - 1}[kind]
+        if clamp_out:
+            k = torch.clamp(k, -clamp_out, clamp_out)
+        return k * m
+    return fn
+
+
+def value_loss(clip):
+    def fn(values, old_values, returns, mask):
+        m = mask.to(values.dtype)
+        zero = torch.zeros((), dtype=values.dtype)
+        v, vo, R = (torch.where(mask.bool(), t, zero) for t in (values, old_values, returns))
+        clipped = vo + torch.clamp(v - vo, -clip, clip)
+        return 0.5 * torch.maximum((v - R) ** 2, (clipped - R) ** 2) * m
+    return fn
+
+
+def gae_loop(gamma, lam):
+    def fn(rewards, values, mask, dones=None, last_value=None):
+        B, T = rewards.shape
+        m = mask.to(rewards.dtype)
+        d = torch.zeros_like(rewards) if dones is None else dones.to(rewards.dtype)
+        nextvalue = torch.zeros(B, dtype=rewards.dtype) if last_value is None else last_value
+        lastgaelam = torch.zeros(B, dtype=rewards.dtype)
+        out = []
+        zero = torch.zeros((), dtype=rewards.dtype)
+        r = torch.where(mask.bool(), rewards, zero)
+        v = torch.where(mask.bool(), values, zero)
+        for t in reversed(range(T)):
+            delta = r[:, t] + gamma * (1 - d[:, t]) * nextvalue - v[:, t]
+            new = delta + gamma * lam * (1 - d[:, t]) * lastgaelam
+            lastgaelam = new * m[:, t] + (1 - m[:, t]) * lastgaelam
+            nextvalue = v[:, t] * m[:, t] + (1 - m[:, t]) * nextvalue
+            out.append(lastgaelam)
+        adv = torch.stack(out[::-1], dim=1) * m
+        return adv, (adv + v) * m
+    return fn
+
+
+def global_token_mean(loss, mask, n_tokens_global=None):
+    m = mask.to(loss.dtype)
+    n = int(mask.sum()) if n_tokens_global is None else n_tokens_global
+    return (torch.where(mask.bool(), loss, torch.zeros((), dtype=loss.dtype)) * m).sum() / max(n, 1)
+
+
+def seq_mean_all_rows(loss, mask):
+    m = mask.to(loss.dtype)
+    rows = (torch.where(mask.bool(), loss, torch.zeros((), dtype=loss.dtype)) * m).sum(1)
+    return (rows / m.sum(1).clamp(min=1)).mean()
+
+
+CORRECT = [
+    ("verl", "group_advantages", grpo(1, 1e-6), {}),
+    ("trl", "group_advantages", grpo(1, 1e-4), {}),
+    ("openrlhf", "group_advantages", grpo(1, 1e-9), {}),
+    ("minimind", "group_advantages", grpo(0, 1e-4), {}),
+    ("verl", "whiten", whiten(1, 1e-8, "var"), {}),
+    ("openrlhf", "whiten", whiten(0, 1e-8, "clamp"), {}),
+    ("minimind", "whiten", whiten(0, 1e-8, "var"), {}),
+    ("cleanrl", "whiten", whiten(1, 1e-8, "std"), {}),
+    ("verl", "ppo_clip_loss", ppo(c=3.0, clamp=20.0), {}),
+    ("openrlhf", "ppo_clip_loss", ppo(clamp=20.0), {}),
+    ("trl", "ppo_clip_loss", ppo(), {}),
+    ("cleanrl", "ppo_clip_loss", ppo(), {}),
+    ("verl", "kl_penalty", kl("k3", 20.0, 10.0), {}),
+    ("openrlhf", "kl_penalty", kl("k1", None, 10.0), {}),
+    ("minimind", "kl_penalty", kl("k3"), {}),
+    ("verl", "value_loss", value_loss(0.5), {}),
+    ("trl", "value_loss", value_loss(0.2), {}),
+    ("cleanrl", "gae", gae_loop(0.99, 0.95), {}),
+    ("verl", "gae", gae_loop(1.0, 1.0), {}),
+    ("verl", "aggregate", global_token_mean, {"accumulation": "sum"}),
+    ("minimind", "aggregate", seq_mean_all_rows, {}),
+    ("verl", "policy_objective", verl_style.adapter, {"accumulation": "sum"}),
+    ("trl", "policy_objective", trl_style.adapter, {"accumulation": "sum", "beta": 0.04}),
+    ("minimind", "policy_objective", minimind_style.cispo_objective, {}),
+    ("minimind", "group_advantages", minimind_style.grpo_advantages, {}),
+]
+
+
+@pytest.mark.parametrize("profile, ref, fn, extra", CORRECT,
+                         ids=[f"{p}-{r}-{i}" for i, (p, r, _, _) in enumerate(CORRECT)])
+def test_correct_implementations_conform_under_their_profile(profile, ref, fn, extra):
+    for seed in SEEDS:
+        report = audit(fn, ref, profile=profile, cases=N, seed=seed, **extra)
+        assert report.ok, str(report)
+        assert report.n_cases >= N // 3
+
+
+def test_numpy_backend():
+    def fn(x, mask):
+        m = mask.astype(bool)
+        v = x[m]
+        return np.where(m, (x - v.mean()) / np.sqrt(v.var() + 1e-8), 0.0)
+    assert audit(fn, "whiten", profile="minimind", backend="numpy", cases=N).ok
+
+
+# ================================================================ planted bugs, by class
+def test_aggregation_mode_changed_is_flagged_with_its_convention():
+    report = audit(seq_mean_all_rows, "aggregate", profile="verl", cases=N, accumulation="sum")
+    assert "value" in failing(report)
+    assert "mode='seq-mean-token-mean'" in finding(report, "value").diagnosis
+
+
+def test_mean_of_micro_batch_means_is_flagged():
+    report = audit(buggy.local_token_mean, "aggregate", profile="verl", cases=N)
+    assert failing(report) == {"microbatch"}
+
+
+def test_biased_vs_unbiased_std_is_a_convention_difference():
+    report = audit(grpo(0, 1e-4), "group_advantages", profile="verl", cases=N)
+    assert "value" in failing(report)
+    assert "ddof=0, eps=0.0001: a convention difference" in finding(report, "value").diagnosis
+
+
+@pytest.mark.filterwarnings("ignore:std\\(\\): degrees of freedom")
+def test_nan_for_a_one_sample_group_is_flagged():
+    def trl_nanstd(rewards, group_ids):          # unbiased std of one sample is NaN
+        out = torch.zeros_like(rewards)
+        for g in torch.unique(group_ids):
+            idx = group_ids == g
+            r = rewards[idx]
+            out[idx] = (r - r.mean()) / (r.std() + 1e-4)
+        return out
+    assert "finite" in failing(audit(trl_nanstd, "group_advantages", profile="trl", cases=N))
+
+
+def test_groups_by_reshaping_an_interleaved_batch_are_flagged():
+    report = audit(buggy.grpo_by_reshape, "group_advantages", profile="minimind", cases=N)
+    assert {"permutation", "value"} <= failing(report)
+    assert "consecutive blocks" in finding(report, "value").diagnosis
+
+
+def test_invalid_rows_kept_in_the_baseline_are_flagged():
+    inner = grpo(0, 1e-4)
+
+    def keeps_them(rewards, group_ids, valid):
+        out = inner(torch.nan_to_num(rewards), group_ids)     # bug: valid read but not used
+        return out * valid
+    report = audit(keeps_them, "group_advantages", profile="minimind", cases=N)
+    assert "value" in failing(report)
+    assert "invalid rows kept" in finding(report, "value").diagnosis
+
+
+def test_gae_bootstrapping_from_padding_is_flagged_by_mask_invariance():
+    def no_carry(rewards, values, mask):          # V(t+1) read even where t+1 is padding
+        B, T = rewards.shape
+        m = mask.to(rewards.dtype)
+        last, out = torch.zeros(B, dtype=rewards.dtype), []
+        for t in reversed(range(T)):
+            nv = values[:, t + 1] if t + 1 < T else torch.zeros(B, dtype=rewards.dtype)
+            delta = rewards[:, t] + nv - values[:, t]
+            last = (delta + last) * m[:, t]
+            out.append(last)
+        adv = torch.stack(out[::-1], 1)
+        return adv, (adv + values) * m
+    report = audit(no_carry, "gae", profile="verl", cases=N)
+    assert "mask" in failing(report)
+
+
+def test_unmasked_whitening_statistics_are_flagged():
+    def unmasked(x, mask):
+        return (x - x.mean()) / (x.std() + 1e-8) * mask
+    report = audit(unmasked, "whiten", profile="verl", cases=N)
+    assert {"mask", "value"} <= failing(report)
+
+
+def test_shift_mean_false_adding_the_mean_back_is_flagged():
+    def adds_back(x, mask):
+        m = mask.bool()
+        v = x[m]
+        mean, var = v.mean(), v.var(unbiased=False)
+        return torch.where(m, (x - mean) * torch.rsqrt(var + 1e-8) + mean, torch.zeros_like(x))
+    report = audit(adds_back, "whiten", profile="minimind", cases=N, shift_mean=False)
+    assert "value" in failing(report)
+    assert "adds the mean back" in finding(report, "value").diagnosis
+
+
+def test_value_clip_around_the_returns_is_flagged():
+    def around_returns(values, old_values, returns, mask):
+        clipped = returns + torch.clamp(values - returns, -0.2, 0.2)
+        return 0.5 * torch.maximum((values - returns) ** 2, (clipped - returns) ** 2) * mask
+    report = audit(around_returns, "value_loss", profile="minimind", cases=N)
+    assert "value" in failing(report)
+    assert "around the returns" in finding(report, "value").diagnosis
+
+
+def test_clip_fraction_defined_backwards_is_flagged():
+    def backwards(logp, old_logp, advantages, mask):        # trl #3175: signs of A swapped
+        A = advantages[:, None].expand_as(logp) if advantages.dim() == 1 else advantages
+        r = torch.exp(logp - old_logp)
+        hit = ((r < 0.8) & (A > 0)) | ((r > 1.2) & (A < 0))
+        m = mask.bool()
+        return (hit & m).sum().double() / m.sum()
+    report = audit(backwards, "clip_fraction", profile="trl", cases=N)
+    assert "value" in failing(report)
+
+
+def test_dual_clip_on_positive_advantages_is_flagged():
+    def dual_everywhere(logp, old_logp, advantages, mask):
+        base = ppo(clamp=20.0)(logp, old_logp, advantages, mask)
+        A = advantages[:, None].expand_as(logp) if advantages.dim() == 1 else advantages
+        return torch.minimum(base, -A * 3.0) * mask
+    report = audit(dual_everywhere, "ppo_clip_loss", profile="verl", cases=N)
+    assert "value" in failing(report)
+    assert "dual clip applied to positive advantages" in finding(report, "value").diagnosis
+
+
+def test_swapped_clip_bounds_are_flagged():
+    report = audit(ppo(lo=0.28, hi=0.2), "ppo_clip_loss", profile="trl", cases=N,
+                   clip_high=0.28)
+    assert "value" in failing(report)
+    assert "clip bounds swapped" in finding(report, "value").diagnosis
+
+
+def test_gspo_product_of_token_ratios_is_flagged():
+    def product(logp, old_logp, advantages, mask):
+        m = mask.to(logp.dtype)
+        A = advantages[:, None].expand_as(logp) if advantages.dim() == 1 else advantages
+        s = torch.exp((torch.where(mask.bool(), logp - old_logp, torch.zeros_like(logp)) * m)
+                      .sum(1, keepdim=True))                    # bug: Σ, not mean
+        loss = torch.maximum(-A * s, -A * torch.clamp(s, 1 - 3e-4, 1 + 4e-4))
+        return loss * m
+    report = audit(product, "gspo_loss", profile="trl", cases=N)
+    assert "value" in failing(report)
+    assert "product of token ratios" in finding(report, "value").diagnosis
+
+
+def test_missing_cispo_detach_is_flagged_by_the_detach_check():
+    report = audit(buggy.cispo_without_detach, "cispo_loss", profile="minimind", cases=N)
+    assert failing(report) == {"detach"}
+    assert "not detached" in finding(report, "detach").diagnosis
+
+
+def test_gspo_token_without_the_stop_gradient_is_flagged_by_the_detach_check():
+    def sequence_gradient(logp, old_logp, advantages, mask):   # verl's form minus the sg()
+        m = mask.to(logp.dtype)
+        A = advantages[:, None].expand_as(logp) if advantages.dim() == 1 else advantages
+        lr = torch.where(mask.bool(), logp - old_logp, torch.zeros_like(logp)) * m
+        log_s = torch.clamp(lr.sum(1, keepdim=True) / m.sum(1, keepdim=True).clamp(min=1),
+                            max=10.0)
+        s = torch.exp(log_s).expand_as(logp)
+        return torch.maximum(-A * s, -A * torch.clamp(s, 0.8, 1.2)) * m
+    report = audit(sequence_gradient, "gspo_loss", profile="verl", cases=N)
+    assert failing(report) == {"detach"}
+    assert "not detached" in finding(report, "detach").diagnosis
+
+
+def test_log_probs_detached_by_accident_are_flagged():
+    fn = ppo(c=3.0, clamp=20.0)
+    report = audit(lambda logp, **kw: fn(logp.detach(), **kw), "ppo_clip_loss", profile="verl",
+                   cases=N)
+    assert failing(report) == {"grad"}
+    assert "does not depend on logp" in finding(report, "grad").message
+
+
+def test_kl_arguments_swapped_are_flagged():
+    def swapped(logp, ref_logp, mask):
+        return kl("k3")(ref_logp, logp, mask)
+    report = audit(swapped, "kl_penalty", profile="trl", cases=N)
+    assert "value" in failing(report)
+    assert "arguments swapped" in finding(report, "value").diagnosis
+
+
+def test_kl_sign_flipped_is_flagged_by_the_direction_check():
+    report = audit(buggy.kl_sign_flipped, "kl_penalty", profile="trl", cases=N)
+    assert "kl_direction" in failing(report)
+
+
+def test_k1_as_a_loss_gets_a_direction_warning():
+    report = audit(kl("k1", None, 10.0), "kl_penalty", profile="openrlhf", cases=N)
+    assert report.ok
+    assert finding(report, "kl_direction").status == "warn"
+
+
+def test_different_kl_clamps_are_a_convention_difference():
+    report = audit(kl("k3"), "kl_penalty", profile="verl", cases=N)
+    assert "value" in failing(report)
+    assert "clamp=None" in finding(report, "value").diagnosis
+
+
+# ================================================================ robustness
+def test_raising_wrong_shape_and_nan_are_reported_not_raised():
+    def boom(**_):
+        raise RuntimeError("my trainer broke")
+    r = audit(boom, "kl_penalty", cases=5)
+    assert "raises" in failing(r) and "my trainer broke" in finding(r, "raises").message
+    r = audit(lambda logp, ref_logp, mask: (logp - ref_logp).sum(1), "kl_penalty", cases=5)
+    assert "shape" in failing(r) and "expected" in finding(r, "shape").message
+    r = audit(lambda logp, ref_logp, mask: logp * float("nan"), "kl_penalty", cases=5)
+    assert "finite" in failing(r)
+
+
+def test_failures_are_shrunk_to_small_counterexamples():
+    report = audit(grpo(0, 1e-4), "group_advantages", profile="verl", cases=N)
+    ce = finding(report, "value").counterexample
+    assert len(ce["rewards"]) <= 4
+    assert "reference output" in ce and "your output" in ce
+
+
+def test_usage_errors():
+    with pytest.raises(AuditUsageError, match="ref is 'grpo'"):
+        audit(grpo(0, 1e-4), "grpo")
+    with pytest.raises(AuditUsageError, match="profile is 'deepspeed'"):
+        audit(grpo(0, 1e-4), "group_advantages", profile="deepspeed")
+    with pytest.raises(AuditUsageError, match="profile 'cleanrl' defines no conventions for "
+                                              "'group_advantages'"):
+        audit(grpo(0, 1e-4), "group_advantages", profile="cleanrl")
+    with pytest.raises(AuditUsageError, match="gae needs gamma, lam"):
+        audit(gae_loop(1.0, 1.0), "gae")
+    with pytest.raises(AuditUsageError, match="'gamma_x' is not a convention of whiten"):
+        audit(whiten(0, 1e-8, "var"), "whiten", gamma_x=1)
+
+
+def test_assert_conforms_raises_with_the_report():
+    assert assert_conforms(grpo(0, 1e-4), "group_advantages", profile="minimind", cases=N).ok
+    with pytest.raises(AssertionError, match="DOES NOT CONFORM"):
+        assert_conforms(grpo(0, 1e-4), "group_advantages", profile="verl", cases=N)
+
+
+# ================================================================ the command line
+def run(argv):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main(argv)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_cli_pass_fail_and_json():
+    ex = os.path.join(EXAMPLES, "minimind_style.py")
+    code, out, _ = run(["audit", f"{ex}:grpo_advantages", "--ref", "group_advantages",
+                        "--profile", "minimind", "--cases", "20"])
+    assert code == 0 and "verdict: CONFORMS" in out
+    code, out, _ = run(["audit", os.path.join(EXAMPLES, "buggy.py") + ":cispo_without_detach",
+                        "--ref", "cispo_loss", "--profile", "minimind", "--cases", "20", "--json"])
+    assert code == 1
+    doc = json.loads(out)
+    assert doc["ok"] is False and any(f["check"] == "detach" and f["status"] == "fail"
+                                      for f in doc["findings"])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["audit", "missing.py:f", "--ref", "whiten"], "does not exist"),
+    (["audit", "examples/buggy.py:nope", "--ref", "whiten"], "has no function 'nope'"),
+    (["audit", "examples/buggy.py", "--ref", "whiten"], "expected path/to/file.py:function"),
+    (["audit", "examples/buggy.py:kl_sign_flipped", "--ref", "klx"], "ref is 'klx'"),
+    (["audit", "examples/buggy.py:kl_sign_flipped", "--ref", "kl_penalty", "--set", "kind"],
+     "expected key=value"),
+])
+def test_cli_usage_errors_exit_2_with_a_message(argv, message):
+    code, _, err = run(argv)
+    assert code == 2 and message in err
+
+
+def test_cli_list_profiles():
+    code, out, _ = run(["audit", "--list-profiles"])
+    assert code == 0
+    for name in ("verl", "trl", "openrlhf", "minimind", "cleanrl"):
+        assert f"{name}:" in out
