@@ -207,7 +207,7 @@ def test_biased_vs_unbiased_std_is_a_convention_difference():
     assert "ddof=0, eps=0.0001: a convention difference" in finding(report, "value").diagnosis
 
 
-@pytest.mark.filterwarnings("ignore:std\\(\\): degrees of freedom")
+@pytest.mark.filterwarnings("ignore::UserWarning")      # the planted bug warns: std of one
 def test_nan_for_a_one_sample_group_is_flagged():
     def trl_nanstd(rewards, group_ids):          # unbiased std of one sample is NaN
         out = torch.zeros_like(rewards)
