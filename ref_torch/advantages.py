@@ -25,6 +25,60 @@ def _reverse_affine_scan(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return x
 
 
+BLOCK = 64      # time steps per block of the Toeplitz solve (one K×K matmul per block)
+
+
+def _discounted_reverse_cumsum(x: torch.Tensor, q: float) -> torch.Tensor:
+    """y_t = Σ_{s ≥ t} q^(s − t)·x_s along the last axis, without a Python loop over T.
+
+    Blocks of K steps: inside a block y = x @ U with the Toeplitz U[j, i] = q^(j − i) (j ≥ i);
+    across blocks the carry S_b = y_b,0 + q^K·S_(b+1) is a short affine scan; then each
+    position adds q^(K − i)·S_(b+1). Every weight is a power of q ≤ 1: nothing overflows.
+    """
+    B, T = x.shape
+    nb = -(-T // BLOCK)
+    if nb * BLOCK != T:
+        x = torch.nn.functional.pad(x, (0, nb * BLOCK - T))
+    i = torch.arange(BLOCK, dtype=torch.float64, device=x.device)
+    lag = i[:, None] - i[None, :]
+    qq = torch.tensor(q, dtype=torch.float64, device=x.device)
+    U = torch.where(lag >= 0, torch.pow(qq, lag.clamp(min=0)),
+                    torch.zeros((), dtype=torch.float64, device=x.device)).to(x.dtype)
+    local = x.view(B, nb, BLOCK) @ U
+    starts = local[..., 0]
+    carry = _reverse_affine_scan(torch.full_like(starts, q ** BLOCK), starts)   # S_b
+    after = torch.nn.functional.pad(carry[..., 1:], (0, 1))                    # S_(b+1)
+    tail = torch.pow(qq, BLOCK - i).to(x.dtype)                                # q^(K − i)
+    return torch.addcmul(local, after[..., None], tail).reshape(B, nb * BLOCK)[:, :T]
+
+
+def _gae_blocked(r, v, m, lv, gamma, lam):
+    """GAE with a constant decay γλ per valid step: valid steps are compacted to the front of
+    their row (skipped masked steps then vanish), δ is formed with the next compacted value,
+    and A is the discounted reverse cumsum of δ. Rows already right-padded skip compaction."""
+    B, T = r.shape
+    pad = ~m
+    rc, vc = r.masked_fill(pad, 0.0), v.masked_fill(pad, 0.0)
+    L = m.to(torch.int64).sum(-1)
+    steps = torch.arange(T, device=r.device)
+    right_padded = bool(torch.equal(m, steps < L[:, None]))
+    if not right_padded:
+        pos = (torch.cumsum(m.to(torch.int64), -1) - 1).masked_fill(pad, T)
+        rc = torch.zeros(B, T + 1, dtype=r.dtype, device=r.device).scatter(1, pos, rc)[:, :T]
+        vc = torch.zeros(B, T + 1, dtype=r.dtype, device=r.device).scatter(1, pos, vc)[:, :T]
+    delta = rc - vc + gamma * torch.nn.functional.pad(vc[:, 1:], (0, 1))   # 0 past each row's end
+    rows = torch.nonzero(L > 0).squeeze(1)
+    delta = delta.index_put((rows, L[rows] - 1), gamma * lv[rows], accumulate=True)
+    adv = _discounted_reverse_cumsum(delta, gamma * lam)
+    if right_padded:
+        adv = adv.masked_fill(pad, 0.0)
+        return adv, adv + vc
+    adv = adv.masked_fill(~(steps < L[:, None]), 0.0)
+    ret = adv + vc
+    back = pos.clamp(max=T - 1)
+    return adv.gather(1, back).masked_fill(pad, 0.0), ret.gather(1, back).masked_fill(pad, 0.0)
+
+
 def gae(rewards, values, mask=None, *, gamma, lam, dones=None, last_value=None):
     """Generalised advantage estimation (GAE), arXiv:1506.02438 eq. (16).
 
@@ -32,7 +86,9 @@ def gae(rewards, values, mask=None, *, gamma, lam, dones=None, last_value=None):
         δ_t = r_t + γ(1 − d_t)·V(next valid step, or last_value) − V_t;   returns = A + V
 
     Masked steps are skipped (value and advantage carried across them); see ref_numpy.gae for
-    the conventions. Computed as one reverse affine scan (no Python loop over T).
+    the conventions. No Python loop over T: with no done before a row's last valid step (the
+    LLM case), valid steps are compacted and A is a blocked Toeplitz discounted cumsum (one
+    matmul per 64 steps); otherwise a reverse affine scan in ⌈log2 T⌉ doubling steps.
 
     Args/Returns: as ref_numpy.gae, with tensors; any float dtype and device.
     """
@@ -55,6 +111,19 @@ def gae(rewards, values, mask=None, *, gamma, lam, dones=None, last_value=None):
     squeeze = r.dim() == 1
     if squeeze:
         r, v, m, d, lv = r[None], v[None], m[None], d[None], lv[None]
+    # A done at a row's last valid step only drops the bootstrap; anywhere else it breaks the
+    # constant decay, and the general scan below handles it.
+    if dones is not None:
+        steps = torch.arange(r.shape[-1], device=r.device)
+        last_index = torch.where(m, steps, torch.full_like(steps, -1)).max(-1).values
+        last = steps == last_index[:, None]                 # each row's last valid step
+        interior = bool((m & (d != 0) & ~last).any())
+        lv = torch.where((d * last).sum(-1) > 0, torch.zeros_like(lv), lv)
+    else:
+        interior = False
+    if not interior:
+        adv, ret = _gae_blocked(r, v, m, lv, gamma, lam)
+        return (adv[0], ret[0]) if squeeze else (adv, ret)
     B, T = r.shape
     zero = torch.zeros((), dtype=r.dtype, device=r.device)
     r0, v0, d0 = torch.where(m, r, zero), torch.where(m, v, zero), torch.where(m, d, zero)

@@ -196,6 +196,24 @@ def test_aggregation_mode_changed_is_flagged_with_its_convention():
     assert "mode='seq-mean-token-mean'" in finding(report, "value").diagnosis
 
 
+def test_policy_and_kl_terms_normalised_differently_are_flagged():
+    # trl #2881: the policy term per-sequence mean, the KL term a global token mean
+    def mixed(logp, old_logp, advantages, mask, ref_logp):
+        m = mask.to(logp.dtype)
+        policy = minimind_style.cispo_objective(logp, old_logp, advantages, mask, ref_logp * 0 +
+                                                logp.detach())            # policy part only
+        x = torch.where(mask.bool(), ref_logp - logp, torch.zeros_like(logp))
+        kl = ((torch.exp(x) - x - 1) * m).sum() / m.sum()
+        return policy + 0.1 * kl
+    report = audit(mixed, "policy_objective", profile="minimind", cases=N)
+    assert "value" in failing(report)
+
+
+def test_the_reference_undefined_on_a_case_is_skipped_not_a_crash():
+    report = audit(grpo(0, 0.0), "group_advantages", profile="minimind", cases=N, eps=0.0)
+    assert any("reference is undefined" in why for why in report.skipped)
+
+
 def test_mean_of_micro_batch_means_is_flagged():
     report = audit(buggy.local_token_mean, "aggregate", profile="verl", cases=N)
     assert failing(report) == {"microbatch"}
