@@ -18,6 +18,9 @@ def _check_parser():
     p.add_argument("--list", action="store_true", help="list the registry and exit")
     p.add_argument("--json", action="store_true", help="print one JSON object (SPEC §4)")
     p.add_argument("-q", "--quiet", action="store_true", help="print failures and a summary only")
+    p.add_argument("--scale", type=int, metavar="N",
+                   help="instead: value, vjp and fd of policy_objective (each loss and "
+                        "aggregation) and gae on batches of N tokens")
     return p
 
 
@@ -49,6 +52,28 @@ def check_main(argv) -> int:
         print(_list(entries))
         return EXIT_PASS
     t0 = time.perf_counter()
+    if args.scale is not None:
+        if args.scale < 1:
+            parser.error(f"--scale is {args.scale}; expected a positive number of tokens")
+        from . import scale
+        results, timings = scale.run(args.scale, seed=args.seed)
+        seconds = time.perf_counter() - t0
+        ok = all(r.passed for r in results)
+        if args.json:
+            print(report.to_json(results, args.seed))
+        else:
+            if not args.quiet:
+                print(report.table(results))
+                print()
+                for what, (sec, evals) in ((k, tuple(v)) for k, v in timings.items()):
+                    print(f"  {what:<28} {sec:7.2f} s" + (f" ({evals} evaluations)" if evals
+                                                          else ""))
+                print()
+            if not ok:
+                print(report.failures(results))
+            print(f"--scale {args.scale}: {len(results)} stage checks, "
+                  f"{'all passed' if ok else 'FAILED'} in {seconds:.1f} s")
+        return EXIT_PASS if ok else EXIT_FAIL
     results = run(entries, seed=args.seed, n_cases=args.cases)
     seconds = time.perf_counter() - t0
     ok = all(r.passed for r in results)

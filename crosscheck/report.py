@@ -34,11 +34,12 @@ def to_json(results: List[StageResult], seed: int) -> str:
 
 
 def table(results: List[StageResult]) -> str:
-    head = f"{'function':<22} {'stage':<7} {'status':<6} {'cases':>5} {'max abs err':>12} " \
+    w = max([22] + [len(r.name) for r in results])
+    head = f"{'function':<{w}} {'stage':<7} {'status':<6} {'cases':>5} {'max abs err':>12} " \
            f"{'max rel err':>12}"
     lines = [head, "-" * len(head)]
     for r in results:
-        lines.append(f"{r.name:<22} {r.stage:<7} {r.status.upper():<6} {r.cases:>5} "
+        lines.append(f"{r.name:<{w}} {r.stage:<7} {r.status.upper():<6} {r.cases:>5} "
                      f"{r.max_abs_err:>12.2e} {r.max_rel_err:>12.2e}")
     return "\n".join(lines)
 

@@ -32,6 +32,10 @@ TOLERANCES = {
         why="scipy.differentiate's Richardson-extrapolated central differences (order 8, "
             "adaptive step ≤ 1e-3) reach 1e-9–1e-11 on smooth pieces; round-off in "
             "f(x ± h) of size eps·|f|/h dominates for |f| ~ e^30, so 1e-6 relative"),
+    ("probe", "float64"): Tolerance(
+        rtol=1e-10, atol=0.0,
+        why="--scale's exact probes of linear maps (the aggregation, GAE): the identity holds to "
+            "rounding, which is added as its own bound 64·eps·Σ|terms|; 1e-10 is margin only"),
     ("detach", "float64"): Tolerance(
         rtol=1e-6, atol=1e-8,
         why="the same finite differences as 'fd', of the objective with the detached "

@@ -1,0 +1,209 @@
+"""Benchmarks: GAE implementations side by side, and the harness's own speed.
+
+    python benchmarks/run.py                 # CPU, the full table (about a minute)
+    python benchmarks/run.py --quick         # smaller sizes only
+    python benchmarks/run.py --device cuda   # the torch rows on a GPU
+
+Every figure is a median over repeats, and every comparison a ratio against a baseline measured
+in the same run: the verl-style per-step torch loop (written here from the GAE recursion, as
+verl, TRL and OpenRLHF write it). The bandwidth bound is (bytes read + written) ÷ the copy
+bandwidth measured in this run; "peak extra memory" is the peak resident (or CUDA) memory a call
+adds, over the bytes of its inputs. Errors are against ref_numpy's float64 recursion.
+No timing is asserted anywhere: this prints, the reader judges.
+"""
+import argparse
+import math
+import os
+import resource
+import statistics
+import sys
+import time
+
+import numpy as np
+import torch
+from scipy.signal import lfilter
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import ref_numpy  # noqa: E402
+import ref_torch  # noqa: E402
+
+GAMMA, LAM = 0.99, 0.95
+
+
+def verl_loop(r, v, m, gamma=GAMMA, lam=LAM):
+    """The per-step baseline: one Python iteration per time step, carry across masked steps."""
+    B, T = r.shape
+    mf = m.to(r.dtype)
+    nextvalues = torch.zeros(B, dtype=r.dtype, device=r.device)
+    lastgaelam = torch.zeros(B, dtype=r.dtype, device=r.device)
+    out = []
+    for t in reversed(range(T)):
+        delta = r[:, t] + gamma * nextvalues - v[:, t]
+        lastgaelam_ = delta + gamma * lam * lastgaelam
+        nextvalues = v[:, t] * mf[:, t] + (1 - mf[:, t]) * nextvalues
+        lastgaelam = lastgaelam_ * mf[:, t] + (1 - mf[:, t]) * lastgaelam
+        out.append(lastgaelam)
+    adv = torch.stack(out[::-1], dim=1)
+    return adv * mf, (adv + v) * mf
+
+
+def lfilter_gae(r, v, lengths, gamma=GAMMA, lam=LAM):
+    """scipy.signal.lfilter on reversed TD errors (right-padded rows only)."""
+    B, T = r.shape
+    v_next = np.concatenate([v[:, 1:], np.zeros((B, 1))], axis=1)
+    valid = np.arange(T)[None] < lengths[:, None]
+    delta = np.where(valid, r + gamma * np.where(np.arange(T)[None] < (lengths - 1)[:, None],
+                                                  v_next, 0.0) - v, 0.0)
+    adv = lfilter([1.0], [1.0, -gamma * lam], delta[:, ::-1], axis=1)[:, ::-1]
+    return np.where(valid, adv, 0.0), np.where(valid, adv + v, 0.0)
+
+
+def sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def median_time(f, repeats, device="cpu"):
+    f()
+    sync(device)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        f()
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def copy_bandwidth(device):
+    x = torch.empty(32 * 2 ** 20 // 4, dtype=torch.float32, device=device).uniform_()
+    y = torch.empty_like(x)
+    t = median_time(lambda: y.copy_(x), 9, device)
+    return 2 * x.numel() * 4 / t                 # bytes read + written per second
+
+
+def peak_extra_bytes(make, fn, device):
+    """Peak memory a call adds beyond its inputs, measured in a forked child (CPU: ru_maxrss)."""
+    if device == "cuda":
+        inputs = make()
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        fn(*inputs)
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - base
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        inputs = make()
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        fn(*inputs)
+        after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        os.write(w, str((after - before) * 1024).encode())
+        os._exit(0)
+    os.close(w)
+    data = os.read(r, 64)
+    os.waitpid(pid, 0)
+    return int(data)
+
+
+def gae_table(sizes, device, repeats):
+    bw = copy_bandwidth(device)
+    print(f"copy bandwidth ({device}): {bw / 1e9:.1f} GB/s (torch copy of 32 MiB, read + write)")
+    print()
+    head = ("| B | T | dtype | mask | impl | median | speed-up vs loop | × copy bound | "
+            "peak extra mem / input | max rel err |")
+    print(head)
+    print("|---" * 10 + "|")
+    rows = []
+    rng = np.random.default_rng(0)
+    for B, T in sizes:
+        r64, v64 = rng.normal(size=(B, T)), rng.normal(size=(B, T))
+        lengths = rng.integers(T // 2, T + 1, size=B)
+        right = np.arange(T)[None] < lengths[:, None]
+        holed = right & (rng.random((B, T)) < 0.8)
+        for mask_name, m in (("right", right), ("holed", holed)):
+            ref_adv, _ = ref_numpy.gae(r64, v64, m, gamma=GAMMA, lam=LAM)
+            scale = max(np.abs(ref_adv).max(), 1e-300)
+            for dtype in (torch.float32, torch.float64):
+                es = torch.finfo(dtype).bits // 8
+                rt = torch.tensor(r64, dtype=dtype, device=device)
+                vt = torch.tensor(v64, dtype=dtype, device=device)
+                mt = torch.tensor(m, device=device)
+                bound = (4 * es + 1) * B * T / bw          # r, v, mask in; adv, returns out
+                impls = [("per-step loop", lambda: verl_loop(rt, vt, mt), True),
+                         ("ref_torch.gae", lambda: ref_torch.gae(rt, vt, mt, gamma=GAMMA, lam=LAM),
+                          True)]
+                if dtype == torch.float64 and device == "cpu":
+                    impls.append(("ref_numpy.gae", lambda: ref_numpy.gae(r64, v64, m, gamma=GAMMA,
+                                                                         lam=LAM), False))
+                    if mask_name == "right":
+                        impls.append(("scipy lfilter", lambda: lfilter_gae(r64, v64, lengths),
+                                      False))
+                base = None
+                for name, f, is_torch in impls:
+                    reps = max(1, repeats if (T * B < 2e6 or name != "per-step loop") else 2)
+                    t = median_time(f, reps, device if is_torch else "cpu")
+                    base = t if name == "per-step loop" else base
+                    out = f()[0]
+                    out = out.detach().cpu().double().numpy() if torch.is_tensor(out) else out
+                    err = float(np.abs(out - ref_adv).max() / scale)
+                    mem = ""
+                    if name in ("ref_torch.gae", "per-step loop") and (B * T >= 1e6 or device == "cuda"):
+                        extra = peak_extra_bytes(
+                            lambda: (torch.tensor(r64, dtype=dtype, device=device),
+                                     torch.tensor(v64, dtype=dtype, device=device),
+                                     torch.tensor(m, device=device)),
+                            (lambda a, b, c: verl_loop(a, b, c)) if name == "per-step loop" else
+                            (lambda a, b, c: ref_torch.gae(a, b, c, gamma=GAMMA, lam=LAM)), device)
+                        mem = f"{extra / ((2 * es + 1) * B * T):.2f}"
+                    row = (B, T, str(dtype).replace("torch.", ""), mask_name, name, t, base / t,
+                           t / bound, mem, err)
+                    rows.append(row)
+                    print(f"| {B} | {T} | {row[2]} | {mask_name} | {name} | {t * 1e3:.2f} ms | "
+                          f"{base / t:.1f}× | {t / bound:.1f} | {mem or '-'} | {err:.1e} |",
+                          flush=True)
+    return rows
+
+
+def harness_table(repeats):
+    """Cases per second per stage, and the whole default run."""
+    from crosscheck import cases as cases_mod
+    from crosscheck import harness, registry
+
+    entries = registry.build()
+    print()
+    print("| stage | cases/s (all functions, 12 cases each) |")
+    print("|---|---|")
+    for stage in harness.STAGES:
+        t0 = time.perf_counter()
+        n = 0
+        for e in entries.values():
+            n += sum(r.cases for r in harness.run_entry(e, 0, 12, stages=(stage,)))
+        dt = time.perf_counter() - t0
+        print(f"| {stage} | {n / dt:.0f} ({n} cases in {dt:.2f} s) |")
+    t = median_time(lambda: harness.run(entries, seed=0, n_cases=12), max(1, repeats // 2))
+    print(f"\nthe default run (`python -m crosscheck`, in-process, torch already imported): "
+          f"{t:.1f} s")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--quick", action="store_true", help="only B=64, T=1024")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--no-harness", action="store_true")
+    args = p.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda but torch sees no CUDA device")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {args.device}"
+          + (f" ({torch.cuda.get_device_name()})" if args.device == "cuda" else ""))
+    sizes = [(64, 1024)] if args.quick else [(64, 1024), (64, 8192), (512, 1024), (512, 8192)]
+    gae_table(sizes, args.device, args.repeats)
+    if not args.no_harness:
+        harness_table(args.repeats)
+
+
+if __name__ == "__main__":
+    main()
