@@ -52,41 +52,32 @@ def check_main(argv) -> int:
         print(_list(entries))
         return EXIT_PASS
     t0 = time.perf_counter()
+    timings = None
     if args.scale is not None:
         if args.scale < 1:
             parser.error(f"--scale is {args.scale}; expected a positive number of tokens")
         from . import scale
         results, timings = scale.run(args.scale, seed=args.seed)
-        seconds = time.perf_counter() - t0
-        ok = all(r.passed for r in results)
-        if args.json:
-            print(report.to_json(results, args.seed))
-        else:
-            if not args.quiet:
-                print(report.table(results))
-                print()
-                for what, (sec, evals) in ((k, tuple(v)) for k, v in timings.items()):
-                    print(f"  {what:<28} {sec:7.2f} s" + (f" ({evals} evaluations)" if evals
-                                                          else ""))
-                print()
-            if not ok:
-                print(report.failures(results))
-            print(f"--scale {args.scale}: {len(results)} stage checks, "
-                  f"{'all passed' if ok else 'FAILED'} in {seconds:.1f} s")
-        return EXIT_PASS if ok else EXIT_FAIL
-    results = run(entries, seed=args.seed, n_cases=args.cases)
+    else:
+        results = run(entries, seed=args.seed, n_cases=args.cases)
     seconds = time.perf_counter() - t0
     ok = all(r.passed for r in results)
     if args.json:
         print(report.to_json(results, args.seed))
-    else:
-        if not args.quiet:
-            print(report.table(results))
-            print()
-        if not ok:
-            print(report.failures(results))
-            print()
+        return EXIT_PASS if ok else EXIT_FAIL
+    if not args.quiet:
+        print(report.table(results))
+        print()
+        for what, (sec, evals) in (timings or {}).items():
+            print(f"  {what:<28} {sec:7.2f} s ({evals} evaluations)")
+    if not ok:
+        print(report.failures(results))
+        print()
+    if timings is None:
         print(report.summary(results, len(entries), args.seed, args.cases, seconds))
+    else:
+        print(f"--scale {args.scale}: {len(results)} stage checks, "
+              f"{'all passed' if ok else 'FAILED'} in {seconds:.1f} s")
     return EXIT_PASS if ok else EXIT_FAIL
 
 

@@ -40,6 +40,13 @@ def _objective_and_slope(ratio, fn, A, **kw):
     return -loss, -grad / ratio
 
 
+def _save(plt, fig, out_dir, name, paths):
+    fig.tight_layout()
+    paths.append(os.path.join(out_dir, name))
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+
 def write_figures(out_dir: str):
     plt = _pyplot()
     os.makedirs(out_dir, exist_ok=True)
@@ -71,10 +78,7 @@ def write_figures(out_dir: str):
         ax.set_xlabel("ratio r = π/π_old")
         ax.set_title(title, fontsize=10)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    paths.append(os.path.join(out_dir, FIGURES[0]))
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    _save(plt, fig, out_dir, FIGURES[0], paths)
 
     # 2. k1, k2, k3 per sample vs u = log(ref/π)
     u = np.linspace(-3, 3, 601)
@@ -86,10 +90,7 @@ def write_figures(out_dir: str):
     ax.set_xlabel("u = log(ref(x)/π(x)) at the sample")
     ax.set_title("per-sample KL estimators: k1 = −u, k2 = u²/2, k3 = e^u − 1 − u", fontsize=10)
     ax.legend()
-    fig.tight_layout()
-    paths.append(os.path.join(out_dir, FIGURES[1]))
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    _save(plt, fig, out_dir, FIGURES[1], paths)
 
     # 3. GAE weights (γλ)^l = ∂A_0/∂r_l, read off the hand VJP
     T = 40
@@ -102,8 +103,5 @@ def write_figures(out_dir: str):
     ax.set_ylabel("∂A_0/∂r_l = (γλ)^l")
     ax.set_title("GAE weights, γ = 0.99 (from gae_vjp)", fontsize=10)
     ax.legend()
-    fig.tight_layout()
-    paths.append(os.path.join(out_dir, FIGURES[2]))
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    _save(plt, fig, out_dir, FIGURES[2], paths)
     return paths

@@ -81,6 +81,11 @@ def _integrand(arrays, params, loss, beta, x):
     return pol + beta * ref_numpy.kl_penalty(x, arrays["ref_logp"], m, kind="k3")
 
 
+def _add(timings, key, t0, evals):
+    sec, n = timings.get(key, (0.0, 0))
+    timings[key] = (sec + time.perf_counter() - t0, n + evals)
+
+
 def _diagonal_fd(f, x, h=1e-3):
     d1 = (f(x + h) - f(x - h)) / (2 * h)
     d2 = (f(x + h / 2) - f(x - h / 2)) / h
@@ -118,7 +123,7 @@ def run(n_tokens: int, seed: int = 0, progress=None) -> List[StageResult]:
             v_t = ref_torch.policy_objective(**t, **kw)
             _record(r, compare(v_t.item(), v_np, tolerances.get("value")),
                     dict(info, got_from="ref_torch", expected_from="ref_numpy"))
-            timings.setdefault("value", [0.0, 0])[0] += time.perf_counter() - t0
+            _add(timings, "value (12 configurations)", t0, 2)
             results.append(r)
             # vjp
             r = StageResult(name, "vjp", cases=1)
@@ -127,7 +132,7 @@ def run(n_tokens: int, seed: int = 0, progress=None) -> List[StageResult]:
             (auto,) = torch.autograd.grad(v_t, [t["logp"]])
             _record(r, compare(hand, auto.numpy(), tolerances.get("vjp")),
                     dict(info, got_from="ref_numpy hand VJP", expected_from="torch autograd"))
-            timings.setdefault("vjp", [0.0, 0])[0] += time.perf_counter() - t0
+            _add(timings, "vjp (12 configurations)", t0, 2)
             results.append(r)
             # fd: aggregation weights by exact linear probes, then token by token
             r = StageResult(name, "fd", cases=1)
@@ -149,7 +154,7 @@ def run(n_tokens: int, seed: int = 0, progress=None) -> List[StageResult]:
             _record(r, compare(hand, expected, tolerances.get("fd"), scale),
                     dict(info, mode="diagonal finite differences of the per-token integrand",
                          got_from="ref_numpy hand VJP", expected_from="w ⊙ f' (scipy-free FD)"))
-            timings.setdefault("fd", [0.0, 0])[0] += time.perf_counter() - t0
+            _add(timings, "fd probes + compare (12)", t0, 7)
             results.append(r)
         if progress:
             progress(loss)

@@ -275,3 +275,14 @@ def last_value(shape, batch_shape, finite: bool) -> None:
                          f"{tuple(batch_shape)}")
     if not finite:
         raise ValueError("last_value holds NaN or inf; it bootstraps every row and must be finite")
+
+
+def require_logits(s: Spec, like: Optional[Spec] = None) -> None:
+    """One categorical policy's logits [V], V ≥ 2 (and the shape of `like` when given)."""
+    require_float(s)
+    if len(s.shape) != 1 or s.shape[0] < 2:
+        raise ValueError(f"{s.name} has shape {tuple(s.shape)}; expected one categorical "
+                         f"policy's logits [V] with V ≥ 2")
+    if like is not None and tuple(s.shape) != tuple(like.shape):
+        raise ValueError(f"{s.name} has shape {tuple(s.shape)} but {like.name} has "
+                         f"{tuple(like.shape)}; both are [V]")

@@ -22,13 +22,7 @@ GRADIENT_KEYS = ("expected", "grad_kl_forward", "grad_kl_reverse")
 
 
 def _logits(name, x, like=None):
-    s = ar.spec(name, x)
-    _checks.require_float(s)
-    if len(s.shape) != 1 or s.shape[0] < 2:
-        raise ValueError(f"{name} has shape {s.shape}; expected one categorical policy's "
-                         f"logits [V] with V ≥ 2")
-    if like is not None and s.shape != like.shape:
-        raise ValueError(f"{name} has shape {s.shape} but logits has {like.shape}; both are [V]")
+    _checks.require_logits(ar.spec(name, x), None if like is None else ar.spec("logits", like))
     z = np.asarray(x, dtype=np.float64)
     ar.finite_at_valid(name, z, np.ones(z.shape, dtype=bool))
     return z

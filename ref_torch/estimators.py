@@ -9,11 +9,7 @@ from . import _tensors as tt
 
 
 def _policy(name, x, like=None):
-    s = tt.spec(name, x)
-    _checks.require_float(s)
-    if len(s.shape) != 1 or s.shape[0] < 2:
-        raise ValueError(f"{name} has shape {s.shape}; expected one categorical policy's "
-                         f"logits [V] with V ≥ 2")
+    _checks.require_logits(tt.spec(name, x), None if like is None else tt.spec("logits", like))
     if like is not None:
         tt.like(name, x, "logits", like)
     tt.finite_at_valid(name, x, torch.ones(x.shape, dtype=torch.bool, device=x.device))
