@@ -16,6 +16,7 @@ import math
 import os
 import resource
 import statistics
+import subprocess
 import sys
 import time
 
@@ -82,30 +83,53 @@ def copy_bandwidth(device):
     return 2 * x.numel() * 4 / t                 # bytes read + written per second
 
 
-def peak_extra_bytes(make, fn, device):
-    """Peak memory a call adds beyond its inputs, measured in a forked child (CPU: ru_maxrss)."""
+def peak_extra_bytes(B, T, dtype, mask, impl, device):
+    """Peak memory one call adds beyond its inputs. CPU: ru_maxrss of a freshly spawned Python
+    (a fork of a process whose OpenMP threads are running can deadlock); CUDA: the allocator."""
     if device == "cuda":
-        inputs = make()
+        r, v, m = _inputs(B, T, dtype, mask, device)
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
-        fn(*inputs)
+        IMPLS[impl](r, v, m)
         torch.cuda.synchronize()
         return torch.cuda.max_memory_allocated() - base
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(r)
-        inputs = make()
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        fn(*inputs)
-        after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        os.write(w, str((after - before) * 1024).encode())
-        os._exit(0)
-    os.close(w)
-    data = os.read(r, 64)
-    os.waitpid(pid, 0)
-    return int(data)
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child-mem", str(B),
+                          str(T), str(dtype).replace("torch.", ""), mask, impl],
+                         capture_output=True, text=True, timeout=300)
+    return int(out.stdout.strip().splitlines()[-1])
+
+
+def _inputs(B, T, dtype, mask, device="cpu"):
+    rng = np.random.default_rng(0)
+    r = torch.tensor(rng.normal(size=(B, T)), dtype=dtype, device=device)
+    v = torch.tensor(rng.normal(size=(B, T)), dtype=dtype, device=device)
+    lengths = rng.integers(T // 2, T + 1, size=B)
+    m = np.arange(T)[None] < lengths[:, None]
+    if mask == "holed":
+        m &= rng.random((B, T)) < 0.8
+    return r, v, torch.tensor(m, device=device)
+
+
+IMPLS = {"per-step loop": lambda r, v, m: verl_loop(r, v, m),
+         "ref_torch.gae": lambda r, v, m: ref_torch.gae(r, v, m, gamma=GAMMA, lam=LAM)}
+
+
+def _status_kb(field):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+
+
+def _child_mem(B, T, dtype, mask, impl):
+    """Peak resident growth during one call: reset the high-water mark after the inputs exist
+    (Linux: '5' into /proc/self/clear_refs), then read VmHWM − VmRSS."""
+    inputs = _inputs(B, T, getattr(torch, dtype), mask)
+    IMPLS[impl](*inputs)                       # warm-up: lazy initialisation is not the call's
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    before = _status_kb("VmRSS")
+    IMPLS[impl](*inputs)
+    print((_status_kb("VmHWM") - before) * 1024)
 
 
 def gae_table(sizes, device, repeats):
@@ -150,13 +174,8 @@ def gae_table(sizes, device, repeats):
                     out = out.detach().cpu().double().numpy() if torch.is_tensor(out) else out
                     err = float(np.abs(out - ref_adv).max() / scale)
                     mem = ""
-                    if name in ("ref_torch.gae", "per-step loop") and (B * T >= 1e6 or device == "cuda"):
-                        extra = peak_extra_bytes(
-                            lambda: (torch.tensor(r64, dtype=dtype, device=device),
-                                     torch.tensor(v64, dtype=dtype, device=device),
-                                     torch.tensor(m, device=device)),
-                            (lambda a, b, c: verl_loop(a, b, c)) if name == "per-step loop" else
-                            (lambda a, b, c: ref_torch.gae(a, b, c, gamma=GAMMA, lam=LAM)), device)
+                    if name in IMPLS and (B * T >= 1e6 or device == "cuda"):
+                        extra = peak_extra_bytes(B, T, dtype, mask_name, name, device)
                         mem = f"{extra / ((2 * es + 1) * B * T):.2f}"
                     row = (B, T, str(dtype).replace("torch.", ""), mask_name, name, t, base / t,
                            t / bound, mem, err)
@@ -194,7 +213,11 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true", help="only B=64, T=1024")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--no-harness", action="store_true")
+    p.add_argument("--child-mem", nargs=5, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.child_mem:
+        B, T, dtype, mask, impl = args.child_mem
+        return _child_mem(int(B), int(T), dtype, mask, impl)
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda but torch sees no CUDA device")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {args.device}"
