@@ -188,15 +188,20 @@ def stage_value(entry: Entry, case, index, seed, res: StageResult) -> None:
                              f"(ref_numpy: {int(np.isnan(a).sum())}, ref_torch: "
                              f"{int(np.isnan(b).sum())} entries)")
             continue
-        if mask is not None and a.shape == mask.shape and b.shape == mask.shape:
-            leak = (~mask) & ((a != 0) | (b != 0))
-            if leak.any():
-                i = tuple(int(k) for k in np.argwhere(leak)[0])
-                _fail(res, dict(info, index=list(i)),
-                      f"output {name} is not 0 at masked position {i}: ref_numpy {a[i]}, "
-                      f"ref_torch {b[i]}")
-                continue
+        i = _padding_leak(mask, a, b)
+        if i is not None:
+            _fail(res, dict(info, index=list(i)), f"output {name} is not 0 at masked position "
+                                                  f"{i}: ref_numpy {a[i]}, ref_torch {b[i]}")
+            continue
         _record(res, compare(b, a, tol), info)
+
+
+def _padding_leak(valid, a, b):
+    """The first position outside `valid` where a or b is not exactly 0, or None."""
+    if valid is None or a.shape != valid.shape or b.shape != valid.shape:
+        return None
+    leak = ~valid.astype(bool) & ((a != 0) | (b != 0))      # NaN != 0 counts as a leak too
+    return tuple(int(k) for k in np.argwhere(leak)[0]) if leak.any() else None
 
 
 def stage_vjp(entry: Entry, case, index, seed, res: StageResult, rng) -> None:
@@ -209,15 +214,11 @@ def stage_vjp(entry: Entry, case, index, seed, res: StageResult, rng) -> None:
         info = _info(entry, case, index, seed, input=name, got_from="ref_numpy hand VJP",
                      expected_from="torch autograd")
         h, a = np.asarray(hand[name]), np.asarray(auto[name])
-        valid = _valid(case, name)
-        if h.shape == valid.shape and a.shape == valid.shape:
-            leak = (~valid) & ((h != 0) | (a != 0) | np.isnan(h) | np.isnan(a))
-            if leak.any():
-                i = tuple(int(k) for k in np.argwhere(leak)[0])
-                _fail(res, dict(info, index=list(i)),
-                      f"gradient wrt {name} is not 0 at masked position {i}: hand {h[i]}, "
-                      f"autograd {a[i]}")
-                continue
+        i = _padding_leak(_valid(case, name), h, a)
+        if i is not None:
+            _fail(res, dict(info, index=list(i)), f"gradient wrt {name} is not 0 at masked "
+                                                  f"position {i}: hand {h[i]}, autograd {a[i]}")
+            continue
         _record(res, compare(h, a, tol), info)
 
 

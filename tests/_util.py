@@ -1,4 +1,8 @@
-"""Test helpers: run a reference function through both twins and both gradient paths."""
+"""Test helpers: run a reference function through both twins and both gradient paths, and the
+command line in-process."""
+import contextlib
+import io
+
 import numpy as np
 import torch
 
@@ -46,3 +50,12 @@ def close(actual, expected, atol=1e-12, rtol=1e-12):
     np.testing.assert_allclose(np.asarray(actual, dtype=np.float64),
                                np.asarray(expected, dtype=np.float64), atol=atol, rtol=rtol,
                                strict=True)
+
+
+def run_cli(argv):
+    """(exit code, stdout, stderr) of `python -m crosscheck argv...`, run in-process."""
+    from crosscheck import __main__ as cli
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main(argv)
+    return code, out.getvalue(), err.getvalue()

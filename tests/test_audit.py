@@ -2,8 +2,6 @@
 several seeds), and every bug class of bug_classes.md that concerns these functions is flagged
 by the right check. The implementations here are written as trainers write them (torch, masks
 multiplied in), not by calling ref_torch."""
-import contextlib
-import io
 import json
 import math
 import os
@@ -13,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from crosscheck import __main__ as cli
+from _util import run_cli
 from crosscheck import assert_conforms, audit
 from crosscheck.audit import AuditUsageError
 
@@ -432,10 +430,7 @@ def test_assert_conforms_raises_with_the_report():
 
 # ================================================================ the command line
 def run(argv):
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = cli.main(argv)
-    return code, out.getvalue(), err.getvalue()
+    return run_cli(argv)
 
 
 def test_cli_pass_fail_and_json():

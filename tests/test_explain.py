@@ -4,9 +4,7 @@ Facts are read from the walkthrough's own data (what it prints), and each is pin
 value derived here by hand.
 """
 import builtins
-import contextlib
 import dataclasses
-import io
 import json
 import math
 import re
@@ -16,7 +14,7 @@ import pytest
 from wcwidth import wcswidth
 
 import ref_numpy
-from crosscheck import __main__ as cli
+from _util import run_cli
 from crosscheck import explain, registry
 
 
@@ -197,10 +195,7 @@ def test_walkthrough_stops_when_hand_and_autograd_disagree():
 
 
 def run(argv):
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = cli.main(argv)
-    return code, out.getvalue(), err.getvalue()
+    return run_cli(argv)
 
 
 def test_cli_topic_and_json():
