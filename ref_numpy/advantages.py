@@ -356,8 +356,10 @@ def _group_parts(r, gid, ddof, eps, scale, baseline):
             rr = r[rows]
             if rows.size < 2:
                 continue
-            mu_others = (rr.sum() - rr) / (rows.size - 1)
-            dev = np.where(np.eye(rows.size, dtype=bool), 0.0, rr[None, :] - mu_others[:, None])
+            self_ = np.eye(rows.size, dtype=bool)
+            # the others' mean summed directly: (Σr − r_i) cancels when r_i dominates the group
+            mu_others = np.where(self_, 0.0, rr[None, :]).sum(axis=1) / (rows.size - 1)
+            dev = np.where(self_, 0.0, rr[None, :] - mu_others[:, None])
             ss[rows] = (dev ** 2).sum(axis=1)
         dof = n - 1 - ddof
         sigma = np.where(multi & (dof > 0), np.sqrt(np.maximum(ss, 0.0) / np.maximum(dof, 1)), 0.0)

@@ -97,3 +97,13 @@ def test_approx_kl_estimators():
     hand, auto, _ = grads("approx_kl", 0, 1.0, logp, old, kind="k1")
     close(hand["logp"], [-0.5, -0.5])
     close(auto, [-0.5, -0.5])
+
+
+def test_leave_one_out_std_of_a_single_other_is_exactly_zero():
+    # found by hypothesis: with one "other" its spread is 0, so no scaling applies and
+    # A = r_i − r_other; forming the others' mean as (Σr − r_i) rounded it to a tiny nonzero
+    # spread, and eps = 1e-4 then scaled the advantage by 10^4
+    r = np.array([1e-8, 1.0])
+    for a in both("group_advantages", r, group_size=2, ddof=0, eps=1e-4,
+                  scale="leave_one_out", baseline="leave_one_out"):
+        close(a, [1e-8 - 1.0, 1.0 - 1e-8])
