@@ -41,7 +41,9 @@ def check_main(argv) -> int:
     entries = registry.build()
     if args.cases < 1:
         parser.error(f"--cases is {args.cases}; expected a positive number of cases")
-    if args.only:
+    if args.seed < 0:
+        parser.error(f"--seed is {args.seed}; expected a non-negative integer")
+    if args.only is not None:
         names = [n.strip() for n in args.only.split(",") if n.strip()]
         unknown = [n for n in names if n not in entries]
         if unknown or not names:
@@ -111,6 +113,10 @@ def explain_main(argv) -> int:
             paths = plots.write_figures(args.plot)
         except plots.PlotUnavailable as exc:
             print(str(exc), file=sys.stderr)
+            return EXIT_USAGE
+        except OSError as exc:
+            print(f"--plot {args.plot}: cannot write there ({exc.strerror or exc})",
+                  file=sys.stderr)
             return EXIT_USAGE
         print("\n".join(f"wrote {path}" for path in paths), file=sys.stderr)
     return EXIT_PASS
@@ -184,6 +190,8 @@ def audit_main(argv) -> int:
         p.error("give a target path/to/file.py:function and --ref NAME (or --list-profiles)")
     if args.cases < 1:
         p.error(f"--cases is {args.cases}; expected a positive number")
+    if args.seed < 0:
+        p.error(f"--seed is {args.seed}; expected a non-negative integer")
     try:
         fn = _load_target(args.target)
         conventions = _parse_set(args.set)

@@ -512,9 +512,10 @@ def kl_direction_check(aud: Auditor, rng) -> Optional[Outcome]:
             per_token = aud.fn(**{k: v for k, v in dict(logp=logp[None], ref_logp=ref_logp[None],
                                                         mask=torch.ones(1, V, dtype=torch.bool)
                                                         ).items() if aud.accepts(k)})
-        except Exception as exc:
+            (g,) = torch.autograd.grad((weights * per_token[0]).sum(), [theta],
+                                       allow_unused=True)
+        except Exception as exc:              # the user's code, or what it returned: report it
             return Outcome("kl_direction", False, f"{type(exc).__name__}: {exc}")
-        (g,) = torch.autograd.grad((weights * per_token[0]).sum(), [theta], allow_unused=True)
         if g is None or float(g.abs().max()) < 1e-12:
             return Outcome("kl_direction", True, warn=True,
                            message="your KL term has no expected gradient (k1 used as a loss?): "

@@ -1,0 +1,122 @@
+"""Hostile inputs through every public entry: each row is what a user might pass and what they
+must get back (a clear error naming the problem, or the documented exit code), never a traceback
+for a user error. README "Hostile inputs" summarises this table."""
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import ref_numpy
+import ref_torch
+from _util import run_cli
+from crosscheck import audit
+from crosscheck.audit import AuditUsageError
+
+LP = np.full((2, 3), -1.0)
+EX = os.path.join(os.path.dirname(__file__), "..", "examples")
+
+# (entry, what is passed, call, expected exception, message fragment)
+API = [
+    ("ref_numpy.ppo_clip_loss", "strings", lambda: ref_numpy.ppo_clip_loss(
+        np.array([["a"]]), np.array([["b"]]), np.array([["c"]])), TypeError, "floating-point"),
+    ("ref_numpy.kl_penalty", "None for an array", lambda: ref_numpy.kl_penalty(None, LP),
+     TypeError, "logp has dtype object"),
+    ("ref_numpy.kl_penalty", "a 0-d scalar", lambda: ref_numpy.kl_penalty(np.float64(1.0), LP),
+     ValueError, "expected [B, T]"),
+    ("ref_numpy.kl_penalty", "complex numbers", lambda: ref_numpy.kl_penalty(LP + 0j, LP),
+     TypeError, "complex"),
+    ("ref_numpy.kl_penalty", "inf at a valid position",
+     lambda: ref_numpy.kl_penalty(np.where(np.eye(2, 3) > 0, np.inf, LP), LP), ValueError,
+     "valid position (0, 0)"),
+    ("ref_numpy.gae", "gamma=True", lambda: ref_numpy.gae(LP, LP, gamma=True, lam=0.9),
+     TypeError, "gamma is True"),
+    ("ref_numpy.whiten", "eps=nan", lambda: ref_numpy.whiten(LP, eps=float("nan")), ValueError,
+     "eps is nan"),
+    ("ref_numpy.whiten", "an all-masked batch", lambda: ref_numpy.whiten(LP, np.zeros((2, 3))),
+     ValueError, "mask has 0 valid entries"),
+    ("ref_numpy.group_advantages", "rewards as a Python list of ints",
+     lambda: ref_numpy.group_advantages([1, 0], group_size=2), TypeError, "dtype int"),
+    ("ref_torch.kl_penalty", "a NumPy array", lambda: ref_torch.kl_penalty(LP, LP), TypeError,
+     "expects a torch.Tensor"),
+    ("ref_torch.kl_penalty", "float32 beside float64",
+     lambda: ref_torch.kl_penalty(torch.tensor(LP), torch.tensor(LP, dtype=torch.float32)),
+     TypeError, "share one dtype"),
+    ("crosscheck.audit", "a non-callable", lambda: audit(3, "whiten"), AuditUsageError,
+     "expected a callable"),
+    ("crosscheck.audit", "an unknown reference", lambda: audit(len, "grpo"), AuditUsageError,
+     "ref is 'grpo'"),
+    ("crosscheck.audit", "backend='jax'", lambda: audit(len, "whiten", backend="jax"),
+     AuditUsageError, "backend is 'jax'"),
+]
+
+
+@pytest.mark.parametrize("entry, what, call, error, fragment", API,
+                         ids=[f"{e}:{w}" for e, w, *_ in API])
+def test_api_hostile_inputs(entry, what, call, error, fragment):
+    with pytest.raises(error) as exc:
+        call()
+    assert fragment in str(exc.value)
+
+
+# (command, exit code, fragment of stdout + stderr); exit 2 = usage error, 1 = a finding
+CLI = [
+    (["--cases", "abc"], 2, "invalid int value"),
+    (["--cases", "0"], 2, "--cases is 0"),
+    (["--seed", "-1"], 2, "--seed is -1"),
+    (["--only", ""], 2, "--only names unknown"),
+    (["--scale", "0"], 2, "--scale is 0"),
+    (["--frobnicate"], 2, "unrecognized arguments"),
+    (["explain", "--lang", "fr"], 2, "invalid choice: 'fr'"),
+    (["explain", "--topic", "gae", "--plot", "/proc/nope"], 2, "cannot write there"),
+    (["audit"], 2, "give a target"),
+    (["audit", "nofile.py:f", "--ref", "whiten"], 2, "does not exist"),
+    (["audit", f"{EX}/buggy.py:nope", "--ref", "whiten"], 2, "has no function 'nope'"),
+    (["audit", f"{EX}/buggy.py:kl_sign_flipped", "--ref", "kl_penalty", "--set", "=1"], 2,
+     "expected key=value"),
+    (["audit", f"{EX}/buggy.py:kl_sign_flipped", "--ref", "kl_penalty", "--set", "nope=1"], 2,
+     "'nope' is not a convention of kl_penalty"),
+    (["audit", f"{EX}/buggy.py:kl_sign_flipped", "--ref", "kl_penalty", "--profile", "x"], 2,
+     "invalid choice: 'x'"),
+    (["audit", f"{EX}/buggy.py:kl_sign_flipped", "--ref", "kl_penalty", "--cases", "5"], 1,
+     "DOES NOT CONFORM"),
+]
+
+
+@pytest.mark.parametrize("argv, code, fragment", CLI, ids=[" ".join(a) for a, *_ in CLI])
+def test_cli_hostile_inputs(argv, code, fragment):
+    try:
+        got, out, err = run_cli(argv)
+    except SystemExit as exc:               # argparse reports usage errors by exiting 2
+        got, out, err = exc.code, "", ""
+        assert got == code
+        return
+    assert got == code
+    assert fragment in out + err
+
+
+def test_argparse_usage_errors_carry_a_message(capsys):
+    from crosscheck import __main__ as cli
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--cases", "abc"])
+    assert exc.value.code == 2
+    assert "invalid int value: 'abc'" in capsys.readouterr().err
+
+
+def test_user_functions_that_misbehave_are_reported_not_raised(tmp_path):
+    target = tmp_path / "mine.py"
+    target.write_text(
+        "import torch\n"
+        "def raises(**kw):\n    raise KeyError('boom')\n"
+        "def string(**kw):\n    return 'not an array'\n"
+        "def nan(logp, ref_logp, mask):\n    return logp * float('nan')\n"
+        "def shape(logp, ref_logp, mask):\n    return logp[:, :1]\n"
+        "raise_on_import = None\n")
+    for fn, check in (("raises", "FAIL raises"), ("string", "FAIL raises"),
+                      ("nan", "FAIL finite"), ("shape", "FAIL shape")):
+        code, out, _ = run_cli(["audit", f"{target}:{fn}", "--ref", "kl_penalty", "--cases", "5"])
+        assert code == 1 and check in out, (fn, out)
+    bad = tmp_path / "broken.py"
+    bad.write_text("import nonexistent_module_xyz\n")
+    code, _, err = run_cli(["audit", f"{bad}:f", "--ref", "kl_penalty"])
+    assert code == 2 and "importing" in err and "ModuleNotFoundError" in err
