@@ -1,0 +1,142 @@
+"""Low precision: the torch twins in float32, bfloat16 and float16 against the float64 NumPy
+reference, with per-function error bounds *derived* from the formulas (not tuned).
+
+Method: inputs are first rounded to the low dtype, and the reference runs in float64 on those
+same rounded values, so the comparison measures arithmetic error only, not input rounding. With
+u the unit roundoff (2^-24 float32, 2^-8 bfloat16, 2^-11 float16), a formula of k rounded
+operations without cancellation errs by at most k·u relative (first order); where terms cancel,
+the bound is absolute, k·u·Σ|terms|. Each bound below is that first-order count times a safety
+factor SAFETY = 4, which covers second-order terms and library functions (exp, expm1) that are
+accurate to a few ulps rather than half an ulp; every bound also allows SAFETY·tiny, tiny the
+smallest normal number of the dtype, since below it (underflow to subnormals) spacing is
+absolute, not relative (float16: k2 of x = 1.7e-3 is 1.5e-6, a subnormal). The table:
+
+  ppo_clip_loss   |err| ≤ SAFETY·(|ρ| + 4)·u·|loss|     ρ rounded (u|ρ|), exp (2u), ×A (u), clip
+  cispo_loss      |err| ≤ SAFETY·(|ρ| + 5)·u·|loss|     as PPO, one more product (·logp)
+  kl_penalty k1   |err| ≤ SAFETY·2u·|x|                  x = ref − logp rounded, negation exact
+  kl_penalty k2   |err| ≤ SAFETY·3u·k2                   x rounded, squared, halved
+  kl_penalty k3   |err| ≤ SAFETY·4u·(|e^x − 1| + |x|)    expm1 − x cancels for small x: absolute
+  value_loss      |err| ≤ SAFETY·4u·(|v| + |R| + |v_old|)²   differences cancel: absolute
+  aggregate       |err| ≤ SAFETY·(log2 N + 2)·u·Σ|w·l|  a cascaded sum of N terms, one division
+The reference itself is exact to ~1e-16, far below every bound.
+"""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import ref_numpy
+import ref_torch
+
+SAFETY = 4.0
+DTYPES = {torch.float32: 2.0 ** -24, torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
+
+
+def floor(dtype):
+    return SAFETY * torch.finfo(dtype).tiny
+
+
+def rounded(x, dtype):
+    """x rounded to `dtype`, as float64 (exactly representable in dtype)."""
+    return torch.tensor(x, dtype=torch.float64).to(dtype).double().numpy()
+
+
+def low(x, dtype):
+    return torch.tensor(x, dtype=torch.float64).to(dtype)
+
+
+@pytest.fixture(params=list(DTYPES), ids=lambda d: str(d).replace("torch.", ""))
+def dtype(request):
+    return request.param
+
+
+def inputs(dtype, seed=0, B=6, T=40):
+    rng = np.random.default_rng(seed)
+    logp = rounded(np.log(rng.uniform(0.05, 0.95, (B, T))), dtype)
+    rho = rng.normal(0, 0.5, (B, T))
+    old = rounded(logp - rho, dtype)
+    adv = rounded(rng.normal(size=(B, T)), dtype)
+    ref = rounded(logp + rng.normal(0, 0.5, (B, T)), dtype)
+    return logp, old, adv, ref
+
+
+def test_ppo_clip_loss(dtype):
+    u = DTYPES[dtype]
+    logp, old, adv, _ = inputs(dtype)
+    ref = ref_numpy.ppo_clip_loss(logp, old, adv, clip_c=3.0)
+    got = ref_torch.ppo_clip_loss(low(logp, dtype), low(old, dtype), low(adv, dtype),
+                                  clip_c=3.0).double().numpy()
+    bound = SAFETY * (np.abs(logp - old) + 4) * u * np.abs(ref)
+    assert np.all(np.abs(got - ref) <= bound + floor(dtype))
+
+
+def test_cispo_loss(dtype):
+    u = DTYPES[dtype]
+    logp, old, adv, _ = inputs(dtype)
+    ref = ref_numpy.cispo_loss(logp, old, adv, clip_high=2.0)
+    got = ref_torch.cispo_loss(low(logp, dtype), low(old, dtype), low(adv, dtype),
+                               clip_high=2.0).double().numpy()
+    bound = SAFETY * (np.abs(logp - old) + 5) * u * np.abs(ref)
+    assert np.all(np.abs(got - ref) <= bound + floor(dtype))
+
+
+@pytest.mark.parametrize("kind", ["k1", "k2", "k3"])
+def test_kl_penalty(dtype, kind):
+    u = DTYPES[dtype]
+    logp, _, _, ref_lp = inputs(dtype)
+    x = ref_lp - logp
+    ref = ref_numpy.kl_penalty(logp, ref_lp, kind=kind)
+    got = ref_torch.kl_penalty(low(logp, dtype), low(ref_lp, dtype), kind=kind).double().numpy()
+    bound = {"k1": 2 * u * np.abs(x), "k2": 3 * u * np.abs(ref),
+             "k3": 4 * u * (np.abs(np.expm1(x)) + np.abs(x))}[kind] * SAFETY
+    assert np.all(np.abs(got - ref) <= bound + floor(dtype))
+
+
+def test_k3_for_tiny_log_ratios_is_absolute_not_relative(dtype):
+    """e^x − 1 − x for |x| ≪ 1 is x²/2, but expm1(x) − x cancels: its relative error grows like
+    u/|x|. The bound above is absolute (u·|x|), which is what low precision can promise; in
+    float64 the cancellation costs nothing measurable at |x| ≥ 1e-9 (see test_identities)."""
+    u = DTYPES[dtype]
+    x = rounded(np.array([1e-3, -1e-3, 1e-2]), dtype)
+    got = ref_torch.kl_penalty(low(np.zeros(3), dtype), low(x, dtype), kind="k3").double().numpy()
+    ref = np.expm1(x) - x
+    assert np.all(np.abs(got - ref) <= SAFETY * 4 * u * (np.abs(np.expm1(x)) + np.abs(x)) +
+                  floor(dtype))
+
+
+def test_value_loss(dtype):
+    u = DTYPES[dtype]
+    rng = np.random.default_rng(1)
+    v, vo, R = (rounded(rng.normal(size=(6, 40)), dtype) for _ in range(3))
+    ref = ref_numpy.value_loss(v, vo, R, clip=0.2)
+    got = ref_torch.value_loss(low(v, dtype), low(vo, dtype), low(R, dtype),
+                               clip=0.2).double().numpy()
+    bound = SAFETY * 4 * u * (np.abs(v) + np.abs(R) + np.abs(vo)) ** 2
+    assert np.all(np.abs(got - ref) <= bound + floor(dtype))
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
+                                  "seq-mean-token-sum-norm"])
+def test_aggregate(dtype, mode):
+    u = DTYPES[dtype]
+    rng = np.random.default_rng(2)
+    loss = rounded(rng.normal(size=(8, 64)), dtype)
+    mask = rng.random((8, 64)) < 0.7
+    ref = ref_numpy.aggregate(loss, mask, mode=mode)
+    w = ref_numpy.aggregate_vjp(1.0, loss, mask, mode=mode)["loss"]
+    got = float(ref_torch.aggregate(low(loss, dtype), torch.tensor(mask), mode=mode))
+    N = int(mask.sum())
+    assert abs(got - ref) <= SAFETY * (math.log2(N) + 2) * u * float(np.abs(w * loss).sum()) + \
+        floor(dtype)
+
+
+def test_exp_saturates_at_the_largest_float_of_each_dtype(dtype):
+    """A huge log-ratio saturates the ratio at the dtype's largest float instead of overflowing;
+    a clipped token's gradient stays 0 rather than NaN (0·inf) in every dtype."""
+    logp = torch.tensor([200.0, 200.0], dtype=dtype, requires_grad=True)
+    old = torch.zeros(2, dtype=dtype)
+    loss = ref_torch.ppo_clip_loss(logp, old, torch.tensor([1.0, -1.0], dtype=dtype), clip_c=3.0)
+    loss.sum().backward()
+    assert torch.isfinite(loss).all() and torch.isfinite(logp.grad).all()
+    assert torch.all(logp.grad == 0)
