@@ -12,9 +12,7 @@ adds, over the bytes of its inputs. Errors are against ref_numpy's float64 recur
 No timing is asserted anywhere: this prints, the reader judges.
 """
 import argparse
-import math
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -188,7 +186,6 @@ def gae_table(sizes, device, repeats):
 
 def harness_table(repeats):
     """Cases per second per stage, and the whole default run."""
-    from crosscheck import cases as cases_mod
     from crosscheck import harness, registry
 
     entries = registry.build()

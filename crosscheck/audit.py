@@ -25,14 +25,12 @@ A failing check names the known variant that reproduces it, when one does.
 """
 import dataclasses
 import inspect
-import itertools
 import math
 from typing import Callable, Dict, List, Optional
 
 import numpy as np
 import torch
 
-import ref_numpy
 
 from . import cases as cases_mod
 from . import profiles as profiles_mod
@@ -182,6 +180,15 @@ def _finite_padding(case, value=0.0):
     return cases_mod.Case(case.label, arrays, case.params, case.stages, case.fd_step)
 
 
+def reference_args(data):
+    """The data as the reference takes it: the adapter may be given both group_size and the
+    equivalent group_ids; the reference takes exactly one, so group_size wins."""
+    out = dict(data)
+    if "group_size" in out:
+        out.pop("group_ids", None)
+    return out
+
+
 # ================================================================ one case, all checks
 @dataclasses.dataclass
 class Outcome:
@@ -222,18 +229,10 @@ class Auditor:
         return data, ""
 
     def reference(self, data):
-        arrays = {k: v for k, v in data.items() if k not in ("group_size",)}
-        structural = {k: data[k] for k in ("group_size",) if k in data}
-        if "group_size" in structural and "group_ids" in arrays:
-            arrays.pop("group_ids")
-        return self.entry.numpy_fn(**arrays, **structural, **self.params)
+        return self.entry.numpy_fn(**reference_args(data), **self.params)
 
     def reference_vjp(self, data, g):
-        arrays = {k: v for k, v in data.items() if k != "group_size"}
-        structural = {k: data[k] for k in ("group_size",) if k in data}
-        if "group_size" in structural and "group_ids" in arrays:
-            arrays.pop("group_ids")
-        return self.entry.numpy_vjp(g, **arrays, **structural, **self.params)
+        return self.entry.numpy_vjp(g, **reference_args(data), **self.params)
 
     def call(self, data, grad_wrt=(), extra=None):
         """Run the user's function; returns (outputs as numpy list, torch leaves, raw)."""
@@ -666,7 +665,7 @@ def audit(fn, ref, *, backend="torch", profile=None, cases=200, seed=0, rtol=RTO
     n_run = 0
     for i in range(cases):
         case = _finite_padding(entry.case(cases_mod.rng_for(seed, entry.name, i), i))
-        case = _with_conventions(case, entry, params)
+        case = _as_trainer_batch(case)
         outcomes = aud.run_case(case)
         if outcomes and outcomes[0].check == "skip":
             skipped[outcomes[0].message] = skipped.get(outcomes[0].message, 0) + 1
@@ -704,9 +703,9 @@ def audit(fn, ref, *, backend="torch", profile=None, cases=200, seed=0, rtol=RTO
     return AuditReport(entry.name, profile, params, backend, n_run, seed, findings, skipped)
 
 
-def _with_conventions(case, entry, params):
-    """The case's data with the audit's conventions; a single [T] trajectory becomes [1, T]
-    (trainers hold batches)."""
+def _as_trainer_batch(case):
+    """The case as a trainer holds it: only structural params (the audit brings the conventions),
+    and a single [T] trajectory becomes [1, T] (trainers hold batches)."""
     structural = {k: v for k, v in case.params.items() if k in STRUCTURAL}
     arrays = dict(case.arrays)
     m = arrays.get("mask")

@@ -179,7 +179,7 @@ def group_advantages_case(rng, i):
         r = np.concatenate([r, rng.normal(size=1)])
         perm = rng.permutation(ids.size)
         arrays = dict(rewards=r[perm], group_ids=ids[perm] * 3 + 1)
-        label = f"shuffled group_ids with a singleton, " + label
+        label = "shuffled group_ids with a singleton, " + label
     if i % 5 == 3:                                 # unscorable rows: out of the statistics, NaN
         valid = rng.random(arrays["rewards"].size) < 0.75
         arrays["rewards"] = np.where(valid, arrays["rewards"], np.nan)

@@ -20,6 +20,7 @@ import torch
 import ref_numpy
 
 from . import cases as cases_mod
+from .audit import reference_args
 
 GRID: Dict[str, Dict[str, list]] = {
     "group_advantages": dict(ddof=[0, 1], eps=[1e-4, 1e-6, 1e-8, 1e-9, 0.0],
@@ -180,13 +181,13 @@ def _adv(data):
 
 # ---------------------------------------------------------------- matching
 def _probe_cases(aud, case, n=6):
-    from .audit import _finite_padding, _with_conventions
+    from .audit import _finite_padding, _as_trainer_batch
     out = [case]
     for i in range(40):
         if len(out) > n:
             break
         c = _finite_padding(aud.entry.case(cases_mod.rng_for(99, aud.entry.name, i), i))
-        c = _with_conventions(c, aud.entry, aud.params)
+        c = _as_trainer_batch(c)
         data, _ = aud.inputs_for(c)
         if data is not None:
             out.append(c)
@@ -266,7 +267,7 @@ def diagnose(aud, case, check) -> Tuple[str, bool]:
                           aud, user, lambda d, f=value_fn: f(d, aud.params))), None)
         convention = next((label for label, params in _variants(aud)
                            if _all_match(aud, user, lambda d, p=params: aud.entry.numpy_fn(
-                               **_ref_args(d), **p))), None)
+                               **reference_args(d), **p))), None)
         if known and convention:
             return (f"matches a known bug: {known} (it computes the same as {name} with "
                     f"{convention})", False)
@@ -281,7 +282,7 @@ def diagnose(aud, case, check) -> Tuple[str, bool]:
         return "", False
     for label, params in _variants(aud):
         def vjp(d, g, p=params):
-            return aud.entry.numpy_vjp(g, **_ref_args(d), **p)
+            return aud.entry.numpy_vjp(g, **reference_args(d), **p)
         if _all_grads_match(aud, user, vjp):
             detach = name in ("gspo_loss", "policy_objective") and \
                 params.get("form") == "sequence" and aud.params.get("form", "token") == "token"
@@ -296,13 +297,6 @@ def diagnose(aud, case, check) -> Tuple[str, bool]:
         if _all_grads_match(aud, user, lambda d, g, f=grad_fn: {wrt: f(d, aud.params, g)}):
             return f"matches a known bug: {label}", label in DETACH_VARIANTS
     return "", False
-
-
-def _ref_args(d):
-    out = dict(d)
-    if "group_size" in out and "group_ids" in out:
-        out.pop("group_ids")
-    return out
 
 
 def _all_match(aud, user, fn, at_least=2):

@@ -10,7 +10,7 @@ print the same numbers in the same order.
 """
 import dataclasses
 import math
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 import numpy as np
 from wcwidth import wcswidth

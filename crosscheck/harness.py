@@ -10,7 +10,7 @@ detach  where the definition holds a stop-gradient factor: torch autograd vs fin
 """
 import dataclasses
 import math
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Sequence
 
 import numpy as np
 import torch

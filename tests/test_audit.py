@@ -3,7 +3,6 @@ several seeds), and every bug class of bug_classes.md that concerns these functi
 by the right check. The implementations here are written as trainers write them (torch, masks
 multiplied in), not by calling ref_torch."""
 import json
-import math
 import os
 import sys
 

@@ -11,7 +11,6 @@ consistent under splitting the batch the way its mode allows.
 import math
 
 import numpy as np
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp

@@ -1,7 +1,6 @@
 """--scale: every stage passes on the real references, and the fd stage stays sound at scale:
 a hand VJP wrong on one token out of 10^5 fails it."""
 import numpy as np
-import pytest
 
 import ref_numpy
 from crosscheck import scale

@@ -6,7 +6,6 @@ Its conventions are MiniMind's: biased std, eps 1e-4 on the group std, rsqrt(var
 whitening over all tokens, symmetric ε = 0.2, absolute CISPO cap, k1/k3 of KL(p‖q).
 """
 import numpy as np
-import pytest
 
 from _util import both, grads
 
