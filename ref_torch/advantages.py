@@ -3,6 +3,8 @@
 Written from the equations, independently of ref_numpy: GAE as a log-depth affine scan with the
 next valid value gathered by index; group statistics through a membership matrix.
 """
+import functools
+
 import torch
 
 from ref_numpy import _checks
@@ -25,58 +27,92 @@ def _reverse_affine_scan(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return x
 
 
-BLOCK = 64      # time steps per block of the Toeplitz solve (one K×K matmul per block)
+BLOCK = 32      # time steps per block of the Toeplitz solve (one K×K matmul per block)
+ROWS = 1 << 17  # elements per row-chunk of int64 compaction indices (small, reused blocks)
+
+
+@functools.lru_cache(maxsize=64)
+def _decay_matrix(q: float, dtype: torch.dtype, device: torch.device):
+    """U[j, i] = q^(j − i) for j ≥ i (0 above), and tail[i] = q^(K − i), both K = BLOCK.
+
+    Powers are formed in float64 and rounded once; every weight is ≤ 1, so nothing overflows
+    (weights that underflow are below the dtype's resolution of the result anyway).
+    """
+    i = torch.arange(BLOCK, dtype=torch.float64, device=device)
+    lag = i[:, None] - i[None, :]
+    qq = torch.tensor(q, dtype=torch.float64, device=device)
+    U = torch.where(lag >= 0, torch.pow(qq, lag.clamp(min=0)),
+                    torch.zeros((), dtype=torch.float64, device=device))
+    return U.to(dtype), torch.pow(qq, BLOCK - i).to(dtype)
 
 
 def _discounted_reverse_cumsum(x: torch.Tensor, q: float) -> torch.Tensor:
-    """y_t = Σ_{s ≥ t} q^(s − t)·x_s along the last axis, without a Python loop over T.
+    """y_t = Σ_{s ≥ t} q^(s − t)·x_s along the last axis of a 2-D x, without a loop over T.
 
-    Blocks of K steps: inside a block y = x @ U with the Toeplitz U[j, i] = q^(j − i) (j ≥ i);
-    across blocks the carry S_b = y_b,0 + q^K·S_(b+1) is a short affine scan; then each
-    position adds q^(K − i)·S_(b+1). Every weight is a power of q ≤ 1: nothing overflows.
+    Blocks of K steps: inside a block y = x @ U (Toeplitz U[j, i] = q^(j − i), j ≥ i). The
+    sum that enters block b from its right, S_(b+1), obeys S_b = y_(b,0) + q^K·S_(b+1): the
+    same problem on the block heads with decay q^K, solved by recursion (depth log_K T).
+    Each position then adds q^(K − i)·S_(b+1).
     """
-    B, T = x.shape
-    nb = -(-T // BLOCK)
-    if nb * BLOCK != T:
-        x = torch.nn.functional.pad(x, (0, nb * BLOCK - T))
-    i = torch.arange(BLOCK, dtype=torch.float64, device=x.device)
-    lag = i[:, None] - i[None, :]
-    qq = torch.tensor(q, dtype=torch.float64, device=x.device)
-    U = torch.where(lag >= 0, torch.pow(qq, lag.clamp(min=0)),
-                    torch.zeros((), dtype=torch.float64, device=x.device)).to(x.dtype)
-    local = x.view(B, nb, BLOCK) @ U
-    starts = local[..., 0]
-    carry = _reverse_affine_scan(torch.full_like(starts, q ** BLOCK), starts)   # S_b
-    after = torch.nn.functional.pad(carry[..., 1:], (0, 1))                    # S_(b+1)
-    tail = torch.pow(qq, BLOCK - i).to(x.dtype)                                # q^(K − i)
-    return torch.addcmul(local, after[..., None], tail).reshape(B, nb * BLOCK)[:, :T]
+    b, n = x.shape
+    nb = -(-n // BLOCK)
+    if nb * BLOCK != n:
+        x = torch.nn.functional.pad(x, (0, nb * BLOCK - n))
+    U, tail = _decay_matrix(q, x.dtype, x.device)
+    local = (x.reshape(b * nb, BLOCK) @ U).view(b, nb, BLOCK)
+    if nb > 1:
+        after = _discounted_reverse_cumsum(local[:, 1:, 0], q ** BLOCK)   # S_(b+1), b < nb − 1
+        local[:, :-1].addcmul_(after[..., None], tail)
+    return local.view(b, nb * BLOCK)[:, :n]
 
 
 def _gae_blocked(r, v, m, lv, gamma, lam):
-    """GAE with a constant decay γλ per valid step: valid steps are compacted to the front of
-    their row (skipped masked steps then vanish), δ is formed with the next compacted value,
-    and A is the discounted reverse cumsum of δ. Rows already right-padded skip compaction."""
+    """GAE with a constant decay γλ per valid step (no done before a row's last valid step).
+
+    Valid steps are compacted to the front of their row, so skipped masked steps vanish (rows
+    already right-padded skip this); then δ_j = r_j − v_j + γ·v_(j+1), plus γ·last_value at
+    each row's last valid step, and A is the discounted reverse cumsum of δ. Masked inputs are
+    never read into the arithmetic (where/scatter drop them), so NaN there cannot leak.
+    Returns (A, A + V, check): check is a sum over every valid input, finite iff they all are
+    (or an overflow), so the caller can skip a full finiteness scan when it is finite.
+    """
     B, T = r.shape
-    pad = ~m
-    rc, vc = r.masked_fill(pad, 0.0), v.masked_fill(pad, 0.0)
-    L = m.to(torch.int64).sum(-1)
-    steps = torch.arange(T, device=r.device)
-    right_padded = bool(torch.equal(m, steps < L[:, None]))
-    if not right_padded:
-        pos = (torch.cumsum(m.to(torch.int64), -1) - 1).masked_fill(pad, T)
-        rc = torch.zeros(B, T + 1, dtype=r.dtype, device=r.device).scatter(1, pos, rc)[:, :T]
-        vc = torch.zeros(B, T + 1, dtype=r.dtype, device=r.device).scatter(1, pos, vc)[:, :T]
-    delta = rc - vc + gamma * torch.nn.functional.pad(vc[:, 1:], (0, 1))   # 0 past each row's end
-    rows = torch.nonzero(L > 0).squeeze(1)
-    delta = delta.index_put((rows, L[rows] - 1), gamma * lv[rows], accumulate=True)
-    adv = _discounted_reverse_cumsum(delta, gamma * lam)
+    zero = torch.zeros((), dtype=r.dtype, device=r.device)
+    L = m.sum(-1, dtype=torch.int32)
+    mu = m.view(torch.uint8)
+    # right-padded: no valid step follows a masked one (a uint8 max: bool any() is slow on CPU)
+    right_padded = T < 2 or int(mu[:, 1:].gt(mu[:, :-1]).view(torch.uint8).max()) == 0
     if right_padded:
-        adv = adv.masked_fill(pad, 0.0)
-        return adv, adv + vc
-    adv = adv.masked_fill(~(steps < L[:, None]), 0.0)
-    ret = adv + vc
-    back = pos.clamp(max=T - 1)
-    return adv.gather(1, back).masked_fill(pad, 0.0), ret.gather(1, back).masked_fill(pad, 0.0)
+        delta, vc = torch.where(m, r, zero), torch.where(m, v, zero)
+    else:
+        # slot j ← the j-th valid step of the row; masked steps all land in slot T, then cleared
+        count = torch.cumsum(mu, -1, dtype=torch.int16 if T < 2 ** 15 else torch.int32)
+        pos = (count - (T + 1)).mul_(mu).add_(T)        # count − 1 where valid, else T
+        n = -(-(T + 1) // BLOCK) * BLOCK                # room for slot T, whole blocks
+        delta, vc = r.new_zeros(B, n), r.new_zeros(B, n)
+        chunk = max(1, ROWS // T)
+        for i in range(0, B, chunk):
+            idx = pos[i:i + chunk].to(torch.int64)
+            delta[i:i + chunk].scatter_(1, idx, r[i:i + chunk])
+            vc[i:i + chunk].scatter_(1, idx, v[i:i + chunk])
+        delta[:, T], vc[:, T] = 0.0, 0.0
+    delta.sub_(vc)
+    delta[:, :-1].add_(vc[:, 1:], alpha=gamma)                     # 0 past each row's end
+    rows = torch.nonzero(L).squeeze(1)
+    delta.index_put_((rows, (L[rows] - 1).long()), gamma * lv[rows], accumulate=True)
+    check = delta.sum() + vc.sum()
+    adv = _discounted_reverse_cumsum(delta, gamma * lam)
+    del delta                                                       # its pages serve the next
+    if right_padded:
+        return adv, vc.add_(adv), check
+    ret = vc.add_(adv)
+    back = []
+    for i in range(0, B, chunk):
+        idx = pos[i:i + chunk].to(torch.int64)
+        back.append((adv[i:i + chunk].gather(1, idx), ret[i:i + chunk].gather(1, idx)))
+    if len(back) == 1:
+        return back[0] + (check,)
+    return torch.cat([a for a, _ in back]), torch.cat([g for _, g in back]), check
 
 
 def gae(rewards, values, mask=None, *, gamma, lam, dones=None, last_value=None):
@@ -88,7 +124,7 @@ def gae(rewards, values, mask=None, *, gamma, lam, dones=None, last_value=None):
     Masked steps are skipped (value and advantage carried across them); see ref_numpy.gae for
     the conventions. No Python loop over T: with no done before a row's last valid step (the
     LLM case), valid steps are compacted and A is a blocked Toeplitz discounted cumsum (one
-    matmul per 64 steps); otherwise a reverse affine scan in ⌈log2 T⌉ doubling steps.
+    matmul per 32 steps); otherwise a reverse affine scan in ⌈log2 T⌉ doubling steps.
 
     Args/Returns: as ref_numpy.gae, with tensors; any float dtype and device.
     """
@@ -97,7 +133,7 @@ def gae(rewards, values, mask=None, *, gamma, lam, dones=None, last_value=None):
     m = tt.mask_of(mask, "rewards", r)
     gamma = _checks.in_range("gamma", gamma, 0.0, 1.0)
     lam = _checks.in_range("lam", lam, 0.0, 1.0)
-    d = torch.zeros_like(r) if dones is None else tt.mask_of(dones, "rewards", r, "dones").to(r.dtype)
+    d = None if dones is None else tt.mask_of(dones, "rewards", r, "dones").to(r.dtype)
     batch_shape = tuple(r.shape[:-1])
     if last_value is None:
         lv = torch.zeros(batch_shape, dtype=r.dtype, device=r.device)
@@ -106,24 +142,27 @@ def gae(rewards, values, mask=None, *, gamma, lam, dones=None, last_value=None):
         _checks.require_float(s)
         _checks.last_value(s.shape, batch_shape, bool(torch.isfinite(last_value).all()))
         lv = last_value.to(r.dtype)
-    tt.finite_at_valid("rewards", r, m)
-    tt.finite_at_valid("values", v, m)
     squeeze = r.dim() == 1
     if squeeze:
-        r, v, m, d, lv = r[None], v[None], m[None], d[None], lv[None]
+        r, v, m, lv = r[None], v[None], m[None], lv[None]
+        d = None if d is None else d[None]
     # A done at a row's last valid step only drops the bootstrap; anywhere else it breaks the
     # constant decay, and the general scan below handles it.
-    if dones is not None:
+    interior = False
+    if d is not None:
         steps = torch.arange(r.shape[-1], device=r.device)
         last_index = torch.where(m, steps, torch.full_like(steps, -1)).max(-1).values
         last = steps == last_index[:, None]                 # each row's last valid step
         interior = bool((m & (d != 0) & ~last).any())
         lv = torch.where((d * last).sum(-1) > 0, torch.zeros_like(lv), lv)
-    else:
-        interior = False
     if not interior:
-        adv, ret = _gae_blocked(r, v, m, lv, gamma, lam)
+        adv, ret, check = _gae_blocked(r, v, m, lv, gamma, lam)
+        if not bool(torch.isfinite(check)):       # a non-finite valid input, or an overflow
+            tt.finite_at_valid("rewards", r, m)
+            tt.finite_at_valid("values", v, m)
         return (adv[0], ret[0]) if squeeze else (adv, ret)
+    tt.finite_at_valid("rewards", r, m)
+    tt.finite_at_valid("values", v, m)
     B, T = r.shape
     zero = torch.zeros((), dtype=r.dtype, device=r.device)
     r0, v0, d0 = torch.where(m, r, zero), torch.where(m, v, zero), torch.where(m, d, zero)

@@ -49,3 +49,57 @@ def test_gradients_of_the_blocked_path_match_the_hand_vjp():
     ((adv * torch.tensor(g[0])).sum() + (ret * torch.tensor(g[1])).sum()).backward()
     assert rel_err(rt.grad.numpy(), hand["rewards"]) < 1e-12
     assert rel_err(vt.grad.numpy(), hand["values"]) < 1e-12
+
+
+@pytest.mark.parametrize("T", [1, 2, 31, 32, 33, 40_000])
+def test_lengths_around_the_block_and_the_int16_count(T):
+    """One step, a block edge, and T ≥ 2^15 (positions counted in int32; three levels of the
+    block recursion)."""
+    rng = np.random.default_rng(T)
+    B = 2
+    r, v, lv = rng.normal(size=(B, T)), rng.normal(size=(B, T)), rng.normal(size=B)
+    for m in (np.arange(T)[None] < np.array([[T], [max(T - 5, 0)]]),
+              rng.random((B, T)) < 0.6):
+        ref = ref_numpy.gae(r, v, m, gamma=0.99, lam=0.95, last_value=lv)
+        got = ref_torch.gae(torch.tensor(r), torch.tensor(v), torch.tensor(m), gamma=0.99,
+                            lam=0.95, last_value=torch.tensor(lv))
+        for a, b in zip(got, ref):
+            assert rel_err(a.numpy(), b) < 1e-12
+
+
+def test_row_chunks_of_the_compaction_give_the_same_values_and_gradients(monkeypatch):
+    """Holed rows are compacted a few rows at a time; splitting into many chunks changes nothing."""
+    from ref_torch import advantages
+    rng = np.random.default_rng(5)
+    B, T = 9, 70
+    r, v = rng.normal(size=(B, T)), rng.normal(size=(B, T))
+    m = rng.random((B, T)) < 0.7
+    g = (rng.normal(size=(B, T)), rng.normal(size=(B, T)))
+    hand = ref_numpy.gae_vjp(g, r, v, m, gamma=0.9, lam=0.8)
+    ref = ref_numpy.gae(r, v, m, gamma=0.9, lam=0.8)
+    monkeypatch.setattr(advantages, "ROWS", 2 * T)          # 2 rows per chunk: 5 chunks
+    rt, vt = torch.tensor(r, requires_grad=True), torch.tensor(v, requires_grad=True)
+    adv, ret = ref_torch.gae(rt, vt, torch.tensor(m), gamma=0.9, lam=0.8)
+    ((adv * torch.tensor(g[0])).sum() + (ret * torch.tensor(g[1])).sum()).backward()
+    assert rel_err(adv.detach().numpy(), ref[0]) < 1e-12
+    assert rel_err(ret.detach().numpy(), ref[1]) < 1e-12
+    assert rel_err(rt.grad.numpy(), hand["rewards"]) < 1e-12
+    assert rel_err(vt.grad.numpy(), hand["values"]) < 1e-12
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("lam", [0.0, 1e-3, 0.5])
+def test_small_decays_underflow_harmlessly(dtype, lam):
+    """γλ^32 underflows for small λ; weights that small are below the result's resolution."""
+    rng = np.random.default_rng(6)
+    B, T = 3, 500
+    r, v = rng.normal(size=(B, T)), rng.normal(size=(B, T))
+    m = rng.random((B, T)) < 0.8
+    ref = ref_numpy.gae(r, v, m, gamma=0.99, lam=lam)
+    got = ref_torch.gae(torch.tensor(r, dtype=dtype), torch.tensor(v, dtype=dtype),
+                        torch.tensor(m), gamma=0.99, lam=lam)
+    # float32: a handful of roundings per step, each ≤ 2^-24 of the largest term it touches
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    for a, b in zip(got, ref):
+        assert np.isfinite(a.numpy()).all()
+        assert rel_err(a.double().numpy(), b) < tol
