@@ -1,5 +1,6 @@
 """`python -m crosscheck`: cross-check every reference function (exit 0 pass, 1 fail, 2 usage)."""
 import argparse
+import math
 import sys
 import time
 
@@ -180,6 +181,9 @@ def audit_main(argv) -> int:
     p.add_argument("--backend", choices=("torch", "numpy"), default="torch")
     p.add_argument("--accumulation", choices=("mean", "sum"), default="mean",
                    help="how your trainer combines micro-batch gradients (default mean)")
+    p.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="per call of your function (default 60); a call past it fails the "
+                        "audit (exit 1)")
     p.add_argument("--json", action="store_true", help="the report as one JSON object")
     p.add_argument("--list-profiles", action="store_true", help="show the trainer profiles")
     args = p.parse_args(argv)
@@ -192,12 +196,15 @@ def audit_main(argv) -> int:
         p.error(f"--cases is {args.cases}; expected a positive number")
     if args.seed < 0:
         p.error(f"--seed is {args.seed}; expected a non-negative integer")
+    if not (args.timeout > 0 and math.isfinite(args.timeout)):
+        p.error(f"--timeout is {args.timeout}; expected a positive number of seconds")
     try:
         fn = _load_target(args.target)
         conventions = _parse_set(args.set)
         report = run_audit(fn, args.ref, backend=args.backend, profile=args.profile,
                                  cases=args.cases, seed=args.seed,
-                                 accumulation=args.accumulation, **conventions)
+                                 accumulation=args.accumulation, timeout=args.timeout,
+                                 **conventions)
     except (ValueError, TypeError) as exc:
         print(f"python -m crosscheck audit: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

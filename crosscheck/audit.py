@@ -22,10 +22,15 @@ Checks (each case; a failure is shrunk to a minimal counterexample):
                           equals the full-batch gradient of the declared aggregation
   kl_direction            a small step on the KL term alone moves π toward the reference
 A failing check names the known variant that reproduces it, when one does.
+
+Every call of `fn` runs under a deadline (`timeout`, seconds): a function that does not return
+fails the `raises` check and stops the audit. Python cannot kill a thread, so that call is
+abandoned in a daemon thread (it ends with the process).
 """
 import dataclasses
 import inspect
 import math
+import threading
 from typing import Callable, Dict, List, Optional
 
 import numpy as np
@@ -42,6 +47,38 @@ STRUCTURAL = ("group_size", "group_ids", "valid")
 DATA_KEYWORDS = STRUCTURAL + ("dones", "last_value", "sample_logits")   # data, not conventions
 GLOBAL_KW = ("n_tokens_global", "n_sequences_global")
 SHRINK_STEPS = 60
+TIMEOUT = 60.0                   # seconds per call of the audited function (cases are small)
+
+
+class AuditTimeout(BaseException):
+    """The audited function did not return within the deadline. A BaseException, like
+    KeyboardInterrupt, so that no `except Exception` reporting a user error swallows it: the
+    audit must stop, not wait again on every remaining case."""
+
+
+def call_with_deadline(fn, kwargs, timeout):
+    """fn(**kwargs) in a worker thread (carrying torch's thread-local grad mode); raise
+    AuditTimeout if it has not returned after `timeout` seconds (None: wait forever)."""
+    if timeout is None:
+        return fn(**kwargs)
+    result = {}
+    grad_mode = torch.is_grad_enabled()
+
+    def work():
+        try:
+            with torch.set_grad_enabled(grad_mode):
+                result["value"] = fn(**kwargs)
+        except BaseException as exc:          # re-raised in the caller's thread below
+            result["error"] = exc
+
+    worker = threading.Thread(target=work, name="crosscheck-audit-call", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        raise AuditTimeout(f"your function did not return within {timeout:g} s")
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
 
 
 class AuditUsageError(ValueError):
@@ -201,11 +238,15 @@ class Outcome:
 
 
 class Auditor:
-    def __init__(self, fn, entry, params, backend, rtol, atol, accumulation):
+    def __init__(self, fn, entry, params, backend, rtol, atol, accumulation, timeout=TIMEOUT):
         self.fn, self.entry, self.params = fn, entry, params
         self.backend, self.rtol, self.atol = backend, rtol, atol
-        self.accumulation = accumulation
+        self.accumulation, self.timeout = accumulation, timeout
         self.accepts = _accepts(fn)
+
+    def invoke(self, **kwargs):
+        """The one place the audited function is called."""
+        return call_with_deadline(self.fn, kwargs, self.timeout)
 
     # -------------------------------------------------------------- calling
     def inputs_for(self, case):
@@ -253,7 +294,7 @@ class Auditor:
         for k, v in (extra or {}).items():
             if self.accepts(k):
                 kwargs[k] = v
-        raw = self.fn(**kwargs)
+        raw = self.invoke(**kwargs)
         return raw, leaves
 
     @staticmethod
@@ -508,7 +549,7 @@ def kl_direction_check(aud: Auditor, rng) -> Optional[Outcome]:
         ref_logp = torch.log_softmax(ref, -1)
         weights = logp.exp().detach()          # every category once, weighted by π: E_π exactly
         try:
-            per_token = aud.fn(**{k: v for k, v in dict(logp=logp[None], ref_logp=ref_logp[None],
+            per_token = aud.invoke(**{k: v for k, v in dict(logp=logp[None], ref_logp=ref_logp[None],
                                                         mask=torch.ones(1, V, dtype=torch.bool)
                                                         ).items() if aud.accepts(k)})
             (g,) = torch.autograd.grad((weights * per_token[0]).sum(), [theta],
@@ -627,7 +668,7 @@ def _describe_case(aud: Auditor, case, outcome: Outcome):
 
 # ================================================================ the entry point
 def audit(fn, ref, *, backend="torch", profile=None, cases=200, seed=0, rtol=RTOL, atol=ATOL,
-          accumulation="mean", **conventions) -> AuditReport:
+          accumulation="mean", timeout=TIMEOUT, **conventions) -> AuditReport:
     """Audit `fn` (a thin adapter around a trainer's function) against reference `ref`.
 
     Args:
@@ -642,6 +683,8 @@ def audit(fn, ref, *, backend="torch", profile=None, cases=200, seed=0, rtol=RTO
         (loss / n_micro, and DDP's average over ranks) or "sum" (your function normalises by the
         global counts `n_tokens_global` / `n_sequences_global`, which it receives if it accepts
         them).
+      timeout: seconds each call of `fn` may take (None: no limit). A call past it fails the
+        `raises` check and ends the audit; the call itself is abandoned, still running.
       **conventions: reference conventions overriding the profile, e.g. ddof=1, eps=1e-6.
 
     Returns:
@@ -654,8 +697,22 @@ def audit(fn, ref, *, backend="torch", profile=None, cases=200, seed=0, rtol=RTO
         raise AuditUsageError(f"accumulation is {accumulation!r}; expected 'mean' or 'sum'")
     if not callable(fn):
         raise AuditUsageError(f"fn is {fn!r}; expected a callable")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                or not timeout > 0 or not math.isfinite(timeout)):
+        raise AuditUsageError(f"timeout is {timeout!r}; expected a positive number of seconds "
+                              "or None")
     entry, params = resolve_conventions(ref, profile, conventions)
-    aud = Auditor(fn, entry, params, backend, rtol, atol, accumulation)
+    aud = Auditor(fn, entry, params, backend, rtol, atol, accumulation, timeout)
+    try:
+        return _run_audit(aud, profile, cases, seed)
+    except AuditTimeout as exc:
+        stopped = Finding("raises", status="fail", cases=1,
+                          message=f"{exc}; the audit stopped there (the call was abandoned)")
+        return AuditReport(entry.name, profile, params, backend, 0, seed, [stopped], {})
+
+
+def _run_audit(aud: "Auditor", profile, cases, seed) -> AuditReport:
+    entry, params, backend = aud.entry, aud.params, aud.backend
     order = ["raises", "shape", "finite", "value", "grad", "mask", "permutation", "microbatch",
              "kl_direction"]
     tally: Dict[str, Finding] = {c: Finding(c) for c in order}

@@ -2,6 +2,7 @@
 must get back (a clear error naming the problem, or the documented exit code), never a traceback
 for a user error. README "Hostile inputs" summarises this table."""
 import os
+import time
 
 import numpy as np
 import pytest
@@ -80,6 +81,10 @@ CLI = [
      "invalid choice: 'x'"),
     (["audit", f"{EX}/buggy.py:kl_sign_flipped", "--ref", "kl_penalty", "--cases", "5"], 1,
      "DOES NOT CONFORM"),
+    (["audit", f"{EX}/buggy.py:kl_sign_flipped", "--ref", "kl_penalty", "--timeout", "0"], 2,
+     "--timeout is 0.0"),
+    (["audit", f"{EX}/buggy.py:kl_sign_flipped", "--ref", "kl_penalty", "--timeout", "nan"], 2,
+     "--timeout is nan"),
 ]
 
 
@@ -93,6 +98,40 @@ def test_cli_hostile_inputs(argv, code, fragment):
         return
     assert got == code
     assert fragment in out + err
+
+
+def test_a_hanging_function_fails_the_audit_without_waiting_on_every_case():
+    import threading
+
+    from crosscheck import audit
+    release = threading.Event()
+    calls = []
+
+    def hangs(logp, ref_logp, mask):
+        calls.append(1)
+        release.wait(600)
+        return logp - ref_logp
+
+    t0 = time.perf_counter()
+    report = audit(hangs, "kl_penalty", cases=50, timeout=0.2)
+    release.set()
+    assert not report.ok and len(calls) == 1
+    assert report.failures[0].check == "raises"
+    assert "did not return within 0.2 s" in report.failures[0].message
+    assert time.perf_counter() - t0 < 10
+    with pytest.raises(ValueError, match="timeout is -1"):
+        audit(hangs, "kl_penalty", timeout=-1)
+
+
+def test_the_deadline_keeps_grad_mode_and_passes_errors_through():
+    import torch
+
+    from crosscheck.audit import call_with_deadline
+    with torch.no_grad():
+        assert call_with_deadline(lambda: torch.is_grad_enabled(), {}, 5) is False
+    assert call_with_deadline(lambda: torch.is_grad_enabled(), {}, 5) is True
+    with pytest.raises(KeyError, match="boom"):
+        call_with_deadline(lambda: {}["boom"], {}, 5)
 
 
 def test_argparse_usage_errors_carry_a_message(capsys):
@@ -111,11 +150,16 @@ def test_user_functions_that_misbehave_are_reported_not_raised(tmp_path):
         "def string(**kw):\n    return 'not an array'\n"
         "def nan(logp, ref_logp, mask):\n    return logp * float('nan')\n"
         "def shape(logp, ref_logp, mask):\n    return logp[:, :1]\n"
+        "def hangs(logp, ref_logp, mask):\n    import time\n    time.sleep(600)\n"
         "raise_on_import = None\n")
     for fn, check in (("raises", "FAIL raises"), ("string", "FAIL raises"),
                       ("nan", "FAIL finite"), ("shape", "FAIL shape")):
         code, out, _ = run_cli(["audit", f"{target}:{fn}", "--ref", "kl_penalty", "--cases", "5"])
         assert code == 1 and check in out, (fn, out)
+    t0 = time.perf_counter()
+    code, out, _ = run_cli(["audit", f"{target}:hangs", "--ref", "kl_penalty", "--timeout", "0.5"])
+    assert code == 1 and "FAIL raises" in out and "did not return within 0.5 s" in out, out
+    assert time.perf_counter() - t0 < 30                     # stopped at the first hang
     bad = tmp_path / "broken.py"
     bad.write_text("import nonexistent_module_xyz\n")
     code, _, err = run_cli(["audit", f"{bad}:f", "--ref", "kl_penalty"])
