@@ -28,7 +28,7 @@ def _reverse_affine_scan(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 BLOCK = 32      # time steps per block of the Toeplitz solve (one K×K matmul per block)
-ROWS = 1 << 17  # elements per row-chunk of int64 compaction indices (small, reused blocks)
+ROWS = 1 << 18  # elements per row-chunk of int64 compaction indices (small, reused blocks)
 
 
 @functools.lru_cache(maxsize=64)
@@ -91,8 +91,8 @@ def _gae_blocked(r, v, m, lv, gamma, lam):
         n = -(-(T + 1) // BLOCK) * BLOCK                # room for slot T, whole blocks
         delta, vc = r.new_zeros(B, n), r.new_zeros(B, n)
         chunk = max(1, ROWS // T)
-        for i in range(0, B, chunk):
-            idx = pos[i:i + chunk].to(torch.int64)
+        index = [pos[i:i + chunk].to(torch.int64) for i in range(0, B, chunk)]
+        for i, idx in zip(range(0, B, chunk), index):
             delta[i:i + chunk].scatter_(1, idx, r[i:i + chunk])
             vc[i:i + chunk].scatter_(1, idx, v[i:i + chunk])
         delta[:, T], vc[:, T] = 0.0, 0.0
@@ -106,10 +106,8 @@ def _gae_blocked(r, v, m, lv, gamma, lam):
     if right_padded:
         return adv, vc.add_(adv), check
     ret = vc.add_(adv)
-    back = []
-    for i in range(0, B, chunk):
-        idx = pos[i:i + chunk].to(torch.int64)
-        back.append((adv[i:i + chunk].gather(1, idx), ret[i:i + chunk].gather(1, idx)))
+    back = [(adv[i:i + chunk].gather(1, idx), ret[i:i + chunk].gather(1, idx))
+            for i, idx in zip(range(0, B, chunk), index)]
     if len(back) == 1:
         return back[0] + (check,)
     return torch.cat([a for a, _ in back]), torch.cat([g for _, g in back]), check
