@@ -91,8 +91,8 @@ def _gae_blocked(r, v, m, lv, gamma, lam):
         n = -(-(T + 1) // BLOCK) * BLOCK                # room for slot T, whole blocks
         delta, vc = r.new_zeros(B, n), r.new_zeros(B, n)
         chunk = max(1, ROWS // T)
-        index = [pos[i:i + chunk].to(torch.int64) for i in range(0, B, chunk)]
-        for i, idx in zip(range(0, B, chunk), index):
+        for i in range(0, B, chunk):            # int64 indices exist one chunk at a time
+            idx = pos[i:i + chunk].to(torch.int64)
             delta[i:i + chunk].scatter_(1, idx, r[i:i + chunk])
             vc[i:i + chunk].scatter_(1, idx, v[i:i + chunk])
         delta[:, T], vc[:, T] = 0.0, 0.0
@@ -106,8 +106,10 @@ def _gae_blocked(r, v, m, lv, gamma, lam):
     if right_padded:
         return adv, vc.add_(adv), check
     ret = vc.add_(adv)
-    back = [(adv[i:i + chunk].gather(1, idx), ret[i:i + chunk].gather(1, idx))
-            for i, idx in zip(range(0, B, chunk), index)]
+    back = []
+    for i in range(0, B, chunk):
+        idx = pos[i:i + chunk].to(torch.int64)
+        back.append((adv[i:i + chunk].gather(1, idx), ret[i:i + chunk].gather(1, idx)))
     if len(back) == 1:
         return back[0] + (check,)
     return torch.cat([a for a, _ in back]), torch.cat([g for _, g in back]), check
@@ -123,6 +125,9 @@ def gae(rewards, values, mask=None, *, gamma, lam, dones=None, last_value=None):
     the conventions. No Python loop over T: with no done before a row's last valid step (the
     LLM case), valid steps are compacted and A is a blocked Toeplitz discounted cumsum (one
     matmul per 32 steps); otherwise a reverse affine scan in ⌈log2 T⌉ doubling steps.
+
+    float16 and bfloat16 inputs are computed in float32 and rounded once at the end: a sum
+    over hundreds of discounted terms kept in 8 or 11 bits would lose most of them.
 
     Args/Returns: as ref_numpy.gae, with tensors; any float dtype and device.
     """
@@ -144,6 +149,17 @@ def gae(rewards, values, mask=None, *, gamma, lam, dones=None, last_value=None):
     if squeeze:
         r, v, m, lv = r[None], v[None], m[None], lv[None]
         d = None if d is None else d[None]
+    out_dtype = r.dtype
+    if out_dtype in (torch.float16, torch.bfloat16):    # long discounted sums lose too much in
+        r, v, lv = r.float(), v.float(), lv.float()     # 8 or 11 bits: accumulate in float32,
+        d = None if d is None else d.float()           # round once at the end
+    adv, ret = _gae_2d(r, v, m, d, lv, gamma, lam)
+    adv, ret = adv.to(out_dtype), ret.to(out_dtype)
+    return (adv[0], ret[0]) if squeeze else (adv, ret)
+
+
+def _gae_2d(r, v, m, d, lv, gamma, lam):
+    """gae on [B, T] inputs, already validated."""
     # A done at a row's last valid step only drops the bootstrap; anywhere else it breaks the
     # constant decay, and the general scan below handles it.
     interior = False
@@ -158,7 +174,7 @@ def gae(rewards, values, mask=None, *, gamma, lam, dones=None, last_value=None):
         if not bool(torch.isfinite(check)):       # a non-finite valid input, or an overflow
             tt.finite_at_valid("rewards", r, m)
             tt.finite_at_valid("values", v, m)
-        return (adv[0], ret[0]) if squeeze else (adv, ret)
+        return adv, ret
     tt.finite_at_valid("rewards", r, m)
     tt.finite_at_valid("values", v, m)
     B, T = r.shape
@@ -178,8 +194,6 @@ def gae(rewards, values, mask=None, *, gamma, lam, dones=None, last_value=None):
     adv = _reverse_affine_scan(a, torch.where(m, delta, zero))
     adv = torch.where(m, adv, zero)
     ret = torch.where(m, adv + v0, zero)
-    if squeeze:
-        return adv[0], ret[0]
     return adv, ret
 
 

@@ -18,6 +18,14 @@ absolute, not relative (float16: k2 of x = 1.7e-3 is 1.5e-6, a subnormal). The t
   kl_penalty k3   |err| ≤ SAFETY·4u·(|e^x − 1| + |x|)    expm1 − x cancels for small x: absolute
   value_loss      |err| ≤ SAFETY·4u·(|v| + |R| + |v_old|)²   differences cancel: absolute
   aggregate       |err| ≤ SAFETY·(log2 N + 2)·u·Σ|w·l|  a cascaded sum of N terms, one division
+  whiten          first-order propagation through μ = Σx/N (cascaded sum), c = x − μ,
+                  var = Σc²/(N − ddof), s = sqrt(var + eps), c/s: see whiten_bound
+  group_advantages the same per group, with n-term sums (a matmul against the membership
+                  matrix: zeros add exactly, so any order errs ≤ n·u·Σ|terms|): group_bound
+  gae             |err A_t| ≤ SAFETY·((5 + L·(K + 3))·u32·Σ_{s ≥ t} (γλ)^n(t,s)·(|r_s| + |v_s| +
+                  γ|v_next(s)|) + u·|A_t|): δ in 4 roundings; each of the L levels of the blocked
+                  solve is a dot product of ≤ K = 32 terms (K·u) plus a multiply-add; half types
+                  work in float32 (u32) and round once (u); returns add (u32 + u)·|A + v|
 The reference itself is exact to ~1e-16, far below every bound.
 """
 import math
@@ -140,3 +148,98 @@ def test_exp_saturates_at_the_largest_float_of_each_dtype(dtype):
     loss.sum().backward()
     assert torch.isfinite(loss).all() and torch.isfinite(logp.grad).all()
     assert torch.all(logp.grad == 0)
+
+
+def cascade(N):
+    return math.log2(max(N, 2)) + 2
+
+
+def whiten_bound(x, m, u, ddof=0, eps=1e-8):
+    """First-order error of (x − μ)/sqrt(var + eps) over the valid entries, in float64."""
+    xv = x[m]
+    N = xv.size
+    mu = xv.mean()
+    c = x - mu
+    e_mu = cascade(N) * u * np.abs(xv).sum() / N
+    e_c = u * np.abs(c) + e_mu
+    var = (c[m] ** 2).sum() / (N - ddof)
+    e_var = (cascade(N) + 1) * u * var + 2 * (np.abs(c[m]) * e_c[m]).sum() / (N - ddof)
+    s = math.sqrt(var + eps)
+    e_s = (e_var + u * (var + eps)) / (2 * s) + u * s
+    return e_c / s + np.abs(c) * e_s / s ** 2 + u * np.abs(c / s)
+
+
+def test_whiten(dtype):
+    u = DTYPES[dtype]
+    rng = np.random.default_rng(7)
+    x = rounded(rng.normal(3.0, 2.0, (6, 40)), dtype)
+    m = rng.random((6, 40)) < 0.8
+    ref = ref_numpy.whiten(x, m)
+    got = ref_torch.whiten(low(x, dtype), torch.tensor(m)).double().numpy()
+    bound = SAFETY * whiten_bound(x, m, u)
+    assert np.all(np.abs(got - ref)[m] <= bound[m] + floor(dtype))
+    assert np.all(got[~m] == 0)
+
+
+def group_bound(r, n, u, eps=1e-4, ddof=0):
+    """First-order error of (r − mean_g)/(std_g + eps) for consecutive groups of n rows."""
+    out = np.empty_like(r)
+    for g in range(0, r.size, n):
+        x = r[g:g + n]
+        mu = x.mean()
+        c = x - mu
+        e_c = u * np.abs(c) + (n + 1) * u * np.abs(x).sum() / n
+        var = (c ** 2).sum() / (n - ddof)
+        e_var = (n + 2) * u * var + 2 * (np.abs(c) * e_c).sum() / (n - ddof)
+        sigma = math.sqrt(var)
+        e_sigma = e_var / (2 * sigma) + u * sigma
+        d = sigma + eps
+        out[g:g + n] = e_c / d + np.abs(c) * (e_sigma + u * d) / d ** 2 + u * np.abs(c / d)
+    return out
+
+
+def test_group_advantages(dtype):
+    u = DTYPES[dtype]
+    rng = np.random.default_rng(8)
+    n = 8
+    r = rounded(rng.normal(0.5, 1.0, 48), dtype)
+    ref = ref_numpy.group_advantages(r, group_size=n)
+    got = ref_torch.group_advantages(low(r, dtype), group_size=n).double().numpy()
+    assert np.all(np.abs(got - ref) <= SAFETY * group_bound(r, n, u) + floor(dtype))
+
+
+def next_valid_values(v, m, last_value):
+    """|V| at each valid step's next valid step (|last_value| after a row's last), a plain loop."""
+    out = np.zeros_like(v)
+    for b in range(v.shape[0]):
+        nxt = abs(last_value[b])
+        for t in reversed(range(v.shape[1])):
+            if m[b, t]:
+                out[b, t] = nxt
+                nxt = abs(v[b, t])
+    return out
+
+
+@pytest.mark.parametrize("layout", ["right", "holed"])
+def test_gae(dtype, layout):
+    u = DTYPES[dtype]
+    rng = np.random.default_rng(9)
+    B, T, gamma, lam = 6, 200, 0.99, 0.95
+    r, v = (rounded(rng.normal(size=(B, T)), dtype) for _ in range(2))
+    lv = rounded(rng.normal(size=B), dtype)
+    m = np.arange(T)[None] < rng.integers(1, T + 1, (B, 1))
+    if layout == "holed":
+        m &= rng.random((B, T)) < 0.7
+    ref_a, ref_r = ref_numpy.gae(r, v, m, gamma=gamma, lam=lam, last_value=lv)
+    got_a, got_r = (x.double().numpy() for x in ref_torch.gae(
+        low(r, dtype), low(v, dtype), torch.tensor(m), gamma=gamma, lam=lam,
+        last_value=low(lv, dtype)))
+    terms = np.abs(r) + np.abs(v) + gamma * next_valid_values(v, m, lv)
+    weighted = ref_numpy.discounted_returns(np.where(m, terms, 0.0), m, gamma=gamma * lam)
+    levels = math.ceil(math.log(T + 1, 32))
+    u32 = DTYPES[torch.float32]                 # half types are computed in float32 (docstring)
+    e_work = (5 + levels * (32 + 3)) * u32 * weighted
+    e_adv = SAFETY * (e_work + u * np.abs(ref_a))
+    assert np.all(np.abs(got_a - ref_a)[m] <= e_adv[m] + floor(dtype))
+    e_ret = SAFETY * (e_work + (u32 + u) * np.abs(ref_r))
+    assert np.all(np.abs(got_r - ref_r)[m] <= e_ret[m] + floor(dtype))
