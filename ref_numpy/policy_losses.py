@@ -419,8 +419,10 @@ def policy_objective(logp, old_logp, advantages, mask, ref_logp=None, *, loss="p
     fn, _, use_kl, beta, kl_kw = _policy_parts(mask, ref_logp, loss, beta, kl_kind,
                                                kl_clamp)
     per_token = fn(logp, old_logp, advantages, mask, **loss_kwargs)
-    if use_kl:
-        per_token = per_token + beta * kl_penalty(logp, ref_logp, mask, **kl_kw)
+    if ref_logp is not None:            # checked even at beta = 0: a wrong one is still a bug
+        kl = kl_penalty(logp, ref_logp, mask, **kl_kw)
+        if use_kl:
+            per_token = per_token + beta * kl
     return aggregate(per_token, mask, mode=agg, norm=norm, empty_rows=empty_rows)
 
 
@@ -443,6 +445,8 @@ def policy_objective_vjp(g, logp, old_logp, advantages, mask, ref_logp=None, *, 
     per_token = fn(logp, old_logp, advantages, mask, **loss_kwargs)
     w = aggregate_vjp(g, per_token, mask, mode=agg, norm=norm, empty_rows=empty_rows)["loss"]
     grad = vjp(w, logp, old_logp, advantages, mask, **loss_kwargs)["logp"]
-    if use_kl:
-        grad = grad + beta * kl_penalty_vjp(w, logp, ref_logp, mask, **kl_kw)["logp"]
+    if ref_logp is not None:
+        kl_grad = kl_penalty_vjp(w, logp, ref_logp, mask, **kl_kw)["logp"]
+        if use_kl:
+            grad = grad + beta * kl_grad
     return {"logp": grad}

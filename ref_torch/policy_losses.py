@@ -168,7 +168,8 @@ def policy_objective(logp, old_logp, advantages, mask, ref_logp=None, *, loss="p
     _checks.kl_reference(beta, ref_logp is None)
     policy = {"ppo": ppo_clip_loss, "cispo": cispo_loss, "gspo": gspo_loss}[loss]
     per_token = policy(logp, old_logp, advantages, mask, **loss_kwargs)
-    if beta > 0:
-        per_token = per_token + beta * kl_penalty(logp, ref_logp, mask, kind=kl_kind,
-                                                  clamp=kl_clamp)
+    if ref_logp is not None:            # checked even at beta = 0: a wrong one is still a bug
+        kl = kl_penalty(logp, ref_logp, mask, kind=kl_kind, clamp=kl_clamp)
+        if beta > 0:
+            per_token = per_token + beta * kl
     return aggregate(per_token, mask, mode=agg, norm=norm, empty_rows=empty_rows)

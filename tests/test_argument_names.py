@@ -1,0 +1,51 @@
+"""Every argument of every reference is named in the error a wrong type or shape gets: the
+message is how a user finds their bug, so it is tested argument by argument, in both twins."""
+import re
+
+import numpy as np
+import pytest
+
+from crosscheck import cases, registry
+from crosscheck.harness import _to_torch
+
+ENTRIES = registry.build()
+PAIRS = [(name, arg) for name, e in sorted(ENTRIES.items())
+         for arg in e.case(cases.rng_for(0, name, 0), 0).arrays]
+ARRAY_PAIRS = [(n, a) for n, a in PAIRS          # those holding an array (not None) in case 0
+               if isinstance(ENTRIES[n].case(cases.rng_for(0, n, 0), 0).arrays[a], np.ndarray)]
+
+
+def call(entry, twin, arrays, params):  # noqa: D103
+    if twin == "numpy":
+        return entry.numpy_fn(**arrays, **params)
+    return entry.torch_fn(**_to_torch(arrays), **params)
+
+
+def named(arg, message):
+    """`arg` as a whole word: `logp` must not pass for a message about `old_logp`."""
+    return re.search(rf"(?<![\w]){re.escape(arg)}(?![\w])", message) is not None
+
+
+@pytest.mark.parametrize("twin", ["numpy", "torch"])
+@pytest.mark.parametrize("name, arg", PAIRS, ids=[f"{n}-{a}" for n, a in PAIRS])
+def test_a_wrong_type_names_the_argument(name, arg, twin):
+    entry = ENTRIES[name]
+    case = entry.case(cases.rng_for(0, name, 0), 0)
+    others = {k: v for k, v in case.arrays.items() if k != arg}
+    fn = entry.numpy_fn if twin == "numpy" else entry.torch_fn
+    with pytest.raises((TypeError, ValueError)) as exc:     # group_ids with group_size: both
+        fn(**(others if twin == "numpy" else _to_torch(others)), **{arg: "oops"}, **case.params)
+    assert named(arg, str(exc.value)), str(exc.value)
+
+
+@pytest.mark.parametrize("twin", ["numpy", "torch"])
+@pytest.mark.parametrize("name, arg", ARRAY_PAIRS, ids=[f"{n}-{a}" for n, a in ARRAY_PAIRS])
+def test_a_wrong_shape_names_the_argument(name, arg, twin):
+    entry = ENTRIES[name]
+    case = entry.case(cases.rng_for(0, name, 0), 0)
+    arrays = dict(case.arrays)
+    v = arrays[arg]
+    arrays[arg] = np.zeros(v.shape + (3,), dtype=v.dtype)        # one axis too many
+    with pytest.raises(ValueError) as exc:
+        call(entry, twin, arrays, case.params)
+    assert named(arg, str(exc.value)), str(exc.value)
