@@ -73,8 +73,9 @@ def _gae_blocked(r, v, m, lv, gamma, lam):
     already right-padded skip this); then δ_j = r_j − v_j + γ·v_(j+1), plus γ·last_value at
     each row's last valid step, and A is the discounted reverse cumsum of δ. Masked inputs are
     never read into the arithmetic (where/scatter drop them), so NaN there cannot leak.
-    Returns (A, A + V, check): check is a sum over every valid input, finite iff they all are
-    (or an overflow), so the caller can skip a full finiteness scan when it is finite.
+    Returns (A, A + V, check): check = Σ δ. Every valid r_t and V_t enters δ_t with coefficient
+    ±1, and inf or NaN plus anything is never finite, so check is finite iff every valid input
+    is (barring an overflow): the caller skips the full finiteness scan when it is.
     """
     B, T = r.shape
     zero = torch.zeros((), dtype=r.dtype, device=r.device)
@@ -100,7 +101,7 @@ def _gae_blocked(r, v, m, lv, gamma, lam):
     delta[:, :-1].add_(vc[:, 1:], alpha=gamma)                     # 0 past each row's end
     rows = torch.nonzero(L).squeeze(1)
     delta.index_put_((rows, (L[rows] - 1).long()), gamma * lv[rows], accumulate=True)
-    check = delta.sum() + vc.sum()
+    check = delta.sum()
     adv = _discounted_reverse_cumsum(delta, gamma * lam)
     del delta                                                       # its pages serve the next
     if right_padded:

@@ -103,3 +103,31 @@ def test_small_decays_underflow_harmlessly(dtype, lam):
     for a, b in zip(got, ref):
         assert np.isfinite(a.numpy()).all()
         assert rel_err(a.double().numpy(), b) < tol
+
+
+@pytest.mark.parametrize("layout", ["right", "holed"])
+@pytest.mark.parametrize("where", ["first", "middle", "last valid"])
+@pytest.mark.parametrize("arg", ["rewards", "values"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_a_non_finite_valid_input_is_named(layout, where, arg, bad):
+    """The blocked path checks finiteness through one sum of δ (every valid input enters it with
+    coefficient ±1); a NaN or ±inf anywhere valid, even at γ = 0, must still raise and name it."""
+    B, T = 3, 50
+    r, v = np.ones((B, T)), np.ones((B, T))
+    m = np.arange(T)[None] < np.array([[50], [40], [7]])
+    if layout == "holed":
+        m[:, 1::3] = False
+    t = {"first": 0, "middle": 3, "last valid": int(np.flatnonzero(m[1]).max())}[where]
+    (r if arg == "rewards" else v)[1, t] = bad
+    for gamma in (0.99, 0.0):
+        with pytest.raises(ValueError, match=rf"{arg} is .* at valid position \(1, {t}\)"):
+            ref_torch.gae(torch.tensor(r), torch.tensor(v), torch.tensor(m), gamma=gamma,
+                          lam=0.95)
+
+
+def test_an_overflowing_sum_is_not_mistaken_for_a_bad_input():
+    """Σδ may overflow with finite inputs (float32: 3e38 + 3e38 = inf); the full scan then finds
+    nothing and the call goes on."""
+    r = torch.tensor([[3e38, 3e38]], dtype=torch.float32)
+    adv, _ = ref_torch.gae(r, torch.zeros_like(r), gamma=0.0, lam=0.0)
+    assert torch.equal(adv, r)
