@@ -18,8 +18,10 @@ from _util import run_cli
 from crosscheck import explain, registry
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def topics():
+    # Function scope (0.1 s each): mutation testing credits a function to the tests that run
+    # it, and a module-scoped fixture would run the walkthrough inside the first test only.
     return {s.name: s for s in explain.walkthrough()}
 
 
@@ -207,6 +209,9 @@ def test_cli_topic_and_json():
         assert {"ratio", "grad_logp", "clip_binding"} <= set(t)
     code, out, _ = run(["explain", "--topic", "kl", "--lang", "zh"])
     assert code == 0 and "KL 估计器" in out
+    code, out, _ = run(["explain", "--json"])                 # every topic (kl's 0-d arrays)
+    assert code == 0
+    assert [t["name"] for t in json.loads(out)["topics"]] == list(explain.TOPICS)
     with pytest.raises(SystemExit) as e:
         run(["explain", "--topic", "nonesuch"])
     assert e.value.code == 2
@@ -248,3 +253,86 @@ def test_plot_without_matplotlib_says_how_to_get_it(monkeypatch, tmp_path):
     code, _, err = run(["explain", "--topic", "gae", "--plot", str(tmp_path)])
     assert code == 2
     assert 'pip install -e ".[plot]"' in err
+
+
+# ---------------------------------------------------------------- text and JSON contracts
+def test_every_text_key_and_header_resolves_in_both_languages(topics):
+    """Each sentence key exists in both string tables, and no table header is left as a raw
+    '@key' (render falls back to the key itself for plain symbols such as r_t)."""
+    from crosscheck.explain_text import TEXT
+    for section in topics.values():
+        for block in section.blocks:
+            if block[0] == "text":
+                assert block[1] in TEXT["en"] and block[1] in TEXT["zh"], block[1]
+            else:
+                for h in block[1]:
+                    assert not h.startswith("@") or (h in TEXT["en"] and h in TEXT["zh"]), h
+        for lang in ("en", "zh"):
+            out = explain.render(section, lang)
+            assert "@" not in out and "None" not in out, (section.name, lang)
+
+
+# What `explain --json` gives programs, per topic (README, "explain"): hand-listed.
+JSON_KEYS = {
+    "gae": ({"rewards", "values", "dones", "gamma", "lam"},
+            {"td_errors", "advantages", "returns"}, {"dA0_drewards", "dA0_dvalues"}),
+    "whiten": ({"x", "ddof", "eps", "eps_mode", "shift_mean"},
+               {"mean", "var", "std", "whitened", "whitened_mean", "whitened_var"}, {"dy0_dx"}),
+    "ppo": ({"old_logp", "logp", "advantages", "clip_low", "dual"},
+            {"loss", "token_mean", "dual_loss"}, {"grad_logp", "dual_grad_logp"}),
+    "grpo": ({"rewards", "group_size", "ddof", "eps", "lengths"},
+             {"group_mean", "group_std", "advantages", "group_sums", "loss_at_ratio_one",
+              "token_weights"}, {"grad_logp_first_token"}),
+    "cispo": ({"ratio", "advantages", "logp", "ppo_clip_low", "cispo_clip_high", "cispo_bound"},
+              {"ppo_effective_ratio", "cispo_weight"}, {"ppo_grad_logp", "cispo_grad_logp"}),
+    "kl": ({"p", "q"}, {"per_sample", "moments", "far_apart_var", "grad_kl_forward",
+                        "grad_kl_reverse"}, {"dk_dlogp", "expected"}),
+    "compare": ({"rewards"}, {"minimind_A0", "trl_A0"}, set()),
+}
+
+
+def test_the_json_carries_each_topics_documented_fields(topics):
+    doc = json.loads(json.dumps(explain.to_json_doc(list(topics.values()))))
+    by_name = {t["name"]: t for t in doc["topics"]}
+    assert set(by_name) == set(JSON_KEYS)
+    for name, (inputs, outputs, gradients) in JSON_KEYS.items():
+        t = by_name[name]
+        assert (set(t["inputs"]), set(t["outputs"]), set(t["gradients"])) == \
+            (inputs, outputs, gradients), name
+        assert all(v is not None for part in ("inputs", "outputs") for v in t[part].values())
+    for name in ("ppo", "cispo"):
+        for tok in by_name[name]["tokens"]:
+            assert {"ratio", "grad_logp", "clip_binding"} <= set(tok), name
+    assert {"kind", "use", "samples", "is_weight", "expected", "follows"} == \
+        set(by_name["kl"]["gradients"]["expected"][0])
+    grpo = by_name["grpo"]
+    assert grpo["outputs"]["group_sums"] == pytest.approx(
+        [sum(grpo["outputs"]["advantages"][:4]), sum(grpo["outputs"]["advantages"][4:])],
+        abs=1e-12)
+    assert grpo["inputs"]["lengths"] and len(grpo["inputs"]["lengths"]) == 8
+
+
+def test_the_gae_text_states_the_decay_factors(topics):
+    """γλ = 0.99 × 0.95 = 0.9405 weighs δ_(t+l) by 0.9405^l; γ(1 − λ) = 0.99 × 0.05 = 0.0495."""
+    en = explain.render(topics["gae"], "en")
+    assert "0.9405" in en and "0.0495" in en
+    assert "0.8845·(" in en                              # 0.9405² = 0.88454…, l = 2
+    assert "1.9000" not in en                            # not γ(1 + λ) = 1.9305 nor γ/λ = 1.0421
+    assert "1.0421" not in en and "1.9305" not in en
+
+
+def test_the_whiten_text_states_mean_var_and_std(topics):
+    w = data(topics, "whiten")["outputs"]
+    en = explain.render(topics["whiten"], "en")
+    for v in (w["mean"], w["var"], w["std"]):
+        assert f"{v:.4f}" in en
+    assert w["std"] == pytest.approx(math.sqrt(w["var"]), rel=1e-15)
+
+
+def test_grid_right_aligns_numbers_and_left_aligns_words():
+    out = explain._grid(["a", "b"], [["1.5", "x"], ["-2e5", "longer"], ["−0.25", "y"]])
+    lines = out.splitlines()
+    assert lines[2].startswith("    1.5 | x")           # widths: 5 ("−0.25") and 6
+    assert lines[3].startswith("   -2e5 | longer")
+    assert lines[4].startswith("  −0.25 | y")
+    assert explain._grid(["h"], [["1.2.3"]]).splitlines()[2] == "  1.2.3"   # left: not a number

@@ -63,3 +63,38 @@ def test_one_wrong_entry_in_the_gae_vjp_fails_fd(monkeypatch):
     results, _ = scale.run(N)
     (fd,) = stage(results, "gae", "fd")
     assert not fd.passed
+
+
+def test_the_report_names_every_configuration_and_its_costs():
+    """The README promises 12 policy_objective configurations (3 losses × 4 aggregations) and
+    gae, each through value, vjp and fd, with the cost of each part timed."""
+    import time
+    t0 = time.perf_counter()
+    results, timings = scale.run(2_000)
+    wall = time.perf_counter() - t0
+    expected = {(f"policy_objective[{loss}, {agg}]", s) for loss in ("ppo", "cispo", "gspo")
+                for agg in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
+                            "seq-mean-token-sum-norm") for s in ("value", "vjp", "fd")}
+    expected |= {("gae", s) for s in ("value", "vjp", "fd")}
+    assert {(r.name, r.stage) for r in results} == expected and len(results) == len(expected)
+    assert all(r.cases == 1 for r in results)
+    for key, (sec, evals) in timings.items():
+        assert 0 <= sec <= wall and evals >= 1, key
+    assert {timings[f"fd diagonal ({loss})"][1] for loss in ("ppo", "cispo", "gspo")} == {4}
+
+
+def test_errors_that_cancel_in_sum_still_fail_the_aggregation_probes(monkeypatch):
+    """+e on one weight and −e on another leave Σw unchanged: a constant probe would miss
+    them, random signs do not."""
+    real = ref_numpy.aggregate_vjp
+
+    def two_weights_wrong(g, loss, mask, **k):
+        w = real(g, loss, mask, **k)["loss"].copy()
+        flat = np.flatnonzero(mask)
+        w.flat[flat[0]] += 1e-3 * abs(w.flat[flat[0]])
+        w.flat[flat[-1]] -= 1e-3 * abs(w.flat[flat[0]])
+        return {"loss": w}
+
+    monkeypatch.setattr(ref_numpy, "aggregate_vjp", two_weights_wrong)
+    results, _ = scale.run(N)
+    assert all(not r.passed for r in stage(results, "policy_objective", "fd"))
