@@ -552,8 +552,10 @@ def kl_direction_check(aud: Auditor, rng) -> Optional[Outcome]:
             per_token = aud.invoke(**{k: v for k, v in dict(logp=logp[None], ref_logp=ref_logp[None],
                                                         mask=torch.ones(1, V, dtype=torch.bool)
                                                         ).items() if aud.accepts(k)})
-            (g,) = torch.autograd.grad((weights * per_token[0]).sum(), [theta],
-                                       allow_unused=True)
+            objective = (weights * per_token[0]).sum()
+            g = None                          # detached or grad-free output: no path to θ
+            if objective.requires_grad:
+                (g,) = torch.autograd.grad(objective, [theta], allow_unused=True)
         except Exception as exc:              # the user's code, or what it returned: report it
             return Outcome("kl_direction", False, f"{type(exc).__name__}: {exc}")
         if g is None or float(g.abs().max()) < 1e-12:

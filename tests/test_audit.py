@@ -463,3 +463,46 @@ def test_cli_list_profiles():
     assert code == 0
     for name in ("verl", "trl", "openrlhf", "minimind", "cleanrl"):
         assert f"{name}:" in out
+
+
+# ================================================================ the report itself
+def test_a_detached_kl_term_gets_the_no_gradient_warning():
+    """autograd.grad finds no path to θ at all (allow_unused gives None): a warning, not a
+    crash or a failure."""
+    def detached(logp, ref_logp, mask):
+        return kl("k3")(logp, ref_logp, mask).detach()
+
+    report = audit(detached, "kl_penalty", cases=4)
+    f = finding(report, "kl_direction")
+    assert f.status == "warn" and "no expected gradient" in f.message
+
+
+def test_the_report_counts_the_cases_it_ran_and_states_its_verdict():
+    report = audit(kl("k3"), "kl_penalty", cases=7, seed=3)
+    assert report.ok and report.n_cases == 7 and report.seed == 3
+    lines = str(report).splitlines()
+    assert "7 cases, seed 3" in lines[0]
+    assert lines[-1] == "verdict: CONFORMS"
+    bad = audit(buggy.kl_sign_flipped, "kl_penalty", cases=7)
+    assert str(bad).splitlines()[-1].startswith("verdict: DOES NOT CONFORM (")
+
+
+def test_the_cli_passes_every_option_to_the_audit(tmp_path):
+    target = tmp_path / "mine.py"
+    target.write_text("import torch\n"
+                      "def k3(logp, ref_logp, mask):\n"
+                      "    x = torch.where(mask.bool(), ref_logp - logp, torch.zeros(()))\n"
+                      "    return (torch.exp(x) - x - 1) * mask\n")
+    code, out, _ = run_cli(["audit", f"{target}:k3", "--ref", "kl_penalty", "--cases", "5",
+                            "--seed", "2", "--json"])
+    doc = json.loads(out)
+    assert code == 0 and doc["cases"] == 5 and doc["seed"] == 2 and doc["ok"]
+    code, out, _ = run_cli(["audit", f"{target}:k3", "--ref", "kl_penalty", "--cases", "3",
+                            "--backend", "numpy", "--json"])
+    assert code == 1 and json.loads(out)["backend"] == "numpy"   # torch code given NumPy
+
+
+def test_conventions_with_numpy_values_serialise():
+    report = audit(kl("k3"), "kl_penalty", cases=2, clamp=(np.float64(10.0), None))
+    doc = json.loads(json.dumps(report.to_dict()))
+    assert doc["conventions"]["clamp"] == [10.0, None]

@@ -245,3 +245,13 @@ def test_list_names_every_function():
     for name in registry.build():
         assert name in text
     assert "detached: w = clip(ratio)" in text
+
+
+def test_the_summary_line_counts_failures():
+    """One failure reads '1 FAILED', none 'all passed' (the verdict users grep for in CI)."""
+    from crosscheck import report
+    from crosscheck.harness import StageResult
+    ok, bad = StageResult("f", "value", cases=3), StageResult("g", "vjp", "fail", cases=3)
+    assert "2 stage checks: all passed" in report.summary([ok, ok], 2, 0, 3, 1.0)
+    assert "2 stage checks: 1 FAILED" in report.summary([ok, bad], 2, 0, 3, 1.0)
+    assert "2 stage checks: 2 FAILED" in report.summary([bad, bad], 2, 0, 3, 1.0)
