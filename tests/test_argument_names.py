@@ -1,5 +1,6 @@
 """Every argument of every reference is named in the error a wrong type or shape gets: the
 message is how a user finds their bug, so it is tested argument by argument, in both twins."""
+import inspect
 import re
 
 import numpy as np
@@ -49,3 +50,48 @@ def test_a_wrong_shape_names_the_argument(name, arg, twin):
     with pytest.raises(ValueError) as exc:
         call(entry, twin, arrays, case.params)
     assert named(arg, str(exc.value)), str(exc.value)
+
+
+FLOAT_PAIRS = [(n, a) for n, a in ARRAY_PAIRS
+               if ENTRIES[n].case(cases.rng_for(0, n, 0), 0).arrays[a].dtype.kind == "f"]
+
+
+@pytest.mark.parametrize("twin", ["numpy", "torch"])
+@pytest.mark.parametrize("name, arg", FLOAT_PAIRS, ids=[f"{n}-{a}" for n, a in FLOAT_PAIRS])
+def test_a_nan_at_a_valid_position_names_the_argument(name, arg, twin):
+    entry = ENTRIES[name]
+    case = entry.case(cases.rng_for(0, name, 0), 0)
+    arrays = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in case.arrays.items()}
+    x, m = arrays[arg], arrays.get("mask")
+    valid = m if m is not None and m.shape == x.shape else np.ones(x.shape, dtype=bool)
+    x[np.unravel_index(int(np.flatnonzero(valid)[0]), x.shape)] = np.nan
+    with pytest.raises(ValueError) as exc:
+        call(entry, twin, arrays, case.params)
+    assert named(arg, str(exc.value)) and "nan" in str(exc.value), str(exc.value)
+
+
+@pytest.mark.parametrize("name, arg", ARRAY_PAIRS, ids=[f"{n}-{a}" for n, a in ARRAY_PAIRS])
+def test_a_shape_error_names_only_real_arguments(name, arg):
+    """'X has shape … but Y has …': both X and Y are parameters of the function called."""
+    entry = ENTRIES[name]
+    case = entry.case(cases.rng_for(0, name, 0), 0)
+    arrays = dict(case.arrays)
+    arrays[arg] = np.zeros(arrays[arg].shape + (3,), dtype=arrays[arg].dtype)
+    with pytest.raises(ValueError) as exc:
+        call(entry, "numpy", arrays, case.params)
+    message = str(exc.value)
+    mentioned = re.findall(r"(\w+) has shape", message) + re.findall(r"but (\w+) has", message)
+    params = set(inspect.signature(entry.numpy_fn).parameters)
+    assert set(mentioned) <= params, message
+
+
+VJP_NAMES = sorted(n for n, e in ENTRIES.items() if e.numpy_vjp is not None)
+
+
+@pytest.mark.parametrize("name", VJP_NAMES)
+def test_a_wrong_cotangent_names_g(name):
+    entry = ENTRIES[name]
+    case = entry.case(cases.rng_for(0, name, 0), 0)
+    with pytest.raises((TypeError, ValueError)) as exc:
+        entry.numpy_vjp(np.zeros((2, 3, 4, 5)), **case.arrays, **case.params)
+    assert named("g", str(exc.value)), str(exc.value)
