@@ -5,6 +5,7 @@ import re
 
 import numpy as np
 import pytest
+import torch
 
 from crosscheck import cases, registry
 from crosscheck.harness import _to_torch
@@ -95,3 +96,31 @@ def test_a_wrong_cotangent_names_g(name):
     with pytest.raises((TypeError, ValueError)) as exc:
         entry.numpy_vjp(np.zeros((2, 3, 4, 5)), **case.arrays, **case.params)
     assert named("g", str(exc.value)), str(exc.value)
+
+
+@pytest.mark.parametrize("name", sorted(ENTRIES))
+def test_the_twins_share_every_default(name):
+    """A default is a convention: the NumPy reference and its torch twin must agree on each."""
+    import ref_numpy
+    import ref_torch
+    sig_np = inspect.signature(getattr(ref_numpy, name)).parameters
+    sig_t = inspect.signature(getattr(ref_torch, name)).parameters
+    assert list(sig_np) == list(sig_t)
+    for p in sig_np:
+        assert sig_np[p].default == sig_t[p].default, (name, p)
+
+
+def test_approx_kl_defaults_to_k1_and_an_all_masked_batch_gives_zero():
+    """k1 = −u averaged over valid tokens (u = logp − old_logp), by hand; no valid token: 0."""
+    import ref_numpy
+    import ref_torch
+    logp, old = np.array([[-1.0, -2.0, -0.5]]), np.array([[-1.5, -1.0, -0.5]])
+    mask = np.array([[True, True, False]])
+    assert ref_numpy.approx_kl(logp, old, mask) == pytest.approx((-0.5 + 1.0) / 2, abs=1e-15)
+    none = np.zeros_like(mask)
+    adv = np.ones_like(logp)
+    assert ref_numpy.approx_kl(logp, old, none) == 0.0
+    assert ref_numpy.clip_fraction(logp, old, adv, none) == 0.0
+    t = {k: torch.tensor(v) for k, v in dict(logp=logp, old=old, none=none, adv=adv).items()}
+    assert float(ref_torch.clip_fraction(t["logp"], t["old"], t["adv"], t["none"])) == 0.0
+    assert float(ref_torch.approx_kl(t["logp"], t["old"], t["none"])) == 0.0
