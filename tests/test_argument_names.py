@@ -95,7 +95,10 @@ def test_a_wrong_cotangent_names_g(name):
     case = entry.case(cases.rng_for(0, name, 0), 0)
     with pytest.raises((TypeError, ValueError)) as exc:
         entry.numpy_vjp(np.zeros((2, 3, 4, 5)), **case.arrays, **case.params)
-    assert named("g", str(exc.value)), str(exc.value)
+    message = str(exc.value)
+    assert named("g", message), message
+    mentioned = re.findall(r"(\w+) has shape", message) + re.findall(r"but (\w+) has", message)
+    assert set(mentioned) <= set(inspect.signature(entry.numpy_vjp).parameters), message
 
 
 @pytest.mark.parametrize("name", sorted(ENTRIES))
@@ -124,3 +127,19 @@ def test_approx_kl_defaults_to_k1_and_an_all_masked_batch_gives_zero():
     t = {k: torch.tensor(v) for k, v in dict(logp=logp, old=old, none=none, adv=adv).items()}
     assert float(ref_torch.clip_fraction(t["logp"], t["old"], t["adv"], t["none"])) == 0.0
     assert float(ref_torch.approx_kl(t["logp"], t["old"], t["none"])) == 0.0
+
+
+KEYWORD_CASES = [(name, p) for name, e in sorted(ENTRIES.items())
+                 for p, prm in inspect.signature(e.numpy_fn).parameters.items()
+                 if prm.kind == prm.KEYWORD_ONLY and isinstance(prm.default, float)]
+
+
+@pytest.mark.parametrize("twin", ["numpy", "torch"])
+@pytest.mark.parametrize("name, key", KEYWORD_CASES, ids=[f"{n}-{k}" for n, k in KEYWORD_CASES])
+def test_a_nan_hyper_parameter_is_refused_by_name(name, key, twin):
+    entry = ENTRIES[name]
+    case = entry.case(cases.rng_for(0, name, 0), 0)
+    params = dict(case.params, **{key: float("nan")})
+    with pytest.raises((TypeError, ValueError)) as exc:
+        call(entry, twin, case.arrays, params)
+    assert named(key, str(exc.value)), str(exc.value)
