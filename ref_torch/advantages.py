@@ -1,7 +1,8 @@
 """Advantage estimators in torch (autograd gives the gradients).
 
-Written from the equations, independently of ref_numpy: GAE as a log-depth affine scan with the
-next valid value gathered by index; group statistics through a membership matrix.
+Written from the equations, independently of ref_numpy: GAE as a blocked Toeplitz discounted
+cumsum over each row's compacted valid steps (a log-depth affine scan when dones fall inside a
+row); group statistics through a membership matrix.
 """
 import functools
 
