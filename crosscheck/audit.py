@@ -40,6 +40,7 @@ import torch
 from . import cases as cases_mod
 from . import profiles as profiles_mod
 from . import registry as registry_mod
+from .report import json_safe
 
 RTOL, ATOL = 1e-6, 1e-8          # default: conventions differ by ≥ 1e-4 relative (eps 1e-4 vs
                                   # 1e-6 on a unit std); float32 inside user code stays ≤ 1e-6
@@ -138,22 +139,10 @@ class AuditReport:
 
     def to_dict(self):
         return dict(ok=self.ok, ref=self.ref, profile=self.profile,
-                    conventions={k: _plain(v) for k, v in self.conventions.items()},
+                    conventions={k: json_safe(v) for k, v in self.conventions.items()},
                     backend=self.backend, cases=self.n_cases, seed=self.seed,
                     findings=[dataclasses.asdict(f) for f in self.findings],
                     skipped=self.skipped)
-
-
-def _plain(v):
-    if isinstance(v, np.ndarray):
-        return [_plain(x) for x in v.tolist()]
-    if isinstance(v, (list, tuple)):
-        return [_plain(x) for x in v]
-    if isinstance(v, float) and not math.isfinite(v):
-        return str(v)
-    if isinstance(v, (np.floating, np.integer, np.bool_)):
-        return _plain(v.item())
-    return v
 
 
 # ================================================================ conventions and inputs
@@ -649,21 +638,21 @@ def _describe_case(aud: Auditor, case, outcome: Outcome):
     data, _ = aud.inputs_for(case)
     if data is None:
         return None
-    ce = {k: _plain(v) for k, v in data.items()}
+    ce = {k: json_safe(v) for k, v in data.items()}
     try:
         ref = aud.reference(data)
-        ce["reference output"] = _plain(np.asarray(ref) if not isinstance(ref, tuple) else
+        ce["reference output"] = json_safe(np.asarray(ref) if not isinstance(ref, tuple) else
                                         [np.asarray(r) for r in ref])
         raw, _ = aud.call(data)
         yours = aud.to_numpy(raw)
-        ce["your output"] = _plain(yours[0] if len(yours) == 1 else yours)
+        ce["your output"] = json_safe(yours[0] if len(yours) == 1 else yours)
     except Exception as exc:
         ce["your output"] = f"raised {type(exc).__name__}: {exc}"
     if outcome.check in ("grad", "detach"):
         for o in aud.run_case(case):            # the gradients of the shrunk case itself
             if o.check == "grad" and not o.ok and o.yours is not None:
-                ce["your gradient"] = _plain(o.yours)
-                ce["reference gradient"] = _plain(o.reference)
+                ce["your gradient"] = json_safe(o.yours)
+                ce["reference gradient"] = json_safe(o.reference)
                 break
     return ce
 

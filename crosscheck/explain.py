@@ -18,6 +18,7 @@ from wcwidth import wcswidth
 from . import finite_diff, registry, tolerances
 from .cases import SEED_P, SEED_Q, Case
 from .harness import _autograd_vjp, _outputs, _to_torch, compare
+from .report import json_safe
 
 TOPICS = ("gae", "whiten", "ppo", "grpo", "cispo", "kl", "compare")
 
@@ -448,20 +449,7 @@ def to_text(sections: List[Section], lang: str) -> str:
 
 
 def to_json_doc(sections: List[Section]) -> Dict[str, object]:
-    return {"topics": [_plain(dict(name=s.name, **s.data)) for s in sections]}
-
-
-def _plain(x):
-    """Plain JSON values: NumPy scalars and 0-d arrays become floats, arrays lists."""
-    if isinstance(x, dict):
-        return {k: _plain(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_plain(v) for v in x]
-    if isinstance(x, np.ndarray):
-        return _plain(x.tolist()) if x.ndim else _plain(x.item())
-    if isinstance(x, np.generic):
-        return x.item()
-    return x
+    return {"topics": [json_safe(dict(name=s.name, **s.data)) for s in sections]}
 
 
 from .explain_text import TEXT  # noqa: E402  (the bilingual string table, kept apart)

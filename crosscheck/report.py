@@ -8,15 +8,19 @@ import numpy as np
 from .harness import StageResult, failure_message
 
 
-def _json_safe(v):
+def json_safe(v):
+    """Plain JSON values: NumPy arrays become lists (0-d: a number), NumPy scalars Python ones,
+    non-finite floats the strings "nan", "inf", "-inf"; dicts, lists and tuples recursively."""
+    if isinstance(v, np.ndarray):
+        v = v.tolist()
     if isinstance(v, np.generic):
         v = v.item()
     if isinstance(v, float) and not math.isfinite(v):
         return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
     if isinstance(v, dict):
-        return {k: _json_safe(x) for k, x in v.items()}
+        return {k: json_safe(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
-        return [_json_safe(x) for x in v]
+        return [json_safe(x) for x in v]
     return v
 
 
@@ -30,7 +34,7 @@ def to_json(results: List[StageResult], seed: int) -> str:
             for r in results
         ],
     }
-    return json.dumps(_json_safe(doc), indent=2, sort_keys=False, ensure_ascii=False)
+    return json.dumps(json_safe(doc), indent=2, sort_keys=False, ensure_ascii=False)
 
 
 def table(results: List[StageResult]) -> str:

@@ -67,6 +67,16 @@ def _discounted_reverse_cumsum(x: torch.Tensor, q: float) -> torch.Tensor:
     return local.view(b, nb * BLOCK)[:, :n]
 
 
+def _index_chunks(pos):
+    """(row slice, int64 positions) a few rows at a time: int64 indices never exist for the
+    whole batch at once (they would double the peak memory), and are rebuilt when needed."""
+    B, T = pos.shape
+    chunk = max(1, ROWS // T)
+    for i in range(0, B, chunk):
+        rows = slice(i, i + chunk)
+        yield rows, pos[rows].to(torch.int64)
+
+
 def _gae_blocked(r, v, m, lv, gamma, lam):
     """GAE with a constant decay γλ per valid step (no done before a row's last valid step).
 
@@ -92,11 +102,9 @@ def _gae_blocked(r, v, m, lv, gamma, lam):
         pos = (count - (T + 1)).mul_(mu).add_(T)        # count − 1 where valid, else T
         n = -(-(T + 1) // BLOCK) * BLOCK                # room for slot T, whole blocks
         delta, vc = r.new_zeros(B, n), r.new_zeros(B, n)
-        chunk = max(1, ROWS // T)
-        for i in range(0, B, chunk):            # int64 indices exist one chunk at a time
-            idx = pos[i:i + chunk].to(torch.int64)
-            delta[i:i + chunk].scatter_(1, idx, r[i:i + chunk])
-            vc[i:i + chunk].scatter_(1, idx, v[i:i + chunk])
+        for rows, idx in _index_chunks(pos):
+            delta[rows].scatter_(1, idx, r[rows])
+            vc[rows].scatter_(1, idx, v[rows])
         delta[:, T], vc[:, T] = 0.0, 0.0
     delta.sub_(vc)
     delta[:, :-1].add_(vc[:, 1:], alpha=gamma)                     # 0 past each row's end
@@ -108,10 +116,8 @@ def _gae_blocked(r, v, m, lv, gamma, lam):
     if right_padded:
         return adv, vc.add_(adv), check
     ret = vc.add_(adv)
-    back = []
-    for i in range(0, B, chunk):
-        idx = pos[i:i + chunk].to(torch.int64)
-        back.append((adv[i:i + chunk].gather(1, idx), ret[i:i + chunk].gather(1, idx)))
+    back = [(adv[rows].gather(1, idx), ret[rows].gather(1, idx))
+            for rows, idx in _index_chunks(pos)]
     if len(back) == 1:
         return back[0] + (check,)
     return torch.cat([a for a, _ in back]), torch.cat([g for _, g in back]), check

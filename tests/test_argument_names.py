@@ -11,13 +11,19 @@ from crosscheck import cases, registry
 from crosscheck.harness import _to_torch
 
 ENTRIES = registry.build()
-PAIRS = [(name, arg) for name, e in sorted(ENTRIES.items())
-         for arg in e.case(cases.rng_for(0, name, 0), 0).arrays]
+
+
+def case0(name):
+    """Each reference's first seeded case: every argument it uses, with valid values."""
+    return ENTRIES[name].case(cases.rng_for(0, name, 0), 0)
+
+
+PAIRS = [(name, arg) for name in sorted(ENTRIES) for arg in case0(name).arrays]
 ARRAY_PAIRS = [(n, a) for n, a in PAIRS          # those holding an array (not None) in case 0
-               if isinstance(ENTRIES[n].case(cases.rng_for(0, n, 0), 0).arrays[a], np.ndarray)]
+               if isinstance(case0(n).arrays[a], np.ndarray)]
 
 
-def call(entry, twin, arrays, params):  # noqa: D103
+def call(entry, twin, arrays, params):
     if twin == "numpy":
         return entry.numpy_fn(**arrays, **params)
     return entry.torch_fn(**_to_torch(arrays), **params)
@@ -32,7 +38,7 @@ def named(arg, message):
 @pytest.mark.parametrize("name, arg", PAIRS, ids=[f"{n}-{a}" for n, a in PAIRS])
 def test_a_wrong_type_names_the_argument(name, arg, twin):
     entry = ENTRIES[name]
-    case = entry.case(cases.rng_for(0, name, 0), 0)
+    case = case0(name)
     others = {k: v for k, v in case.arrays.items() if k != arg}
     fn = entry.numpy_fn if twin == "numpy" else entry.torch_fn
     with pytest.raises((TypeError, ValueError)) as exc:     # group_ids with group_size: both
@@ -44,7 +50,7 @@ def test_a_wrong_type_names_the_argument(name, arg, twin):
 @pytest.mark.parametrize("name, arg", ARRAY_PAIRS, ids=[f"{n}-{a}" for n, a in ARRAY_PAIRS])
 def test_a_wrong_shape_names_the_argument(name, arg, twin):
     entry = ENTRIES[name]
-    case = entry.case(cases.rng_for(0, name, 0), 0)
+    case = case0(name)
     arrays = dict(case.arrays)
     v = arrays[arg]
     arrays[arg] = np.zeros(v.shape + (3,), dtype=v.dtype)        # one axis too many
@@ -54,14 +60,14 @@ def test_a_wrong_shape_names_the_argument(name, arg, twin):
 
 
 FLOAT_PAIRS = [(n, a) for n, a in ARRAY_PAIRS
-               if ENTRIES[n].case(cases.rng_for(0, n, 0), 0).arrays[a].dtype.kind == "f"]
+               if case0(n).arrays[a].dtype.kind == "f"]
 
 
 @pytest.mark.parametrize("twin", ["numpy", "torch"])
 @pytest.mark.parametrize("name, arg", FLOAT_PAIRS, ids=[f"{n}-{a}" for n, a in FLOAT_PAIRS])
 def test_a_nan_at_a_valid_position_names_the_argument(name, arg, twin):
     entry = ENTRIES[name]
-    case = entry.case(cases.rng_for(0, name, 0), 0)
+    case = case0(name)
     arrays = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in case.arrays.items()}
     x, m = arrays[arg], arrays.get("mask")
     valid = m if m is not None and m.shape == x.shape else np.ones(x.shape, dtype=bool)
@@ -75,7 +81,7 @@ def test_a_nan_at_a_valid_position_names_the_argument(name, arg, twin):
 def test_a_shape_error_names_only_real_arguments(name, arg):
     """'X has shape … but Y has …': both X and Y are parameters of the function called."""
     entry = ENTRIES[name]
-    case = entry.case(cases.rng_for(0, name, 0), 0)
+    case = case0(name)
     arrays = dict(case.arrays)
     arrays[arg] = np.zeros(arrays[arg].shape + (3,), dtype=arrays[arg].dtype)
     with pytest.raises(ValueError) as exc:
@@ -92,7 +98,7 @@ VJP_NAMES = sorted(n for n, e in ENTRIES.items() if e.numpy_vjp is not None)
 @pytest.mark.parametrize("name", VJP_NAMES)
 def test_a_wrong_cotangent_names_g(name):
     entry = ENTRIES[name]
-    case = entry.case(cases.rng_for(0, name, 0), 0)
+    case = case0(name)
     with pytest.raises((TypeError, ValueError)) as exc:
         entry.numpy_vjp(np.zeros((2, 3, 4, 5)), **case.arrays, **case.params)
     message = str(exc.value)
@@ -138,7 +144,7 @@ KEYWORD_CASES = [(name, p) for name, e in sorted(ENTRIES.items())
 @pytest.mark.parametrize("name, key", KEYWORD_CASES, ids=[f"{n}-{k}" for n, k in KEYWORD_CASES])
 def test_a_nan_hyper_parameter_is_refused_by_name(name, key, twin):
     entry = ENTRIES[name]
-    case = entry.case(cases.rng_for(0, name, 0), 0)
+    case = case0(name)
     params = dict(case.params, **{key: float("nan")})
     with pytest.raises((TypeError, ValueError)) as exc:
         call(entry, twin, case.arrays, params)
