@@ -57,8 +57,14 @@ def _mask(rng, B, T, kind):
     return m
 
 
+KINDS = ("full", "holed", "ragged")
+FIRST_KIND = (0, 2, 0, 1, 1, 2, 1, 2)   # per shape; each pass over SHAPES moves one kind on
+
+
 def _mask_kind(i):
-    return ("full", "ragged", "holed")[(i // len(SHAPES)) % 3 if i >= len(SHAPES) else i % 3]
+    """Cases 0–11 (the default run) put holed masks on shapes 2×5, 5×11, 6×3 and 3×7, ragged
+    ones on 4×9 (an empty row and a one-token row), 1×6, 23×17 and 2×5, full ones elsewhere."""
+    return KINDS[(FIRST_KIND[i % len(SHAPES)] + i // len(SHAPES)) % 3]
 
 
 def _garbage(x, mask, rng):
@@ -185,7 +191,7 @@ def group_advantages_case(rng, i):
         arrays["rewards"] = np.where(valid, arrays["rewards"], np.nan)
         arrays["valid"] = valid
         label += ", invalid rows (NaN rewards)"
-    if i % 6 == 4:                                 # an all-equal group: σ = 0 (non-smooth: no FD)
+    if i % 6 in (4, 5):                            # an all-equal group: σ = 0 (non-smooth: no FD)
         size = params.get("group_size", None)
         rr = arrays["rewards"]
         if size:
@@ -270,7 +276,7 @@ def kl_penalty_case(rng, i):
     kind_m = _mask_kind(i)
     m = _mask(rng, B, T, kind_m)
     kind = _cycle(i, ["k1", "k2", "k3", "abs"])
-    clamp = _cycle(i // 4, [None, (20.0, 10.0), (None, 10.0), (1.0, None)])
+    clamp = _cycle(i // 3, [None, (20.0, 10.0), (None, 10.0), (1.0, None)])
     extreme = i % 5 == 3
     logp = _logps(rng, (B, T))
     x = rng.choice([-1, 1], size=(B, T)) * rng.uniform(15, 30, size=(B, T)) if extreme else \
@@ -313,7 +319,7 @@ def policy_objective_case(rng, i):
     agg = _cycle(i // 2, ["seq-mean-token-mean", "token-mean", "seq-mean-token-sum",
                           "seq-mean-token-sum-norm"])
     beta = _cycle(i // 3, [0.0, 0.04, 0.1])
-    kl_kind = _cycle(i // 5, ["k3", "k1", "k2", "abs"])
+    kl_kind = _cycle(i, ["k3", "k1", "k2", "abs"])
     ref = _logps(rng, (B, T))
     if kl_kind == "abs":
         lp = np.where(m, base.arrays["logp"], 0.0)

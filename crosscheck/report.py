@@ -56,5 +56,6 @@ def summary(results: List[StageResult], n_functions: int, seed: int, n_cases: in
             seconds: float) -> str:
     n_fail = sum(not r.passed for r in results)
     verdict = "all passed" if n_fail == 0 else f"{n_fail} FAILED"
-    return (f"{n_functions} functions, {len(results)} stage checks: {verdict} "
+    return (f"{n_functions} function{'s' * (n_functions != 1)}, {len(results)} stage checks: "
+            f"{verdict} "
             f"(seed {seed}, {n_cases} cases each, {seconds:.1f} s)")

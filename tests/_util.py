@@ -53,9 +53,13 @@ def close(actual, expected, atol=1e-12, rtol=1e-12):
 
 
 def run_cli(argv):
-    """(exit code, stdout, stderr) of `python -m crosscheck argv...`, run in-process."""
+    """(exit code, stdout, stderr) of `python -m crosscheck argv...`, run in-process; an
+    argparse usage error (SystemExit) gives its exit code and message like any other."""
     from crosscheck import __main__ as cli
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = cli.main(argv)
+        try:
+            code = cli.main(argv)
+        except SystemExit as exc:
+            code = exc.code
     return code, out.getvalue(), err.getvalue()

@@ -4,6 +4,7 @@ by the right check. The implementations here are written as trainers write them 
 multiplied in), not by calling ref_torch."""
 import json
 import os
+import re
 import sys
 
 import numpy as np
@@ -240,6 +241,17 @@ def test_groups_by_reshaping_an_interleaved_batch_are_flagged():
     assert "consecutive blocks" in finding(report, "value").diagnosis
 
 
+def test_groups_by_reshaping_are_flagged_under_the_audited_conventions_too():
+    """The known-bug variant is evaluated with the audit's conventions (here eps = 1e-6), not the
+    reference's defaults, or a reshape bug under another eps would go unnamed."""
+    def by_reshape(rewards, group_ids):
+        g = rewards.view(len(torch.unique(group_ids)), -1)
+        return ((g - g.mean(1, keepdim=True)) /
+                (g.std(1, unbiased=False, keepdim=True) + 1e-6)).view(-1)
+    report = audit(by_reshape, "group_advantages", profile="minimind", cases=N, eps=1e-6)
+    assert "consecutive blocks" in finding(report, "value").diagnosis
+
+
 def test_invalid_rows_kept_in_the_baseline_are_flagged():
     inner = grpo(0, 1e-4)
 
@@ -271,7 +283,9 @@ def test_unmasked_whitening_statistics_are_flagged():
     def unmasked(x, mask):
         return (x - x.mean()) / (x.std() + 1e-8) * mask
     report = audit(unmasked, "whiten", profile="verl", cases=N)
-    assert {"mask", "value"} <= failing(report)
+    assert {"mask", "value", "grad"} <= failing(report)
+    assert "statistics over padding too" in finding(report, "value").diagnosis
+    assert "gradient wrt x reaches padding" in finding(report, "grad").message
 
 
 def test_shift_mean_false_adding_the_mean_back_is_flagged():
@@ -352,7 +366,9 @@ def test_gspo_token_without_the_stop_gradient_is_flagged_by_the_detach_check():
         return torch.maximum(-A * s, -A * torch.clamp(s, 0.8, 1.2)) * m
     report = audit(sequence_gradient, "gspo_loss", profile="verl", cases=N)
     assert failing(report) == {"detach"}
-    assert "not detached" in finding(report, "detach").diagnosis
+    assert finding(report, "detach").diagnosis.startswith(
+        "GSPO-token's sequence factor is not detached: the gradient flows through the mean "
+        "(matches gspo_loss's gradient with form='sequence')")
 
 
 def test_log_probs_detached_by_accident_are_flagged():
@@ -361,6 +377,23 @@ def test_log_probs_detached_by_accident_are_flagged():
                    cases=N)
     assert failing(report) == {"grad"}
     assert "does not depend on logp" in finding(report, "grad").message
+
+
+def test_a_wrong_lambda_is_named_in_the_value_and_the_gradient_diagnosis():
+    """gae returns a pair: the gradient diagnosis contracts both outputs with cotangents."""
+    report = audit(gae_loop(1.0, 0.95), "gae", profile="verl", cases=N)
+    assert {"value", "grad"} <= failing(report)
+    assert "matches gae with lam=0.95" in finding(report, "value").diagnosis
+    assert "matches gae's gradient with lam=0.95: a convention difference" in \
+        finding(report, "grad").diagnosis
+
+
+def test_value_and_gradient_failures_quote_both_numbers():
+    report = audit(ppo(lo=0.1, hi=0.1), "ppo_clip_loss", profile="trl", cases=N)
+    for check in ("value", "grad"):
+        msg = finding(report, check).message
+        assert re.search(r"yours -?[0-9.e+-]+, reference -?[0-9.e+-]+", msg), msg
+    assert finding(report, "grad").message.startswith("d/dlogp[")
 
 
 def test_kl_arguments_swapped_are_flagged():
@@ -394,6 +427,8 @@ def test_raising_wrong_shape_and_nan_are_reported_not_raised():
         raise RuntimeError("my trainer broke")
     r = audit(boom, "kl_penalty", cases=5)
     assert "raises" in failing(r) and "my trainer broke" in finding(r, "raises").message
+    assert finding(r, "kl_direction").status == "fail"
+    assert finding(r, "kl_direction").message == "RuntimeError: my trainer broke"
     r = audit(lambda logp, ref_logp, mask: (logp - ref_logp).sum(1), "kl_penalty", cases=5)
     assert "shape" in failing(r) and "expected" in finding(r, "shape").message
     r = audit(lambda logp, ref_logp, mask: logp * float("nan"), "kl_penalty", cases=5)
@@ -506,3 +541,29 @@ def test_conventions_with_numpy_values_serialise():
     report = audit(kl("k3"), "kl_penalty", cases=2, clamp=(np.float64(10.0), None))
     doc = json.loads(json.dumps(report.to_dict()))
     assert doc["conventions"]["clamp"] == [10.0, None]
+
+
+def test_a_function_raising_on_a_micro_batch_is_a_microbatch_failure_that_quotes_it():
+    """Only split batches make it raise (it asserts it runs on one rank): the raises check
+    passes, microbatch fails and says why (the exception's type and text)."""
+    def single_rank_only(loss, mask, n_tokens_global=None):
+        n_local = int(mask.sum())
+        if n_tokens_global is not None and n_tokens_global != n_local:
+            raise RuntimeError(f"global count {n_tokens_global} != local {n_local}")
+        return global_token_mean(loss, mask)
+
+    report = audit(single_rank_only, "aggregate", profile="verl", cases=N)
+    assert "raises" not in failing(report) and "microbatch" in failing(report)
+    assert re.fullmatch(r"RuntimeError: global count \d+ != local \d+",
+                        finding(report, "microbatch").message)
+
+
+def test_an_adapter_whose_signature_cannot_be_read_is_offered_every_keyword():
+    class Opaque:                    # e.g. a compiled extension: inspect.signature raises
+        __signature__ = "not a signature"
+
+        def __call__(self, logp, ref_logp, mask=None, **_):
+            return kl("k3")(logp, ref_logp, mask)
+
+    report = audit(Opaque(), "kl_penalty", profile="minimind", cases=6)
+    assert report.ok, str(report)

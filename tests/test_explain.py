@@ -212,9 +212,8 @@ def test_cli_topic_and_json():
     code, out, _ = run(["explain", "--json"])                 # every topic (kl's 0-d arrays)
     assert code == 0
     assert [t["name"] for t in json.loads(out)["topics"]] == list(explain.TOPICS)
-    with pytest.raises(SystemExit) as e:
-        run(["explain", "--topic", "nonesuch"])
-    assert e.value.code == 2
+    code, _, err = run(["explain", "--topic", "nonesuch"])
+    assert code == 2 and "invalid choice: 'nonesuch'" in err
 
 
 def test_cli_exits_1_when_the_walkthrough_stops(monkeypatch):
@@ -336,3 +335,63 @@ def test_grid_right_aligns_numbers_and_left_aligns_words():
     assert lines[3].startswith("   -2e5 | longer")
     assert lines[4].startswith("  −0.25 | y")
     assert explain._grid(["h"], [["1.2.3"]]).splitlines()[2] == "  1.2.3"   # left: not a number
+
+
+# ---------------------------------------------------------------- the printed text itself
+def _tables(text):
+    """Every grid in the text: (headers, rows of cells), split on ' | '."""
+    lines, out = text.splitlines(), []
+    for k in range(1, len(lines)):
+        if re.fullmatch(r"  -+(-\+-+)+", lines[k]):
+            head = [c.strip() for c in lines[k - 1].split(" | ")]
+            rows = []
+            for line in lines[k + 1:]:
+                if not line.startswith("  ") or " | " not in line:
+                    break
+                rows.append([c.strip() for c in line.split(" | ")])
+            out.append((head, rows))
+    return out
+
+
+def _num(cell):
+    return float(cell.replace("−", "-"))
+
+
+def test_every_printed_hand_column_equals_the_autograd_column_beside_it(topics):
+    pairs = 0
+    for topic in topics.values():
+        for head, rows in _tables(explain.render(topic, "en")):
+            for j, h in enumerate(head[:-1]):
+                if h.endswith("hand") and head[j + 1] == "autograd":
+                    pairs += 1
+                    for row in rows:
+                        assert _num(row[j]) == pytest.approx(_num(row[j + 1]), abs=1e-6), \
+                            (topic.name, head, row)
+    assert pairs >= 4
+
+
+def test_every_printed_clip_binding_is_where_the_printed_gradient_is_zero(topics):
+    tables = [(h, r) for h, r in _tables(explain.render(topics["ppo"], "en")) if "clip binding" in h]
+    assert len(tables) == 2
+    for head, rows in tables:
+        b, g = head.index("clip binding"), next(j for j, h in enumerate(head) if h.endswith("hand"))
+        assert [row[b] for row in rows].count("yes") >= 1
+        for row in rows:
+            assert (row[b] == "yes") == (_num(row[g]) == 0.0), row
+
+
+def test_the_printed_td_errors_and_unrolled_sums_add_up(topics):
+    """Each δ_t line is r + γ·V'·(1 − done) − V = δ and each A_t line Σ (γλ)^l·δ = A, as
+    printed (four decimals: within 5e-4)."""
+    text = explain.render(topics["gae"], "en")
+    deltas = re.findall(r"δ_\d = (-?[\d.]+) \+ ([\d.]+)·(-?[\d.]+)·(\d) − (-?[\d.]+) = (-?[\d.]+)",
+                        text)
+    assert len(deltas) == 5 and [int(d[3]) for d in deltas] == [1, 1, 1, 1, 0]
+    for r, g, v, c, v0, d in deltas:
+        assert float(r) + float(g) * float(v) * int(c) - float(v0) == pytest.approx(float(d),
+                                                                                   abs=5e-4)
+    sums = re.findall(r"A_\d = ((?:[\d.]+·\(-?[\d.]+\)(?: \+ )?)+) = (-?[\d.]+)", text)
+    assert len(sums) == 5
+    for terms, a in sums:
+        pairs = re.findall(r"([\d.]+)·\((-?[\d.]+)\)", terms)
+        assert sum(float(w) * float(d) for w, d in pairs) == pytest.approx(float(a), abs=5e-4)

@@ -1,8 +1,9 @@
 """The harness catches planted bugs at the right stage and names them; the CLI keeps its contract."""
+import contextlib
 import dataclasses
 import io
 import json
-import contextlib
+import re
 
 import jsonschema
 import numpy as np
@@ -12,6 +13,7 @@ import torch
 import ref_numpy
 import ref_torch
 from crosscheck import __main__ as cli
+from crosscheck import cases as cases_mod
 from crosscheck import harness, registry
 
 SEED = 0
@@ -79,7 +81,8 @@ def test_twin_with_the_wrong_ddof_fails_value():
 
     results = run_with("whiten", torch_fn=whiten_unbiased)
     msg = assert_caught(results, "whiten", "value", "output")
-    assert "ref_torch" in msg and "ref_numpy" in msg
+    assert re.search(r"worst at \[\d+, \d+\] \(element-wise\): ref_torch = \S+, "
+                     r"ref_numpy = \S+ \(\|diff\| \S+ > allowed \S+\)", msg), msg
 
 
 def test_group_twin_with_the_wrong_ddof_fails_value():
@@ -165,6 +168,51 @@ def test_a_twin_leaking_padding_into_outputs_is_caught():
 
     results = run_with("aggregate", torch_fn=leaky)
     assert_caught(results, "aggregate", "value", "output")
+
+
+def test_a_twin_writing_into_padding_is_caught_at_the_first_such_position():
+    def fills_padding(x, mask=None, **kw):
+        return torch.where(mask.bool(), ref_torch.whiten(x, mask, **kw), torch.ones(()))
+
+    results = run_with("whiten", torch_fn=fills_padding)
+    msg = assert_caught(results, "whiten", "value", "output")
+    m = re.search(r"output output is not 0 at masked position \((\d+), (\d+)\): "
+                  r"ref_numpy 0\.0, ref_torch 1\.0", msg)
+    assert m, msg
+    case = results["value"].worst["case"]
+    mask = registry.build()["whiten"].case(cases_mod.rng_for(SEED, "whiten", case), case) \
+        .arrays["mask"]
+    first = tuple(int(k) for k in np.argwhere(~mask)[0])
+    assert (int(m[1]), int(m[2])) == first and results["value"].worst["index"] == list(first)
+
+
+def test_a_twin_returning_nan_at_a_valid_position_is_counted():
+    def one_nan(x, mask=None, **kw):
+        out = ref_torch.whiten(x, mask, **kw).clone()
+        out.view(-1)[0] = float("nan")                    # the first entry is always valid
+        return out
+
+    results = run_with("whiten", torch_fn=one_nan)
+    msg = assert_caught(results, "whiten", "value", "output")
+    assert "output output holds NaN for finite valid inputs (ref_numpy: 0, ref_torch: 1 " \
+           "entries)" in msg
+
+
+def test_a_wrong_gradient_valued_output_is_named_by_the_objective_check():
+    """kl_estimator_gradient returns gradients: its fd stage differentiates the objectives they
+    are gradients of, and names the output that is wrong."""
+    real = ref_numpy.kl_estimator_gradient
+
+    def reverse_off(logits, ref_logits, **kw):
+        out = dict(real(logits, ref_logits, **kw))
+        out["grad_kl_reverse"] = out["grad_kl_reverse"] * 1.01
+        return out
+
+    results = run_with("kl_estimator_gradient", numpy_fn=reverse_off)
+    msg = assert_caught(results, "kl_estimator_gradient", "fd", "logits")
+    assert results["fd"].worst["output"] == "grad_kl_reverse"
+    assert "ref_numpy grad_kl_reverse = " in msg
+    assert "scipy finite differences of its expectation = " in msg
 
 
 # ---------------------------------------------------------------- CLI and JSON
@@ -255,3 +303,67 @@ def test_the_summary_line_counts_failures():
     assert "2 stage checks: all passed" in report.summary([ok, ok], 2, 0, 3, 1.0)
     assert "2 stage checks: 1 FAILED" in report.summary([ok, bad], 2, 0, 3, 1.0)
     assert "2 stage checks: 2 FAILED" in report.summary([bad, bad], 2, 0, 3, 1.0)
+
+
+def test_the_summary_line_names_the_seed_and_the_cases():
+    code, text = run_cli(["--only", "aggregate", "--cases", "2", "--seed", "3"])
+    assert code == 0
+    assert re.fullmatch(r"1 function, 3 stage checks: all passed \(seed 3, 2 cases each, "
+                        r"\d+\.\d s\)", text.strip().splitlines()[-1])
+
+
+def test_every_failure_is_its_own_paragraph(monkeypatch):
+    entries = registry.build()
+    wrong = {n: dataclasses.replace(entries[n], torch_fn=lambda *a, **k: torch.zeros(2, 2))
+             for n in ("whiten", "kl_penalty")}
+    monkeypatch.setattr(registry, "build", lambda: wrong)
+    code, text = run_cli(["--cases", "2", "-q"])
+    heads = [line for line in text.splitlines() if "FAIL " in line]
+    assert code == 1 and len(heads) == 4                   # value and vjp of each
+    assert all(h.startswith("FAIL ") for h in heads)
+    assert text.count("\n    reproduce: python -m crosscheck --only ") == 4
+
+
+def test_json_keeps_greek_and_cjk_readable():
+    code, text = run_cli(["--json", "--only", "gae", "--cases", "1"])
+    assert code == 0 and "γ=0.99, λ=0.95" in text and "\\u03b3" not in text
+
+
+def test_the_scale_command_reports_its_verdict_and_the_cost_of_each_part():
+    code, text = run_cli(["--scale", "2000"])
+    lines = text.strip().splitlines()
+    assert code == 0
+    assert re.fullmatch(r"--scale 2000: 39 stage checks, all passed in \d+\.\d s", lines[-1])
+    for part, evals in (("fd diagonal (ppo)", 4), ("gae value", 2), ("gae vjp", 1),
+                        ("gae fd", 4)):
+        assert any(re.fullmatch(rf"  {re.escape(part)} +\d+\.\d\d s \({evals} evaluations\)",
+                                line) for line in lines), part
+
+
+def test_a_closed_pipe_ends_the_run_quietly():
+    """`python -m crosscheck explain | head -1`: the reader goes away mid-output; the CLI stops
+    with exit 1 and no traceback."""
+    import subprocess
+    import sys
+    p = subprocess.Popen([sys.executable, "-m", "crosscheck", "explain"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=120) == 1
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
+
+
+def test_the_roundoff_bound_holds_and_is_within_100x_of_the_real_error():
+    """finite_diff.roundoff must bound the error of a difference quotient of values of size C
+    (else fd would blame a correct gradient), and not be so loose that it hides a wrong one."""
+    from crosscheck import finite_diff
+    worst = 0.0
+    for C in (1e3, 1e6, 1e9):
+        for step in (1e-2, 1e-3):
+            bound = finite_diff.roundoff(C, step)
+            for x0 in np.linspace(0.0, 1.0, 5):
+                err = abs(finite_diff.directional(lambda t: C + np.sin(x0 + t), step) -
+                          np.cos(x0))
+                assert err <= bound, (C, step, x0, err, bound)
+                worst = max(worst, err / bound)
+    assert worst >= 1e-2

@@ -84,17 +84,34 @@ def test_the_report_names_every_configuration_and_its_costs():
 
 
 def test_errors_that_cancel_in_sum_still_fail_the_aggregation_probes(monkeypatch):
-    """+e on one weight and −e on another leave Σw unchanged: a constant probe would miss
-    them, random signs do not."""
+    """Weights off by ±1e-7 relative, alternately, leave Σw unchanged and are far below the
+    diagonal check's tolerance: only random-sign probes can see them (a constant probe sees Σw)."""
     real = ref_numpy.aggregate_vjp
 
-    def two_weights_wrong(g, loss, mask, **k):
+    def weights_off_in_pairs(g, loss, mask, **k):
         w = real(g, loss, mask, **k)["loss"].copy()
         flat = np.flatnonzero(mask)
-        w.flat[flat[0]] += 1e-3 * abs(w.flat[flat[0]])
-        w.flat[flat[-1]] -= 1e-3 * abs(w.flat[flat[0]])
+        flat = flat[:flat.size // 2 * 2]
+        w.flat[flat[0::2]] += 1e-7 * w.flat[flat[0::2]]
+        w.flat[flat[1::2]] -= 1e-7 * w.flat[flat[0::2]]
         return {"loss": w}
 
-    monkeypatch.setattr(ref_numpy, "aggregate_vjp", two_weights_wrong)
+    monkeypatch.setattr(ref_numpy, "aggregate_vjp", weights_off_in_pairs)
     results, _ = scale.run(N)
-    assert all(not r.passed for r in stage(results, "policy_objective", "fd"))
+    fd = stage(results, "policy_objective", "fd")
+    assert fd and all(not r.passed for r in fd)
+    assert all(r.worst["mode"] == "exact linear probe of the aggregation" for r in fd)
+    assert all(r.worst["got_from"] == "⟨hand weights, v⟩" for r in fd)
+
+
+def test_a_scale_failure_names_both_sides(monkeypatch):
+    real = ref_numpy.policy_objective_vjp
+    monkeypatch.setattr(ref_numpy, "policy_objective_vjp",
+                        lambda *a, **k: {"logp": 2 * real(*a, **k)["logp"]})
+    results, _ = scale.run(2_000)
+    vjp = stage(results, "policy_objective", "vjp")
+    assert vjp and all(not r.passed for r in vjp)
+    assert {(r.worst["got_from"], r.worst["expected_from"]) for r in vjp} == \
+        {("ref_numpy hand VJP", "torch autograd")}
+    (value,) = stage(results, "gae", "value")
+    assert value.passed and value.worst["expected_from"] == "ref_numpy"
