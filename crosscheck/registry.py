@@ -57,7 +57,11 @@ def _freeze_ratio(arrays, params, name, delta):
 
 def _freeze_sequence_ratio(arrays, params, name, delta):
     """GSPO-token: the ratio of token t is exp(logp_t − sg(logp_t) + sg(ρ̄_i)); with ρ̄ frozen at
-    its value it is exp(ρ̄_i + Δlogp_t), a per-token PPO ratio against old' = logp − ρ̄_i."""
+    its value it is exp(min(ρ̄_i + Δlogp_t, cap)), a per-token PPO ratio against
+    old' = logp − ρ̄_i whose log is capped from above only (PPO's log_ratio_clamp is two-sided,
+    so the cap is applied to logp instead: logp' = old' + min(logp − old', cap)). For
+    policy_objective the KL term must see the real logp: the aggregation is linear, so the
+    objective splits into the policy part on logp' (β = 0) plus the KL part on logp (A = 0)."""
     lp, old = arrays["logp"], arrays["old_logp"]
     m = np.ones(lp.shape, bool) if arrays.get("mask") is None else arrays["mask"].astype(bool)
     with np.errstate(invalid="ignore"):
@@ -65,13 +69,27 @@ def _freeze_sequence_ratio(arrays, params, name, delta):
     rho_bar = diff.sum(axis=-1, keepdims=True) / np.maximum(m.sum(axis=-1, keepdims=True), 1)
     out = dict(arrays, old_logp=np.where(m, lp - rho_bar, old))
     out[name] = arrays[name] + delta
-    ppo = dict(clip_low=params.get("clip_low", 3e-4), clip_high=params.get("clip_high", 4e-4),
-               log_ratio_clamp=params.get("log_ratio_max"))
-    if "loss" in params:          # policy_objective: the same objective with PPO on those ratios
-        rest = {k: v for k, v in params.items()
-                if k not in ("form", "log_ratio_max", "clip_low", "clip_high")}
-        return ref_numpy.policy_objective, out, dict(rest, loss="ppo", **ppo)
-    return ref_numpy.ppo_clip_loss, out, ppo
+    cap = params.get("log_ratio_max")
+    if cap is not None:
+        with np.errstate(invalid="ignore"):            # padding may hold NaN or inf
+            out["logp"] = np.where(m, out["old_logp"] + np.minimum(out["logp"] - out["old_logp"],
+                                                                   cap), 0.0)
+    ppo = dict(clip_low=params.get("clip_low", 3e-4), clip_high=params.get("clip_high", 4e-4))
+    if "loss" not in params:
+        return ref_numpy.ppo_clip_loss, out, ppo
+    rest = {k: v for k, v in params.items()
+            if k not in ("form", "log_ratio_max", "clip_low", "clip_high", "loss")}
+
+    def objective(logp, old_logp, advantages, mask=None, ref_logp=None, **kw):
+        args = dict(old_logp=old_logp, advantages=advantages, mask=mask, ref_logp=ref_logp)
+        policy = ref_numpy.policy_objective(logp, **args, **dict(kw, beta=0.0), loss="ppo", **ppo)
+        if kw.get("beta", 0.0) == 0.0:
+            return policy
+        real = arrays["logp"] + delta                 # ratio 1 and A = 0: the KL part alone
+        return policy + ref_numpy.policy_objective(
+            real, **dict(args, old_logp=real, advantages=np.zeros_like(advantages)), **kw,
+            loss="ppo", **ppo)
+    return objective, out, rest
 
 
 def _cispo_rule(params):

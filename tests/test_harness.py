@@ -367,3 +367,45 @@ def test_the_roundoff_bound_holds_and_is_within_100x_of_the_real_error():
                 assert err <= bound, (C, step, x0, err, bound)
                 worst = max(worst, err / bound)
     assert worst >= 1e-2
+
+
+@pytest.mark.parametrize("name, extra", [
+    ("gspo_loss", {}),
+    ("policy_objective", dict(loss="gspo", agg="token-mean", beta=0.1, kl_kind="k3")),
+    ("policy_objective", dict(loss="gspo", agg="seq-mean-token-sum", beta=0.0)),
+])
+def test_gspo_rows_beyond_the_log_ratio_cap_pass_every_stage(name, extra):
+    """log_ratio_max caps log s from above only: a row with ρ̄ = 12 > 10 has no gradient, one
+    with ρ̄ = −11.5 keeps its gradient. The fd and detach oracles (ρ̄ frozen) must say the same;
+    a two-sided clamp in the freeze rule once zeroed the second row's gradient."""
+    rng = np.random.default_rng(0)
+    B, T = 3, 5
+    m = np.ones((B, T), bool)
+    m[1, 3:] = False
+    logp = np.log(rng.uniform(0.05, 0.95, (B, T)))
+    noise = rng.normal(0, 0.4, (B, T))
+    noise -= np.where(m, noise, 0).sum(1, keepdims=True) / m.sum(1, keepdims=True)
+    rho = np.array([[12.0], [-11.5], [0.5]]) + noise
+    arrays = dict(logp=logp, old_logp=logp - rho, advantages=rng.normal(size=(B, T)), mask=m)
+    if name == "policy_objective":
+        arrays["ref_logp"] = logp + rng.normal(0, 0.3, (B, T))
+    case = cases_mod.Case("rows beyond ±cap", arrays, dict(clip_low=0.2, clip_high=0.28,
+                                                           form="token", log_ratio_max=10.0,
+                                                           **extra))
+    entry = registry.build()[name]
+    for stage in ("value", "vjp", "fd", "detach"):
+        res = harness.StageResult(name, stage)
+        stage_rng = np.random.default_rng(1)
+        if stage == "value":
+            harness.stage_value(entry, case, 0, SEED, res)
+        elif stage == "vjp":
+            harness.stage_vjp(entry, case, 0, SEED, res, stage_rng)
+        elif stage == "fd":
+            harness.stage_fd(entry, case, 0, SEED, res, stage_rng)
+        else:
+            harness.stage_detach(entry, case, 0, SEED, res, stage_rng)
+        assert res.passed, harness.failure_message(res)
+    hand = ref_numpy.gspo_loss_vjp(np.ones((B, T)), **{k: arrays[k] for k in
+                                                       ("logp", "old_logp", "advantages", "mask")},
+                                   clip_low=0.2, clip_high=0.28, log_ratio_max=10.0)["logp"]
+    assert not hand[0].any() and hand[1, :3].any()
