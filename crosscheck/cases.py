@@ -101,7 +101,7 @@ def _log_ratio(rng, shape, extreme):
 
 def _ratio_edges(clip_low, clip_high, clip_c=None):
     hi = clip_low if clip_high is None else clip_high
-    edges = [math.log(1 - clip_low) if clip_low < 1 else -1e9, math.log(1 + hi)]
+    edges = [math.log(1 - clip_low), math.log(1 + hi)]          # PPO's clip_low is < 1
     if clip_c is not None:
         edges.append(math.log(clip_c))
     return edges

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from crosscheck import cases as cases_mod
-from crosscheck import registry
+from crosscheck import harness, registry
 
 DEFAULT = 12
 ENTRIES = registry.build()
@@ -122,3 +122,16 @@ def test_gspo_rows_keep_their_mean_log_ratio_off_the_clip_edges():
         mean = rho.sum(axis=1)[rows] / m.sum(axis=1)[rows]
         for edge in (math.log(1 - c.params["clip_low"]), math.log(1 + c.params["clip_high"])):
             assert np.abs(mean - edge).min() >= cases_mod.MARGIN, c.label
+
+
+def test_policy_objective_extremes_are_kept_from_the_stages_that_cannot_judge_them():
+    """Cases 12 and 13 draw log-ratios of ±15..30 (PPO, CISPO): the value and vjp stages judge
+    them, finite differences of a sum that includes e^30-sized terms cannot (see cases.py), and
+    every stage the generator does assign them passes."""
+    entry = ENTRIES["policy_objective"]
+    extremes = [c for c in drawn("policy_objective", 18) if "extreme" in c.label]
+    assert {c.params["loss"] for c in extremes} == {"ppo", "cispo"}     # GSPO has no extremes
+    assert all(c.stages == ("value", "vjp") for c in extremes)
+    results = harness.run_entry(entry, 0, 18)
+    assert all(r.passed for r in results), [harness.failure_message(r) for r in results
+                                            if not r.passed]
