@@ -172,13 +172,14 @@ def audit_main(argv) -> int:
         description="Audit your own function against a reference: values, gradients, masks, "
                     "group permutations, micro-batch accumulation, KL direction.")
     p.add_argument("target", nargs="?", help="path/to/file.py:function (your adapter)")
-    p.add_argument("--ref", help="the reference function, e.g. group_advantages")
+    p.add_argument("--ref", metavar="NAME", help="the reference function, e.g. group_advantages")
     p.add_argument("--profile", choices=sorted(profiles.PROFILES), help="a trainer's conventions")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="a reference convention (repeatable), e.g. --set ddof=1")
     p.add_argument("--cases", type=int, default=200, help="cases (default 200)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--backend", choices=("torch", "numpy"), default="torch")
+    p.add_argument("--seed", type=int, default=0, help="case seed (default 0)")
+    p.add_argument("--backend", choices=("torch", "numpy"), default="torch",
+                   help="what your function takes and returns (default torch)")
     p.add_argument("--accumulation", choices=("mean", "sum"), default="mean",
                    help="how your trainer combines micro-batch gradients (default mean)")
     p.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",

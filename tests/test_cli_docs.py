@@ -1,0 +1,59 @@
+"""The README stays true to the command line: each subcommand's table in the README names every
+option its --help lists (and no other), the metavars agree, and every option explains itself."""
+import os
+import re
+
+import pytest
+
+from _util import run_cli
+
+README = open(os.path.join(os.path.dirname(__file__), "..", "README.md"), encoding="utf-8").read()
+SECTIONS = {   # subcommand → the README heading whose command table documents it
+    "": "## What `python -m crosscheck` checks",
+    "audit": "## Auditing your trainer",
+    "explain": "## Learning the math",
+}
+
+
+def readme_table(sub):
+    text = README[README.index(SECTIONS[sub]):]
+    text = text[:text.index("\n## ", 1)]
+    return "\n".join(line for line in text.splitlines() if line.startswith("| `"))
+
+
+ALIASES = {}      # short option → long option, as --help lists them
+
+
+def help_entries(text):
+    """{option: (metavar, description)} from argparse's help, positionals included."""
+    out, current = {}, None
+    for line in text.split("\n\n", 2)[-1].splitlines():
+        m = re.match(r"  (-\w, )?(--?[\w-]+|\w+)( [^ ].*?)?(  +(.*))?$", line)
+        if m and not line.startswith("   "):
+            current = m[2]
+            out[current] = ((m[3] or "").strip(), (m[5] or "").strip())
+            if m[1]:
+                ALIASES[m[1][:2]] = current
+        elif current and line.startswith("    ") and line.strip():
+            metavar, desc = out[current]
+            out[current] = (metavar, (desc + " " + line.strip()).strip())
+    out.pop("-h", None)
+    out.pop("--help", None)
+    return out
+
+
+@pytest.mark.parametrize("sub", list(SECTIONS))
+def test_readme_and_help_name_the_same_options_and_each_is_explained(sub):
+    code, out, _ = run_cli(([sub] if sub else []) + ["--help"])
+    assert code == 0
+    entries = help_entries(out)
+    options = {o for o in entries if o.startswith("-")}
+    table = readme_table(sub)
+    documented = {ALIASES.get(o, o)                     # "-m", "-e": python's and pip's own
+                  for o in re.findall(r"(?<![\w-])(--[a-z][\w-]*|-[a-z])\b", table)
+                  if o.startswith("--") or o in ALIASES}
+    assert options == documented, (sub, options ^ documented)
+    for option, (metavar, desc) in entries.items():
+        assert desc, f"{sub or 'check'} {option} has no help text"
+    for option, placeholder in re.findall(r"(--[a-z][\w-]*) ([A-Z][A-Z_=]*)\b", table):
+        assert entries[option][0] == placeholder, (option, placeholder, entries[option][0])
