@@ -195,6 +195,13 @@ def clamp_pair(name: str, v):
             positive(f"{name}[1]", v[1], allow_none=True))
 
 
+def policy_kl(kl_kind, kl_clamp):
+    """policy_objective's own names for the KL term's conventions (kl_penalty calls them kind
+    and clamp): a wrong value is reported under the keyword the caller used."""
+    choice("kl_kind", kl_kind, KL_KINDS)
+    clamp_pair("kl_clamp", kl_clamp)
+
+
 def group_size(v, batch: int) -> int:
     if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
         raise ValueError(f"group_size is {v!r}; expected a positive integer")

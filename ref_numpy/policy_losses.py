@@ -386,6 +386,7 @@ def _policy_parts(mask, ref_logp, loss, beta, kl_kind, kl_clamp):
     beta = _checks.non_negative("beta", beta)
     _checks.policy_mask(mask is None, "policy_objective")
     _checks.kl_reference(beta, ref_logp is None)
+    _checks.policy_kl(kl_kind, kl_clamp)
     fn, vjp = {"ppo": (ppo_clip_loss, ppo_clip_loss_vjp), "cispo": (cispo_loss, cispo_loss_vjp),
                "gspo": (gspo_loss, gspo_loss_vjp)}[loss]
     use_kl = beta > 0

@@ -166,6 +166,7 @@ def policy_objective(logp, old_logp, advantages, mask, ref_logp=None, *, loss="p
     beta = _checks.non_negative("beta", beta)
     _checks.policy_mask(mask is None, "policy_objective")
     _checks.kl_reference(beta, ref_logp is None)
+    _checks.policy_kl(kl_kind, kl_clamp)
     policy = {"ppo": ppo_clip_loss, "cispo": cispo_loss, "gspo": gspo_loss}[loss]
     per_token = policy(logp, old_logp, advantages, mask, **loss_kwargs)
     if ref_logp is not None:            # checked even at beta = 0: a wrong one is still a bug

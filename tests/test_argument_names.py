@@ -149,3 +149,49 @@ def test_a_nan_hyper_parameter_is_refused_by_name(name, key, twin):
     with pytest.raises((TypeError, ValueError)) as exc:
         call(entry, twin, case.arrays, params)
     assert named(key, str(exc.value)), str(exc.value)
+
+
+OPTIONAL_CASES = [(name, p) for name, e in sorted(ENTRIES.items())
+                  for p, prm in inspect.signature(e.numpy_fn).parameters.items()
+                  if prm.kind == prm.KEYWORD_ONLY and prm.default is None
+                  and p not in case0(name).arrays]          # hyper-parameters, not data
+
+
+@pytest.mark.parametrize("twin", ["numpy", "torch"])
+@pytest.mark.parametrize("name, key", OPTIONAL_CASES, ids=[f"{n}-{k}" for n, k in OPTIONAL_CASES])
+def test_an_optional_hyper_parameter_set_to_nan_is_refused_by_its_own_name(name, key, twin):
+    """clip_high, clip_c, delta, kl_clamp, ... default to None (off); NaN is not "off", and the
+    error uses the caller's keyword (policy_objective's kl_clamp, not kl_penalty's clamp)."""
+    entry = ENTRIES[name]
+    case = case0(name)
+    with pytest.raises((TypeError, ValueError)) as exc:
+        call(entry, twin, case.arrays, dict(case.params, **{key: float("nan")}))
+    assert named(key, str(exc.value)), str(exc.value)
+
+
+def test_policy_objective_names_its_own_kl_keywords():
+    import ref_numpy
+    case = case0("policy_objective")
+    for key, value in (("kl_kind", "k9"), ("kl_clamp", (1.0,)), ("kl_clamp", (-1.0, None))):
+        with pytest.raises(ValueError) as exc:
+            ref_numpy.policy_objective(**case.arrays, **dict(case.params, **{key: value}))
+        assert named(key, str(exc.value)) or named(key + "[0]", str(exc.value)), str(exc.value)
+
+
+@pytest.mark.parametrize("name", VJP_NAMES)
+def test_a_cotangent_of_the_wrong_type_names_g(name):
+    entry = ENTRIES[name]
+    case = case0(name)
+    g = np.array([["a"]])
+    with pytest.raises(TypeError) as exc:
+        entry.numpy_vjp((g, g) if name == "gae" else g, **case.arrays, **case.params)
+    assert named("g", str(exc.value)) or named("g[0]", str(exc.value)), str(exc.value)
+
+
+def test_gae_vjp_names_both_cotangents_and_what_they_must_match():
+    import ref_numpy
+    r = np.zeros((2, 3))
+    for k, bad in ((0, (np.zeros((2, 4)), r)), (1, (r, np.zeros((2, 4))))):
+        with pytest.raises(ValueError) as exc:
+            ref_numpy.gae_vjp(bad, r, r, gamma=0.9, lam=0.9)
+        assert str(exc.value).startswith(f"g[{k}] has shape (2, 4) but rewards has (2, 3)")
