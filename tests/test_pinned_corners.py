@@ -88,3 +88,20 @@ def test_a_nan_last_value_is_named(twin):
         else:
             ref_torch.gae(torch.tensor(r), torch.tensor(v), gamma=0.9, lam=0.9,
                           last_value=torch.tensor(lv))
+
+
+def test_a_ratio_exactly_at_trls_cap_keeps_its_gradient():
+    """delta caps the ratio as torch.clamp(r, max=δ) does in TRL, whose gradient passes at
+    r = δ exactly (the tie convention of every clip here). By hand, A = −1, r = δ = e^1.1:
+    loss = −A·r = r, ∂loss/∂logp = −A·r = r; one float step above δ the cap binds: gradient 0."""
+    x = 1.1
+    delta = float(np.exp(x))
+    lp, old, A = np.array([[x]]), np.array([[0.0]]), np.array([[-1.0]])
+    g = ref_numpy.ppo_clip_loss_vjp(np.ones((1, 1)), lp, old, A, delta=delta)["logp"]
+    assert g[0, 0] == delta
+    t = torch.tensor(lp, requires_grad=True)
+    ref_torch.ppo_clip_loss(t, torch.tensor(old), torch.tensor(A), delta=delta).sum().backward()
+    assert t.grad[0, 0].item() == delta
+    lower_cap = np.nextafter(delta, 0.0)                   # a cap one float below r: it binds
+    assert ref_numpy.ppo_clip_loss_vjp(np.ones((1, 1)), lp, old, A,
+                                       delta=lower_cap)["logp"][0, 0] == 0
