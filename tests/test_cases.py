@@ -77,6 +77,14 @@ def test_policy_objective_abs_kl_keeps_the_log_ratio_off_its_kink():
             assert np.abs(x).min() >= cases_mod.MARGIN, c.label
 
 
+def test_ratio_losses_reach_the_log_ratio_clamp_under_every_bound():
+    ppo = drawn("ppo_clip_loss")
+    assert {c.params["log_ratio_clamp"] for c in ppo} == {None, 20.0}
+    cispo = {(c.params["bound"], c.params["log_ratio_clamp"]) for c in drawn("cispo_loss")}
+    assert cispo == {("absolute", None), ("absolute", 20.0), ("relative", None),
+                     ("relative", 20.0)}
+
+
 def test_kl_penalty_cases_reach_every_kind_and_clamp():
     cs = drawn("kl_penalty")
     assert {c.params["kind"] for c in cs} == {"k1", "k2", "k3", "abs"}

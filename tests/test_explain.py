@@ -395,3 +395,19 @@ def test_the_printed_td_errors_and_unrolled_sums_add_up(topics):
     for terms, a in sums:
         pairs = re.findall(r"([\d.]+)·\((-?[\d.]+)\)", terms)
         assert sum(float(w) * float(d) for w, d in pairs) == pytest.approx(float(a), abs=5e-4)
+
+
+def test_the_dual_clip_table_says_why_each_token_binds_or_not(topics):
+    """c = 3, A = −1: r = 0.5 < 1 − ε binds the ordinary clip, r = 4 > c the dual clip."""
+    head, rows = [t for t in _tables(explain.render(topics["ppo"], "en"))
+                  if "clip binding" in t[0]][1]
+    why = [row[head.index("why")] for row in rows]
+    assert why[0].startswith("clip binding: A<0 and ratio < 1−ε")
+    assert why[3].startswith("dual clip binding: A<0 and ratio > c")
+    assert all(w.startswith("not binding") for w in why[1:3])
+
+
+def test_the_gae_topic_prints_the_seeds_inputs_as_given(topics):
+    text = explain.render(topics["gae"], "en")
+    assert "  rewards [1.0, 0.0, 0.0, 0.0, 0.5]" in text
+    assert "  dones   [0, 0, 0, 0, 1]" in text

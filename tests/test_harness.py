@@ -119,7 +119,7 @@ def test_missing_detach_is_caught_by_vjp_and_detach_stages():
     assert results["value"].passed                           # the value cannot show it
     assert_caught(results, "cispo_loss", "vjp", "logp")
     msg = assert_caught(results, "cispo_loss", "detach", "logp")
-    assert "detached factor frozen" in msg
+    assert "scipy finite differences (detached factor frozen) = " in msg
     assert results["fd"].passed                               # the hand VJP is still right
 
 
@@ -409,3 +409,35 @@ def test_gspo_rows_beyond_the_log_ratio_cap_pass_every_stage(name, extra):
                                                        ("logp", "old_logp", "advantages", "mask")},
                                    clip_low=0.2, clip_high=0.28, log_ratio_max=10.0)["logp"]
     assert not hand[0].any() and hand[1, :3].any()
+
+
+def test_compare_allows_atol_times_scale_plus_rtol_plus_the_roundoff_bound():
+    """The rule of tolerances.py, term by term, at its edges."""
+    from crosscheck.tolerances import Tolerance
+    tol = Tolerance(rtol=1e-6, atol=1e-8, why="test")
+    assert harness.compare(1.0 + 2e-6, 1.0, tol).ok is False
+    assert harness.compare(1.0 + 2e-6, 1.0, tol, extra=1e-6).ok is True       # + extra
+    assert harness.compare(5e-7, 0.0, tol, scale=1.0).ok is False
+    assert harness.compare(5e-7, 0.0, tol, scale=100.0).ok is True            # atol · scale
+    cmp = harness.compare(np.array([0.0, 3.0]), np.array([0.0, 3.0 + 1e-5]), tol, extra=1e-7)
+    assert not cmp.ok and cmp.index == (1,)
+    assert cmp.allowed == pytest.approx(1e-8 + 1e-6 * (3.0 + 1e-5) + 1e-7, rel=1e-12)
+
+
+def test_the_directional_mode_is_sound_on_the_registry_and_still_catches_a_bug(monkeypatch):
+    """Cases above FULL_JACOBIAN_MAX_INPUTS are judged by random directional derivatives, with
+    the round-off allowance scaled by Σ|u|; forced on every case, the real references still
+    pass and a VJP missing the ratio factor still fails."""
+    from crosscheck import finite_diff
+    monkeypatch.setattr(finite_diff, "FULL_JACOBIAN_MAX_INPUTS", 0)
+    for name in ("gae", "whiten", "ppo_clip_loss", "cispo_loss", "gspo_loss", "policy_objective",
+                 "kl_penalty", "aggregate"):
+        for r in run_with(name).values():
+            assert r.passed, harness.failure_message(r)
+            if r.stage in ("fd", "detach"):
+                assert r.worst["mode"].startswith("directional")
+    real = ref_numpy.ppo_clip_loss_vjp
+
+    def vjp_doubled(g, *a, **k):
+        return {"logp": 2 * real(g, *a, **k)["logp"]}
+    assert_caught(run_with("ppo_clip_loss", numpy_vjp=vjp_doubled), "ppo_clip_loss", "fd", "logp")
