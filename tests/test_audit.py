@@ -582,3 +582,15 @@ def test_an_adapter_whose_signature_cannot_be_read_is_offered_every_keyword():
 
     report = audit(Opaque(), "kl_penalty", profile="minimind", cases=6)
     assert report.ok, str(report)
+
+
+def test_a_wrong_second_output_is_named_by_its_index():
+    """gae returns (advantages, returns): a function whose returns forget + V is blamed on
+    output[1], its advantages pass."""
+    inner = gae_loop(1.0, 1.0)
+
+    def returns_without_values(rewards, values, mask, **kw):
+        adv, _ = inner(rewards, values, mask, **kw)
+        return adv, adv
+    report = audit(returns_without_values, "gae", profile="verl", cases=N)
+    assert finding(report, "value").message.startswith("output[1][")

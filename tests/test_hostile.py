@@ -36,6 +36,8 @@ API = [
      "eps is nan"),
     ("ref_numpy.whiten", "an all-masked batch", lambda: ref_numpy.whiten(LP, np.zeros((2, 3))),
      ValueError, "mask has 0 valid entries"),
+    ("ref_numpy.whiten", "an unsigned-integer array", lambda: ref_numpy.whiten(
+        np.ones((2, 3), dtype=np.uint8)), TypeError, "x has dtype uint8"),
     ("ref_numpy.group_advantages", "rewards as a Python list of ints",
      lambda: ref_numpy.group_advantages([1, 0], group_size=2), TypeError, "dtype int"),
     ("ref_torch.kl_penalty", "a NumPy array", lambda: ref_torch.kl_penalty(LP, LP), TypeError,

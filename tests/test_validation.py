@@ -160,3 +160,17 @@ def test_vjp_cotangent_shape_is_checked():
         ref_numpy.aggregate_vjp(np.ones(2), LP, M)
     with pytest.raises(TypeError, match=r"g must be a pair"):
         ref_numpy.gae_vjp(np.ones((3, 7)), LP, LP, gamma=0.9, lam=0.9)
+
+
+def test_unsigned_integer_masks_and_group_ids_are_accepted_as_integers():
+    """uint8 masks (as some data loaders store them) and uint8 group ids mean what the bool and
+    int64 ones do."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(3, 5))
+    m = rng.random((3, 5)) < 0.7
+    m[:, 0] = True
+    np.testing.assert_array_equal(ref_numpy.whiten(x, m.astype(np.uint8)), ref_numpy.whiten(x, m))
+    r = rng.normal(size=6)
+    ids = np.array([0, 1, 0, 1, 2, 2])
+    np.testing.assert_array_equal(ref_numpy.group_advantages(r, group_ids=ids.astype(np.uint8)),
+                                  ref_numpy.group_advantages(r, group_ids=ids))
