@@ -594,3 +594,31 @@ def test_a_wrong_second_output_is_named_by_its_index():
         return adv, adv
     report = audit(returns_without_values, "gae", profile="verl", cases=N)
     assert finding(report, "value").message.startswith("output[1][")
+
+
+def test_a_function_that_raises_on_nan_padding_gets_a_mask_warning_not_a_failure():
+    """Most trainers pad with finite values, so raising on NaN padding is a warning."""
+    inner = kl("k3")
+
+    def refuses_nan(logp, ref_logp, mask):
+        if torch.isnan(logp).any() or torch.isnan(ref_logp).any():
+            raise ValueError("NaN in input")
+        return inner(logp, ref_logp, mask)
+    report = audit(refuses_nan, "kl_penalty", profile="minimind", cases=N)
+    assert report.ok
+    f = finding(report, "mask")
+    assert f.status == "warn" and f.message == \
+        "NaN at masked positions makes your function raise ValueError"
+
+
+def test_a_target_path_holding_a_colon_is_split_at_the_last_one(tmp_path):
+    folder = tmp_path / "run:3"
+    folder.mkdir()
+    (folder / "mine.py").write_text(
+        "import torch\n"
+        "def k3(logp, ref_logp, mask):\n"
+        "    x = torch.where(mask.bool(), ref_logp - logp, torch.zeros(()))\n"
+        "    return (torch.exp(x) - x - 1) * mask\n")
+    code, out, err = run_cli(["audit", f"{folder / 'mine.py'}:k3", "--ref", "kl_penalty",
+                              "--cases", "3"])
+    assert code == 0 and "verdict: CONFORMS" in out, err

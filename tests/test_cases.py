@@ -50,7 +50,7 @@ def test_gae_cases_reach_dones_a_bootstrap_value_and_a_single_trajectory():
     cs = drawn("gae")
     assert any(c.arrays["dones"] is not None and
                (c.arrays["dones"] & c.arrays["mask"]).any() for c in cs)
-    assert any(c.arrays["last_value"] is not None for c in cs)
+    assert {c.arrays["last_value"] is None for c in cs} == {True, False}
     assert any(c.arrays["rewards"].ndim == 1 for c in cs)
     assert {c.params["gamma"] for c in cs} >= {0.0, 1.0} and \
         {c.params["lam"] for c in cs} >= {0.0, 1.0}
@@ -80,6 +80,8 @@ def test_policy_objective_abs_kl_keeps_the_log_ratio_off_its_kink():
 def test_ratio_losses_reach_the_log_ratio_clamp_under_every_bound():
     ppo = drawn("ppo_clip_loss")
     assert {c.params["log_ratio_clamp"] for c in ppo} == {None, 20.0}
+    for key, on in (("clip_high", 0.28), ("clip_c", 3.0), ("delta", 2.5)):   # and TRL's cap
+        assert {c.params[key] for c in ppo} == {None, on}, key
     cispo = {(c.params["bound"], c.params["log_ratio_clamp"]) for c in drawn("cispo_loss")}
     assert cispo == {("absolute", None), ("absolute", 20.0), ("relative", None),
                      ("relative", 20.0)}
