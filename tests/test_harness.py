@@ -441,3 +441,20 @@ def test_the_directional_mode_is_sound_on_the_registry_and_still_catches_a_bug(m
     def vjp_doubled(g, *a, **k):
         return {"logp": 2 * real(g, *a, **k)["logp"]}
     assert_caught(run_with("ppo_clip_loss", numpy_vjp=vjp_doubled), "ppo_clip_loss", "fd", "logp")
+
+
+def test_json_safe_spells_out_what_json_cannot_hold():
+    from crosscheck.report import json_safe
+    got = json_safe({"a": np.inf, "b": -np.inf, "c": float("nan"), "d": np.float32(1.5),
+                     "e": np.arange(2), "f": (np.int64(3), [np.array(2.0)])})
+    assert got == {"a": "inf", "b": "-inf", "c": "nan", "d": 1.5, "e": [0, 1],
+                   "f": [3, [2.0]]}
+    assert json.dumps(got)                           # plain JSON now
+
+
+def test_a_full_jacobian_failure_names_the_output_and_input_entries():
+    def vjp_doubled(g, *a, **k):
+        return {"logp": 2 * ref_numpy.kl_penalty_vjp(g, *a, **k)["logp"]}
+    msg = assert_caught(run_with("kl_penalty", numpy_vjp=vjp_doubled), "kl_penalty", "fd", "logp")
+    assert re.search(r"worst at doutput\[\d+, \d+\] / dlogp\[\d+, \d+\] \(full Jacobian\): "
+                     r"ref_numpy hand VJP = ", msg), msg
