@@ -115,3 +115,32 @@ def test_a_scale_failure_names_both_sides(monkeypatch):
         {("ref_numpy hand VJP", "torch autograd")}
     (value,) = stage(results, "gae", "value")
     assert value.passed and value.worst["expected_from"] == "ref_numpy"
+
+
+def test_every_comparison_says_what_it_compares(monkeypatch):
+    """Each of --scale's comparisons records its input, shape and the two sides compared, so a
+    failure can be read without the code."""
+    from crosscheck import harness
+    seen = []
+
+    def recording(res, cmp, info):
+        seen.append((res.name, res.stage, info))
+        return harness._record(res, cmp, info)
+    monkeypatch.setattr(scale, "_record", recording)
+    scale.run(2_000)
+    sides = {
+        "value": {("ref_torch", "ref_numpy")},
+        "vjp": {("ref_numpy hand VJP", "torch autograd")},
+        "fd": {("⟨hand weights, v⟩", "agg(l + v) − agg(l)"),
+               ("ref_numpy hand VJP", "w ⊙ f' (scipy-free FD)"),
+               ("⟨hand VJP, d⟩", "⟨u, F(x + d) − F(x)⟩")},
+    }
+    inputs = {"policy": {"logp", "loss"}, "gae": {"advantages", "returns", "rewards", "values"}}
+    assert len(seen) >= 3 * 12 + 5
+    for name, stage, info in seen:
+        assert (info["got_from"], info["expected_from"]) in sides[stage], (name, stage, info)
+        assert info["input"] in inputs["gae" if name == "gae" else "policy"], info
+        assert len(info["shape"]) == 2 and info["seed"] == 0, info
+    gae_inputs = {(stage, info["input"]) for name, stage, info in seen if name == "gae"}
+    assert gae_inputs == {("value", "advantages"), ("value", "returns"), ("vjp", "rewards"),
+                          ("vjp", "values"), ("fd", "rewards"), ("fd", "values")}
