@@ -349,20 +349,25 @@ def run_entry(entry: Entry, seed: int, n_cases: int,
                 continue
             res = results[stage]
             res.cases += 1
-            stage_rng = cases_mod.rng_for(seed, entry.name + ":" + stage, i)
-            try:
-                if stage == "value":
-                    stage_value(entry, case, i, seed, res)
-                elif stage == "vjp":
-                    stage_vjp(entry, case, i, seed, res, stage_rng)
-                elif stage == "fd":
-                    stage_fd(entry, case, i, seed, res, stage_rng)
-                else:
-                    stage_detach(entry, case, i, seed, res, stage_rng)
-            except Exception as exc:  # a twin that raises is a failure of that stage, reported
-                _fail(res, _info(entry, case, i, seed, input="-"),
-                      f"raised {type(exc).__name__}: {exc}")
+            run_stage(entry, stage, case, i, seed, res)
     return [r for r in results.values() if r.cases > 0]
+
+
+def run_stage(entry: Entry, stage: str, case, index: int, seed: int, res: StageResult) -> None:
+    """One stage on one case, recorded into `res`; a twin that raises is a reported failure."""
+    stage_rng = cases_mod.rng_for(seed, entry.name + ":" + stage, index)
+    try:
+        if stage == "value":
+            stage_value(entry, case, index, seed, res)
+        elif stage == "vjp":
+            stage_vjp(entry, case, index, seed, res, stage_rng)
+        elif stage == "fd":
+            stage_fd(entry, case, index, seed, res, stage_rng)
+        else:
+            stage_detach(entry, case, index, seed, res, stage_rng)
+    except Exception as exc:
+        _fail(res, _info(entry, case, index, seed, input="-"),
+              f"raised {type(exc).__name__}: {exc}")
 
 
 def run(entries: Dict[str, Entry], seed: int = 0, n_cases: int = 12,

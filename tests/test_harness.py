@@ -395,15 +395,7 @@ def test_gspo_rows_beyond_the_log_ratio_cap_pass_every_stage(name, extra):
     entry = registry.build()[name]
     for stage in ("value", "vjp", "fd", "detach"):
         res = harness.StageResult(name, stage)
-        stage_rng = np.random.default_rng(1)
-        if stage == "value":
-            harness.stage_value(entry, case, 0, SEED, res)
-        elif stage == "vjp":
-            harness.stage_vjp(entry, case, 0, SEED, res, stage_rng)
-        elif stage == "fd":
-            harness.stage_fd(entry, case, 0, SEED, res, stage_rng)
-        else:
-            harness.stage_detach(entry, case, 0, SEED, res, stage_rng)
+        harness.run_stage(entry, stage, case, 0, SEED, res)
         assert res.passed, harness.failure_message(res)
     hand = ref_numpy.gspo_loss_vjp(np.ones((B, T)), **{k: arrays[k] for k in
                                                        ("logp", "old_logp", "advantages", "mask")},
