@@ -67,24 +67,64 @@ def test_lengths_around_the_block_and_the_int16_count(T):
             assert rel_err(a.numpy(), b) < 1e-12
 
 
-def test_row_chunks_of_the_compaction_give_the_same_values_and_gradients(monkeypatch):
-    """Holed rows are compacted a few rows at a time; splitting into many chunks changes nothing."""
+PATHS = {"right-padded Toeplitz": ("right", 0.95), "scaled (holes)": ("holed", 0.95),
+         "scaled at the smallest γλ": ("holed", None), "scan (holes, small γλ)": ("holed", 0.3)}
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_each_path_is_taken_and_gives_the_recursions_values_and_gradients(path, monkeypatch):
+    """Which path runs depends on the mask and on γλ (Q_MIN); each must be the one expected and
+    match the recursion and the hand VJP, with NaN in the padding."""
     from ref_torch import advantages
+    layout, lam = PATHS[path]
+    gamma = 0.99
+    if lam is None:
+        lam = advantages.Q_MIN / gamma
+    taken = []
+    for name in ("_gae_right_padded", "_gae_scaled"):
+        f = getattr(advantages, name)
+        monkeypatch.setattr(advantages, name, lambda *a, f=f, name=name: taken.append(name) or f(*a))
     rng = np.random.default_rng(5)
-    B, T = 9, 70
-    r, v = rng.normal(size=(B, T)), rng.normal(size=(B, T))
-    m = rng.random((B, T)) < 0.7
+    B, T = 4, 100
+    r, v, lv = rng.normal(size=(B, T)), rng.normal(size=(B, T)), rng.normal(size=B)
+    m = np.arange(T)[None] < np.array([[100], [64], [1], [0]])
+    if layout == "holed":
+        m &= rng.random((B, T)) < 0.7
+        m[0, 1] = False
+    r[~m], v[~m] = np.nan, np.inf
     g = (rng.normal(size=(B, T)), rng.normal(size=(B, T)))
-    hand = ref_numpy.gae_vjp(g, r, v, m, gamma=0.9, lam=0.8)
-    ref = ref_numpy.gae(r, v, m, gamma=0.9, lam=0.8)
-    monkeypatch.setattr(advantages, "ROWS", 2 * T)          # 2 rows per chunk: 5 chunks
+    hand = ref_numpy.gae_vjp(g, r, v, m, gamma=gamma, lam=lam, last_value=lv)
+    ref = ref_numpy.gae(r, v, m, gamma=gamma, lam=lam, last_value=lv)
     rt, vt = torch.tensor(r, requires_grad=True), torch.tensor(v, requires_grad=True)
-    adv, ret = ref_torch.gae(rt, vt, torch.tensor(m), gamma=0.9, lam=0.8)
+    adv, ret = ref_torch.gae(rt, vt, torch.tensor(m), gamma=gamma, lam=lam,
+                             last_value=torch.tensor(lv))
     ((adv * torch.tensor(g[0])).sum() + (ret * torch.tensor(g[1])).sum()).backward()
+    expected = {"right-padded Toeplitz": ["_gae_right_padded"],
+                "scan (holes, small γλ)": []}.get(path, ["_gae_scaled"])
+    assert taken == expected
     assert rel_err(adv.detach().numpy(), ref[0]) < 1e-12
     assert rel_err(ret.detach().numpy(), ref[1]) < 1e-12
     assert rel_err(rt.grad.numpy(), hand["rewards"]) < 1e-12
     assert rel_err(vt.grad.numpy(), hand["values"]) < 1e-12
+    # without autograd the padding is zeroed by a bitwise and, not torch.where: the same bits
+    plain = ref_torch.gae(torch.tensor(r), torch.tensor(v), torch.tensor(m), gamma=gamma,
+                          lam=lam, last_value=torch.tensor(lv))
+    assert torch.equal(plain[0], adv.detach()) and torch.equal(plain[1], ret.detach())
+
+
+def test_the_bitwise_select_equals_where_bit_for_bit():
+    """−0.0, NaN payloads, infinities and subnormals kept where valid; +0.0 where masked."""
+    from ref_torch import advantages
+    for dtype in (torch.float32, torch.float64):
+        tiny = torch.finfo(dtype).tiny / 4
+        x = torch.tensor([-0.0, float("nan"), float("inf"), -float("inf"), tiny, -1.5, 7.0],
+                         dtype=dtype)
+        for m in (torch.tensor([True] * 7), torch.tensor([False] * 7),
+                  torch.tensor([True, False, True, False, True, False, True])):
+            got = advantages._select(x, m, advantages._mask_bits(m, dtype))
+            want = torch.where(m, x, torch.zeros((), dtype=dtype))
+            bits = advantages._BITS[dtype]
+            assert torch.equal(got.view(bits), want.view(bits))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
