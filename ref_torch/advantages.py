@@ -154,6 +154,7 @@ def _gae_scaled(r, v, m, lv, gamma, lam):
     nb = -(-T // BLOCK)
     bits = _mask_bits(m, r.dtype)
     vm, x1 = _select(v, m, bits), _select(r, m, bits)
+    del bits
     keep = m.view(torch.uint8).to(r.dtype)                  # (a bool → float cast is slower)
     if nb * BLOCK != T:
         pad = (0, nb * BLOCK - T)
