@@ -308,9 +308,11 @@ class Auditor:
         return np.ones(shape, dtype=bool)
 
     def close(self, yours, ref, valid):
+        """|yours − ref| ≤ atol + rtol·|ref| where valid. Equal infinities match; a NaN, or an
+        inf against anything else, does not (rtol·inf would otherwise allow any value)."""
         with np.errstate(invalid="ignore"):
-            diff = np.where(valid, np.abs(yours - ref), 0.0)
-            allowed = self.atol + self.rtol * np.abs(ref)
+            diff = np.where(valid & (yours != ref), np.abs(yours - ref), 0.0)
+            allowed = self.atol + self.rtol * np.where(np.isfinite(ref), np.abs(ref), 0.0)
             bad = valid & ~(diff <= allowed)
         if bad.any():
             i = tuple(int(k) for k in np.argwhere(bad)[0])

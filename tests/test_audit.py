@@ -622,3 +622,118 @@ def test_a_target_path_holding_a_colon_is_split_at_the_last_one(tmp_path):
     code, out, err = run_cli(["audit", f"{folder / 'mine.py'}:k3", "--ref", "kl_penalty",
                               "--cases", "3"])
     assert code == 0 and "verdict: CONFORMS" in out, err
+
+
+# ================================================================ the audit's own plumbing
+def test_the_reference_takes_group_size_over_the_equivalent_ids():
+    from crosscheck.audit import reference_args
+    ids, r = np.array([0, 0, 1, 1]), np.arange(4.0)
+    assert set(reference_args(dict(rewards=r, group_size=2, group_ids=ids))) == \
+        {"rewards", "group_size"}
+    assert set(reference_args(dict(rewards=r, group_ids=ids))) == {"rewards", "group_ids"}
+
+
+def test_trainer_padding_fills_per_sequence_values_of_empty_rows():
+    """A [B] input (per-sequence advantages) is padded where its row has no valid token; B ≠ T."""
+    from crosscheck import cases as cases_mod
+    from crosscheck.audit import _finite_padding
+    m = np.array([[1, 1, 0, 0, 0], [0, 0, 0, 0, 0], [1, 0, 1, 0, 1]], dtype=bool)
+    adv = np.array([0.5, np.nan, -2.0])
+    logp = np.where(m, -1.0, np.nan)
+    out = _finite_padding(cases_mod.Case("c", dict(advantages=adv, logp=logp, mask=m), {}),
+                          value=7.0).arrays
+    np.testing.assert_array_equal(out["advantages"], [0.5, 7.0, -2.0])
+    np.testing.assert_array_equal(out["logp"], np.where(m, -1.0, 7.0))
+
+
+def test_an_output_detached_from_one_input_is_named():
+    """Values detached in GAE (a detach mistake): the output has no path to them at all."""
+    inner = gae_loop(1.0, 1.0)
+
+    def detached_values(rewards, values, mask, dones=None, last_value=None):
+        return inner(rewards, values.detach(), mask, dones, last_value)
+    report = audit(detached_values, "gae", profile="verl", cases=10)
+    assert failing(report) == {"grad"}
+    assert "your output does not depend on values" in finding(report, "grad").message
+
+
+def test_the_permutation_check_hides_group_size_so_the_ids_must_be_used():
+    by_ids = grpo(1, 1e-6)
+
+    def either(rewards, group_ids=None, group_size=None, valid=None):   # positional if given a size
+        if group_size is not None:
+            group_ids = torch.arange(len(rewards)) // group_size
+        return by_ids(rewards, group_ids, valid)
+    report = audit(either, "group_advantages", profile="verl", cases=N)
+    assert report.ok
+    assert finding(report, "permutation").status == "pass"
+
+
+def test_a_function_raising_on_shuffled_rows_fails_the_permutation_check_with_its_message():
+    by_ids = grpo(1, 1e-6)
+
+    def sorted_only(rewards, group_ids, valid=None):
+        if bool((group_ids[1:] < group_ids[:-1]).any()):
+            raise ValueError("group_ids must be sorted")
+        return by_ids(rewards, group_ids, valid)
+    report = audit(sorted_only, "group_advantages", profile="verl", cases=N)
+    assert "permutation" in failing(report)
+    assert finding(report, "permutation").message == "ValueError: group_ids must be sorted"
+
+
+def test_a_bug_on_every_token_shrinks_to_one_token():
+    def k1_doubled(logp, ref_logp, mask):
+        return torch.where(mask.bool(), 2 * (logp - ref_logp), torch.zeros((), dtype=logp.dtype))
+    report = audit(k1_doubled, "kl_penalty", kind="k1", cases=10)
+    ce = finding(report, "value").counterexample
+    assert np.asarray(ce["logp"]).shape == (1, 1) and np.asarray(ce["mask"]).tolist() == [[True]]
+
+
+def test_the_report_names_the_reference_and_prints_bare_passing_lines():
+    report = audit(kl("k3"), "kl_penalty", kind="k3", cases=5)
+    assert report.ok and report.ref == "kl_penalty" and report.to_dict()["ref"] == "kl_penalty"
+    lines = str(report).splitlines()
+    assert lines[0].startswith("audit against kl_penalty, backend torch, 5 cases, seed 0")
+    passing = [line for line in lines if line.startswith("  PASS")]
+    assert passing and all(re.fullmatch(r"  PASS [a-z_]+ +\d+ cases", line) for line in passing)
+
+
+def test_an_unknown_profile_lists_the_known_ones():
+    from crosscheck.profiles import PROFILES
+    with pytest.raises(AuditUsageError) as exc:
+        audit(grpo(0, 1e-4), "group_advantages", profile="deepspeed")
+    assert str(exc.value).endswith("expected one of " + ", ".join(PROFILES))
+
+
+def test_an_undetached_relative_cispo_weight_is_diagnosed_with_clipped_tokens():
+    """verl's relative clip [0.8, 1.2] binds on many tokens; the diagnosis's gradient must hold
+    there too (the clipped weight contributes no ratio term)."""
+    def undetached(logp, old_logp, advantages, mask):
+        m = mask.bool()
+        zero = torch.zeros((), dtype=logp.dtype)
+        A = advantages[:, None].expand_as(logp) if advantages.dim() == 1 else advantages
+        w = torch.clamp(torch.exp(torch.where(m, logp - old_logp, zero)), 0.8, 1.2)   # no detach
+        return torch.where(m, -w * torch.where(m, A, zero) * torch.where(m, logp, zero), zero)
+    report = audit(undetached, "cispo_loss", profile="verl", cases=N)
+    assert failing(report) == {"detach"}
+    assert "not detached" in finding(report, "detach").diagnosis
+
+
+def test_closeness_matches_equal_infinities_and_nothing_else_against_an_inf():
+    """Found by a mutant: a diagnosis whose gradient was inf on clipped tokens matched the user's
+    finite one, since rtol·|inf| allows any difference."""
+    from crosscheck import registry
+    from crosscheck.audit import Auditor
+    aud = Auditor(None, registry.build()["kl_penalty"], {}, "torch", 1e-6, 1e-8, "mean")
+    inf, nan = np.inf, np.nan
+    ref = np.array([inf, -inf, inf, 1.0, nan, 2.0])
+    for i, yours_i, ok in ((0, inf, True), (1, -inf, True), (2, 1e300, False), (2, -inf, False),
+                           (3, inf, False), (3, nan, False), (4, nan, False), (4, 0.0, False),
+                           (5, 2.0 + 1e-7, True)):
+        yours = ref.copy()
+        yours[i] = yours_i
+        keep = np.zeros(6, dtype=bool)
+        keep[i] = True
+        assert aud.close(yours, ref, keep)[0] is ok, (i, yours_i)
+    masked = np.array([1.0, 5.0, inf])
+    assert aud.close(masked, np.array([1.0, nan, 0.0]), np.array([True, False, False]))[0]

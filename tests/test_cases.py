@@ -57,6 +57,16 @@ def test_gae_cases_reach_dones_a_bootstrap_value_and_a_single_trajectory():
         {c.params["lam"] for c in cs} >= {0.0, 1.0}
 
 
+def test_gae_labels_say_when_a_case_has_dones():
+    """A failing case is identified by its label; a gae label names its dones when it has any."""
+    for c in drawn("gae", 40):
+        assert (", dones" in c.label) == (c.arrays["dones"] is not None), c.label
+
+
+def test_estimator_gradient_cases_reach_the_kl_term_as_loss_and_as_reward():
+    assert {c.params["use"] for c in drawn("kl_estimator_gradient")} == {"loss", "reward"}
+
+
 def test_policy_objective_cases_reach_every_loss_aggregation_and_kl_term():
     cs = drawn("policy_objective")
     assert {(c.params["loss"]) for c in cs} == {"ppo", "cispo", "gspo"}

@@ -57,3 +57,25 @@ def test_readme_and_help_name_the_same_options_and_each_is_explained(sub):
         assert desc, f"{sub or 'check'} {option} has no help text"
     for option, placeholder in re.findall(r"(--[a-z][\w-]*) ([A-Z][A-Z_=]*)\b", table):
         assert entries[option][0] == placeholder, (option, placeholder, entries[option][0])
+
+
+@pytest.mark.parametrize("sub", list(SECTIONS))
+def test_usage_names_the_command_as_the_readme_writes_it(sub):
+    code, out, _ = run_cli(([sub] if sub else []) + ["--help"])
+    assert code == 0
+    assert out.startswith("usage: " + " ".join(["python -m crosscheck"] + ([sub] if sub else [])))
+    code, _, err = run_cli(([sub] if sub else []) + ["--no-such-option"])
+    assert code == 2 and err.startswith("usage: python -m crosscheck")
+
+
+@pytest.mark.parametrize("backend", ["torch", "numpy"])
+def test_audit_accepts_each_backend_the_help_offers(backend):
+    """Each choice --help shows is accepted (a numpy-backend run of a torch adapter fails its
+    checks, exit 1, but is no usage error)."""
+    _, out, _ = run_cli(["audit", "--help"])
+    assert "--backend {torch,numpy}" in out
+    target = os.path.join(os.path.dirname(__file__), "..", "examples", "verl_style.py:adapter")
+    code, out, err = run_cli(["audit", target, "--ref", "ppo_clip_loss", "--profile", "verl",
+                              "--cases", "3", "--backend", backend])
+    assert code in (0, 1) and err == "", err
+    assert out.startswith(f"audit against ppo_clip_loss (profile verl), backend {backend}, ")

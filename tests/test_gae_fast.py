@@ -52,9 +52,9 @@ def test_gradients_of_the_blocked_path_match_the_hand_vjp():
 
 
 @pytest.mark.parametrize("T", [1, 2, 31, 32, 33, 40_000])
-def test_lengths_around_the_block_and_the_int16_count(T):
-    """One step, a block edge, and T ≥ 2^15 (positions counted in int32; three levels of the
-    block recursion)."""
+def test_lengths_around_the_block(T):
+    """One step, the edges of a 32-step block, and a long row (three levels of the Toeplitz
+    recursion; 1250 block heads in the scaled path's scan)."""
     rng = np.random.default_rng(T)
     B = 2
     r, v, lv = rng.normal(size=(B, T)), rng.normal(size=(B, T)), rng.normal(size=B)

@@ -3,6 +3,7 @@ import contextlib
 import dataclasses
 import io
 import json
+import math
 import re
 
 import jsonschema
@@ -14,7 +15,7 @@ import ref_numpy
 import ref_torch
 from crosscheck import __main__ as cli
 from crosscheck import cases as cases_mod
-from crosscheck import harness, registry
+from crosscheck import harness, registry, tolerances
 
 SEED = 0
 N = 8
@@ -300,7 +301,8 @@ def test_the_summary_line_counts_failures():
     from crosscheck import report
     from crosscheck.harness import StageResult
     ok, bad = StageResult("f", "value", cases=3), StageResult("g", "vjp", "fail", cases=3)
-    assert "2 stage checks: all passed" in report.summary([ok, ok], 2, 0, 3, 1.0)
+    assert report.summary([ok, ok], 2, 0, 3, 1.0).startswith("2 functions, 2 stage checks: "
+                                                             "all passed")
     assert "2 stage checks: 1 FAILED" in report.summary([ok, bad], 2, 0, 3, 1.0)
     assert "2 stage checks: 2 FAILED" in report.summary([bad, bad], 2, 0, 3, 1.0)
 
@@ -450,3 +452,40 @@ def test_a_full_jacobian_failure_names_the_output_and_input_entries():
     msg = assert_caught(run_with("kl_penalty", numpy_vjp=vjp_doubled), "kl_penalty", "fd", "logp")
     assert re.search(r"worst at doutput\[\d+, \d+\] / dlogp\[\d+, \d+\] \(full Jacobian\): "
                      r"ref_numpy hand VJP = ", msg), msg
+
+
+def test_compare_fails_on_a_shape_mismatch_and_passes_empty_arrays():
+    tol = tolerances.get("value")
+    bad = harness.compare(np.zeros(3), np.zeros((3, 1)), tol)
+    assert not bad.ok and bad.badness == math.inf and bad.index == ()
+    assert math.isnan(bad.got) and math.isnan(bad.expected)
+    empty = harness.compare(np.zeros((2, 0)), np.zeros((2, 0)), tol)
+    assert empty.ok and empty.badness == 0.0 and empty.max_abs == 0.0
+
+
+def test_a_failing_comparison_of_huge_values_records_their_finite_difference():
+    """abs_err is |got − expected| whenever that difference is finite, even if got + expected
+    would overflow (1.5e308 + 1e308)."""
+    res = harness.StageResult("f", "value")
+    cmp = harness.Comparison(False, 2.0, 5e307, 0.33, (0,), 1.5e308, 1.0e308, 1.0)
+    harness._record(res, cmp, {"case": 0})
+    assert res.status == "fail" and res.worst["abs_err"] == 5e307
+    res = harness.StageResult("f", "value")
+    harness._record(res, harness.Comparison(False, 2.0, 1.0, 1.0, (0,), math.nan, 1.0, 1.0),
+                    {"case": 0})
+    assert res.worst["abs_err"] == math.inf
+
+
+def test_a_flat_index_into_the_second_output_names_it():
+    outs = (np.zeros((2, 3)), np.zeros((4, 5)))
+    assert harness._unflat(outs, 4, ("advantages", "returns")) == ["advantages", 1, 1]
+    assert harness._unflat(outs, 6 + 7, ("advantages", "returns")) == ["returns", 1, 2]
+    assert harness._unflat(outs, 26, ("advantages", "returns")) == []
+
+
+def test_only_functions_with_a_detached_factor_list_one():
+    code, text = run_cli(["--list"])
+    assert code == 0
+    detached = {line.split()[0] for line in text.splitlines() if "detached" in line}
+    assert detached == {n for n, e in registry.build().items() if e.detached}
+    assert detached == {"cispo_loss", "gspo_loss", "policy_objective"}
