@@ -365,11 +365,11 @@ class Auditor:
         if value_ok and finite_ok:
             out.append(Outcome("value", True))
         if want_grad:
-            out.extend(self.grad_check(case, data, raw, leaves, refs))
+            out.extend(self.grad_check(data, raw, leaves, refs))
         out.extend(self.mask_check(case, data, yours, raw))
         return out
 
-    def grad_check(self, case, data, raw, leaves, refs):
+    def grad_check(self, data, raw, leaves, refs):
         rng = cases_mod.rng_for(0, "audit-grad", int(sum(r.size for r in refs)))
         gs = [rng.normal(size=r.shape) if r.ndim else float(rng.normal()) for r in refs]
         for g, r in zip(gs, refs):

@@ -76,7 +76,8 @@ def _garbage(x, mask, rng):
 
 
 def _away(x, edges, margin=MARGIN):
-    """Move entries of x that lie within `margin` of any edge to `2·margin` past it."""
+    """Move entries of x that lie within `margin` of any edge to `2·margin` from it, on the side
+    they were on (so a value meant to be clipped stays clipped)."""
     x = np.array(x, dtype=np.float64, copy=True)
     for _ in range(4):
         for e in edges:

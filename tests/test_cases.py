@@ -156,3 +156,13 @@ def test_policy_objective_extremes_are_kept_from_the_stages_that_cannot_judge_th
     results = harness.run_entry(entry, 0, 18)
     assert all(r.passed for r in results), [harness.failure_message(r) for r in results
                                             if not r.passed]
+
+
+def test_away_keeps_each_value_on_its_side_of_every_edge():
+    x = np.array([0.999, 1.0, 1.0004, -0.2, 3.0, 1.19999, 1.2])
+    edges = [1.0, 1.2]
+    y = cases_mod._away(x, edges, margin=1e-3)
+    for e in edges:
+        assert np.all(np.abs(y - e) >= 1e-3)
+        assert np.array_equal(y >= e, x >= e)
+    np.testing.assert_array_equal(y[[3, 4]], x[[3, 4]])        # far from both: untouched
