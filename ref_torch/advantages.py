@@ -135,8 +135,8 @@ def _gae_scaled(r, v, m, lv, gamma, lam):
         A_t = Σ_{s ≥ t} q^(c_s − c_t)·(r_s − v_s) + γ·Σ_{s > t} q^(c_s − c_t − 1)·v_s + carry_t
             = q^(−c_t)·[ (x1 @ incl)_t + ((q^c·v) @ strict)_t + q^(C_b)·G_(b+1) ]
 
-    with x1 = q^c·(r − v) (masked entries 0), incl and strict the all-one upper triangles
-    (strict scaled by γ/q), C_b = c at the block's end. G_(b+1) is what the steps after block
+    with x1 = q^c·(r − v) (masked entries 0), incl[s, t] = 1 for s ≥ t and strict[s, t] = γ/q
+    for s > t (0 elsewhere), C_b = c at the block's end. G_(b+1) is what the steps after block
     b hand to its last valid step: G = γ·V_f + q·A_f at the first valid step f after it
     (γ·last_value when there is none). For block b itself G_b = h_b + q^(C_b)·G_(b+1), with
     h_b = γ·V_f + q·(A_f's in-block part), which equals the block's first output plus
