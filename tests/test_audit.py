@@ -242,6 +242,9 @@ def test_groups_by_reshaping_an_interleaved_batch_are_flagged():
     report = audit(buggy.grpo_by_reshape, "group_advantages", profile="minimind", cases=N)
     assert {"permutation", "value"} <= failing(report)
     assert "consecutive blocks" in finding(report, "value").diagnosis
+    assert re.fullmatch(r"shuffling rows with their group_ids changed an advantage: row \d+ was "
+                        r"\S+, became \S+ \(groups taken by position\?\)",
+                        finding(report, "permutation").message)
 
 
 def test_groups_by_reshaping_are_flagged_under_the_audited_conventions_too():
@@ -737,3 +740,68 @@ def test_closeness_matches_equal_infinities_and_nothing_else_against_an_inf():
         assert aud.close(yours, ref, keep)[0] is ok, (i, yours_i)
     masked = np.array([1.0, 5.0, inf])
     assert aud.close(masked, np.array([1.0, nan, 0.0]), np.array([True, False, False]))[0]
+
+
+def test_a_correct_audit_reports_every_check_on_every_case():
+    report = audit(kl("k3"), "kl_penalty", kind="k3", cases=20)
+    assert report.ok and report.skipped == {}
+    checks = {f.check: f for f in report.findings}
+    for check in ("raises", "shape", "finite", "value", "grad"):
+        assert checks[check].status == "pass" and checks[check].cases == 20, check
+    report = audit(grpo(1, 1e-6), "group_advantages", profile="verl", cases=N)   # ids only
+    assert report.ok and report.skipped == {} and finding(report, "value").cases == N
+
+
+def test_an_adapter_without_group_ids_runs_the_consecutive_cases_and_skips_the_rest():
+    by_ids = grpo(1, 1e-6)
+
+    def by_size(rewards, group_size, valid=None):
+        return by_ids(rewards, torch.arange(len(rewards)) // group_size, valid)
+    report = audit(by_size, "group_advantages", profile="verl", cases=N)
+    assert report.ok, str(report)
+    ran = finding(report, "value").cases
+    assert list(report.skipped) == ["your function does not accept group_ids="]
+    assert ran > 0 and report.skipped["your function does not accept group_ids="] == N - ran
+    d = report.to_dict()
+    assert d["ref"] == "group_advantages" and d["skipped"] == report.skipped
+    assert json.loads(json.dumps(d))["skipped"] == report.skipped
+
+
+def test_a_non_finite_output_is_shown_in_the_counterexample():
+    r = audit(lambda logp, ref_logp, mask: logp * float("nan"), "kl_penalty", cases=5)
+    ce = finding(r, "finite").counterexample
+    assert np.isnan(np.asarray(ce["your output"], dtype=float)).any()
+    assert np.isfinite(np.asarray(ce["reference output"], dtype=float)).all()
+
+
+def test_padding_that_changes_valid_outputs_fails_and_a_nan_leak_only_warns():
+    def whiten_unmasked_mean(x, mask):              # 1e4 in the padding moves the mean
+        m = mask.to(x.dtype)
+        xm = torch.where(mask.bool(), x, torch.zeros((), dtype=x.dtype))
+        mu = torch.where(mask.bool(), x, x).nan_to_num(0.0).mean()
+        return (xm - mu) * m
+    r = audit(whiten_unmasked_mean, "whiten", ddof=0, eps=1e-8, cases=N)
+    assert finding(r, "mask").status == "fail"
+    assert re.fullmatch(r"1e4 at masked positions changes a valid output: output\[\d+, \d+\] "
+                        r"\S+ → \S+", finding(r, "mask").message)
+    inner = gae_loop(1.0, 1.0)
+
+    def gae_nan_in_returns(rewards, values, mask, dones=None, last_value=None):
+        adv, ret = inner(rewards, values, mask, dones, last_value)
+        return adv, ret + 0.0 * (values * 0).sum()  # 0·(padding) is 0, unless it holds NaN
+    r = audit(gae_nan_in_returns, "gae", profile="verl", cases=N)
+    assert r.ok and finding(r, "mask").status == "warn"
+    assert finding(r, "mask").message.startswith(
+        "NaN at masked positions leaks into valid outputs (output[1][")
+
+
+def test_an_unknown_convention_lists_the_known_ones():
+    with pytest.raises(AuditUsageError) as exc:
+        audit(whiten(0, 1e-8, "var"), "whiten", gamma_x=1)
+    assert str(exc.value).endswith("its keywords are ddof, eps, eps_mode, shift_mean")
+
+
+@pytest.mark.parametrize("timeout", ["1", True, 0, -1.0, float("nan"), float("inf")])
+def test_a_timeout_that_is_not_a_positive_number_is_refused(timeout):
+    with pytest.raises(AuditUsageError, match=r"timeout is .*; expected a positive number"):
+        audit(kl("k1"), "kl_penalty", kind="k1", cases=2, timeout=timeout)
