@@ -82,6 +82,12 @@ def _select(x: torch.Tensor, m: torch.Tensor, bits) -> torch.Tensor:
     return (x.view(bits.dtype) & bits).view(x.dtype)
 
 
+def _select_both(r, v, m):
+    """(r, V) where m, else +0.0, with one set of mask bits (dropped before the caller goes on)."""
+    bits = _mask_bits(m, r.dtype)
+    return _select(r, m, bits), _select(v, m, bits)
+
+
 def _mask_bits(m: torch.Tensor, dtype: torch.dtype):
     """The mask as 0 / −1 integers as wide as `dtype` (None for a dtype with no such integer)."""
     if dtype not in _BITS:
@@ -102,9 +108,7 @@ def _gae_right_padded(r, v, m, lv, gamma, lam):
     last valid step; A is the discounted reverse cumsum of δ and is 0 past the end by itself.
     Returns (A, A + V, check), check = Σ δ (see _gae_2d).
     """
-    bits = _mask_bits(m, r.dtype)
-    delta, vc = _select(r, m, bits), _select(v, m, bits)
-    del bits
+    delta, vc = _select_both(r, v, m)
     delta.sub_(vc)
     delta[:, :-1].add_(vc[:, 1:], alpha=gamma)                     # 0 past each row's end
     L = m.sum(-1, dtype=torch.int32)
@@ -152,9 +156,7 @@ def _gae_scaled(r, v, m, lv, gamma, lam):
     q = gamma * lam
     B, T = r.shape
     nb = -(-T // BLOCK)
-    bits = _mask_bits(m, r.dtype)
-    vm, x1 = _select(v, m, bits), _select(r, m, bits)
-    del bits
+    x1, vm = _select_both(r, v, m)
     keep = m.view(torch.uint8).to(r.dtype)                  # (a bool → float cast is slower)
     if nb * BLOCK != T:
         pad = (0, nb * BLOCK - T)
