@@ -32,6 +32,7 @@ def _reverse_affine_scan(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 BLOCK = 32      # time steps per block of the Toeplitz solve (one K×K matmul per block)
 Q_MIN = 2.0 ** (-40 / BLOCK)    # smallest γλ of the scaled path: weights down to 2^-40 (below)
 _BITS = {torch.float32: torch.int32, torch.float64: torch.int64}
+_ONE_BITS = {torch.float32: 0x3F800000, torch.float64: 0x3FF0000000000000}   # 1.0
 
 
 @functools.lru_cache(maxsize=64)
@@ -120,13 +121,16 @@ def _gae_right_padded(r, v, m, lv, gamma, lam):
     return adv, vc.add_(adv), check
 
 
+CHUNK = 1 << 20     # elements per work buffer of the scaled path (4 MiB in float32), below
+
+
 @functools.lru_cache(maxsize=64)
 def _scaled_matrices(q: float, gamma: float, dtype: torch.dtype, device: torch.device):
-    """count[s, t] = 1 for s ≤ t; incl[s, t] = 1 for s ≥ t; strict[s, t] = γ/q for s > t."""
+    """count[s, t] = 1 for s ≤ t; incl[s, t] = 1 for s ≥ t; late[s, t] = γ/q·[s > t] − [s ≥ t]."""
     i = torch.arange(BLOCK, device=device)
     after = (i[:, None] >= i[None, :]).to(torch.float64)
-    strict = (i[:, None] > i[None, :]).to(torch.float64) * (gamma / q)
-    return after.T.to(dtype), after.to(dtype), strict.to(dtype)
+    late = (i[:, None] > i[None, :]).to(torch.float64) * (gamma / q) - after
+    return after.T.to(dtype), after.to(dtype), late.to(dtype)
 
 
 def _gae_scaled(r, v, m, lv, gamma, lam):
@@ -137,50 +141,76 @@ def _gae_scaled(r, v, m, lv, gamma, lam):
     steps are carried, decay 1), and V(next valid step after s) enters δ_s, so, summing by parts,
 
         A_t = Σ_{s ≥ t} q^(c_s − c_t)·(r_s − v_s) + γ·Σ_{s > t} q^(c_s − c_t − 1)·v_s + carry_t
-            = q^(−c_t)·[ (x1 @ incl)_t + ((q^c·v) @ strict)_t + q^(C_b)·G_(b+1) ]
+            = q^(−c_t)·[ (y @ incl)_t + (x @ late)_t + q^(C_b)·G_(b+1) ]
 
-    with x1 = q^c·(r − v) (masked entries 0), incl[s, t] = 1 for s ≥ t and strict[s, t] = γ/q
-    for s > t (0 elsewhere), C_b = c at the block's end. G_(b+1) is what the steps after block
-    b hand to its last valid step: G = γ·V_f + q·A_f at the first valid step f after it
-    (γ·last_value when there is none). For block b itself G_b = h_b + q^(C_b)·G_(b+1), with
-    h_b = γ·V_f + q·(A_f's in-block part), which equals the block's first output plus
-    γ·v at its first position (0 when masked): a reverse affine scan over the blocks' heads
-    (⌈log2 (T/K)⌉ doubling steps on arrays K times smaller).
+    with y = q^c·r and x = q^c·v (masked entries 0), incl[s, t] = [s ≥ t] and
+    late[s, t] = γ/q·[s > t] − [s ≥ t], C_b = c at the block's end. G_(b+1) is what the steps
+    after block b hand to its last valid step: G = γ·V_f + q·A_f at the first valid step f after
+    it (γ·last_value when there is none). Since incl's last row is all ones, the carry
+    q^(C_b)·G_(b+1) is added to y's last entry before the product. For block b itself
+    G_b = h_b + q^(C_b)·G_(b+1), where h_b = γ·V_f + q·(A_f's in-block part) is the block's first
+    output plus γ·v at its first position; that v term cancels the −(γ/q)·x_0 of the first
+    output (x_0 = q·v_0 when step 0 is valid, else 0), which leaves h_b = Σ y + (γ/q − 1)·Σ x.
+    The G_b are a reverse affine scan over the blocks' heads (⌈log2 (T/K)⌉ doubling steps on
+    arrays K times smaller).
 
     Every power of q stays in [q^K, q^-K] ⊂ [2^-40, 2^40] for q ≥ Q_MIN, so the scaled terms
     neither overflow nor lose their relative precision to underflow (in float32, values above
     ~1e-26). q^c is exp(c·log q) with c an exact integer (a matmul of 0/1 with 0/1): relative
     error ≤ (2c·|log q| + 2)·u against exact powers; the bound in tests/test_precision.py counts
-    it. Returns (A, A + V, check), check = Σ x1 (see _gae_2d).
+    it. Returns (A, A + V, check), check = Σ y + Σ x (see _gae_2d).
+
+    Memory. Without autograd only: every step is in place or writes through out=. Rows go in
+    chunks of about CHUNK elements, whose three work buffers serve every chunk; A and A + V are
+    written straight into the outputs. On CPU a fresh 16 MB buffer costs more (page faults, cold
+    cache lines) than the arithmetic done in it; here the outputs are the only large allocations.
     """
-    q = gamma * lam
     B, T = r.shape
-    nb = -(-T // BLOCK)
-    x1, vm = _select_both(r, v, m)
-    keep = m.view(torch.uint8).to(r.dtype)                  # (a bool → float cast is slower)
-    if nb * BLOCK != T:
-        pad = (0, nb * BLOCK - T)
-        vm, x1, keep = (torch.nn.functional.pad(x, pad) for x in (vm, x1, keep))
-    vm, x1, keep = (x.view(B * nb, BLOCK) for x in (vm, x1, keep))
-    count, incl, strict = _scaled_matrices(q, gamma, r.dtype, r.device)
-    qc = (keep @ count).mul_(math.log(q)).exp_()                    # q^(c_t)
+    n = -(-T // BLOCK) * BLOCK
+    adv = torch.empty((B, n), dtype=r.dtype, device=r.device)
+    ret = torch.empty_like(adv)
+    rows = max(1, min(B, CHUNK // n))
+    work = [torch.empty((rows, n), dtype=r.dtype, device=r.device) for _ in range(3)]
+    check = torch.zeros((), dtype=r.dtype, device=r.device)
+    for i in range(0, B, rows):
+        j = min(B, i + rows)
+        check += _scaled_rows(r[i:j], v[i:j], m[i:j], lv[i:j], gamma, lam,
+                              adv[i:j], ret[i:j], [w[:j - i] for w in work])
+    return adv[:, :T], ret[:, :T], check
+
+
+def _scaled_rows(r, v, m, lv, gamma, lam, adv, ret, work):
+    """_gae_scaled on a chunk of rows: A into adv, A + V into ret, both [rows, n]; returns check."""
+    q = gamma * lam
+    rows, T = r.shape
+    nb = adv.shape[1] // BLOCK
+    bits_of = _BITS[r.dtype]
+    keep, y, x = work
+    vm = ret
+    for buf in (keep, y, vm):
+        buf[:, T:].zero_()                                  # the last block's padding
+    bits = keep[:, :T].view(bits_of)
+    bits.copy_(m).neg_()                                    # 0 / −1: the mask's bits
+    torch.bitwise_and(r.view(bits_of), bits, out=y[:, :T].view(bits_of))
+    torch.bitwise_and(v.view(bits_of), bits, out=vm[:, :T].view(bits_of))
+    bits.bitwise_and_(_ONE_BITS[r.dtype])                   # −1 & bits of 1.0 = 1.0: keep
+    keep, y, x, vm = (t.view(rows * nb, BLOCK) for t in (keep, y, x, vm))
+    count, incl, late = _scaled_matrices(q, gamma, r.dtype, r.device)
+    qc = torch.mm(keep, count, out=x).mul_(math.log(q)).exp_()        # q^(c_t)
     inverse = keep.div_(qc)                                         # q^(−c_t); 0 where masked
-    head_decay = qc[:, -1].reshape(B, nb).clone()                   # q^(C_b)
-    x1.sub_(vm).mul_(qc)
-    # x2 = q^c·v, in qc's memory unless autograd saved qc for x1's product
-    x2 = vm * qc if x1.requires_grad else qc.mul_(vm)
-    del qc
-    check = x1.detach().sum()
-    out = (x1 @ incl).addmm_(x2, strict)
-    del x1, x2
-    h = torch.add(out[:, 0], vm[:, 0], alpha=gamma).view(B, nb)
-    one = torch.ones((B, 1), dtype=r.dtype, device=r.device)
+    head_decay = qc[:, -1].reshape(rows, nb).clone()                # q^(C_b)
+    y.mul_(qc)
+    x = qc.mul_(vm)
+    sum_y, sum_x = y.sum(-1), x.sum(-1)
+    h = torch.add(sum_y, sum_x, alpha=gamma / q - 1.0).view(rows, nb)
+    one = torch.ones((rows, 1), dtype=r.dtype, device=r.device)
     G = _reverse_affine_scan(torch.cat([head_decay, one], 1),
                              torch.cat([h, gamma * lv[:, None]], 1))
-    adv = out.view(B, nb, BLOCK).add_((head_decay * G[:, 1:])[..., None])
-    adv = adv.mul_(inverse.view(B, nb, BLOCK)).view(B, nb * BLOCK)
-    ret = adv + vm.view(B, nb * BLOCK)
-    return adv[:, :T], ret[:, :T], check
+    y[:, -1] += (head_decay * G[:, 1:]).view(rows * nb)
+    out = adv.view(rows * nb, BLOCK)
+    torch.mm(y, incl, out=out).addmm_(x, late).mul_(inverse)
+    vm.add_(out)
+    return sum_y.sum() + sum_x.sum()
 
 
 def gae(rewards, values, mask=None, *, gamma, lam, dones=None, last_value=None):
@@ -194,8 +224,9 @@ def gae(rewards, values, mask=None, *, gamma, lam, dones=None, last_value=None):
     LLM case), A comes from matmuls with 32×32 triangles, one per 32 steps: right-padded rows
     with the Toeplitz matrix of powers of γλ (_gae_right_padded); rows with holes with 0/1
     triangles on inputs scaled by γλ to the power of the valid-step count (_gae_scaled, for
-    γλ ≥ Q_MIN ≈ 0.42). Otherwise (dones inside a row, or holes with a smaller γλ) a reverse
-    affine scan in ⌈log2 T⌉ doubling steps.
+    γλ ≥ Q_MIN ≈ 0.42, without autograd: it works in place). Otherwise (dones inside a row,
+    holes with a smaller γλ, or holes in inputs that require grad) a reverse affine scan in
+    ⌈log2 T⌉ doubling steps.
 
     float16 and bfloat16 inputs are computed in float32 and rounded once at the end: a sum
     over hundreds of discounted terms kept in 8 or 11 bits would lose most of them.
@@ -242,8 +273,10 @@ def _gae_2d(r, v, m, d, lv, gamma, lam):
         lv = torch.where((d * last).sum(-1) > 0, torch.zeros_like(lv), lv)
     blocked = None
     if not interior:
-        blocked = (_gae_right_padded if _right_padded(m)
-                   else _gae_scaled if gamma * lam >= Q_MIN else None)
+        # the scaled path works in place (no autograd) on float32 / float64 bits
+        scaled = (gamma * lam >= Q_MIN and r.dtype in _BITS
+                  and not (r.requires_grad or v.requires_grad or lv.requires_grad))
+        blocked = (_gae_right_padded if _right_padded(m) else _gae_scaled if scaled else None)
     if blocked is not None:
         adv, ret, check = blocked(r, v, m, lv, gamma, lam)
         # Every valid r_t and V_t enters a term of check with a nonzero coefficient, and inf or
@@ -257,7 +290,7 @@ def _gae_2d(r, v, m, d, lv, gamma, lam):
     tt.finite_at_valid("values", v, m)
     B, T = r.shape
     zero = torch.zeros((), dtype=r.dtype, device=r.device)
-    if d is None:                                 # holed rows with γλ < Q_MIN
+    if d is None:                     # holed rows with γλ < Q_MIN, or that autograd will follow
         d = torch.zeros_like(r)
     r0, v0, d0 = torch.where(m, r, zero), torch.where(m, v, zero), torch.where(m, d, zero)
 

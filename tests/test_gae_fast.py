@@ -73,8 +73,9 @@ PATHS = {"right-padded Toeplitz": ("right", 0.95), "scaled (holes)": ("holed", 0
 
 @pytest.mark.parametrize("path", PATHS)
 def test_each_path_is_taken_and_gives_the_recursions_values_and_gradients(path, monkeypatch):
-    """Which path runs depends on the mask and on γλ (Q_MIN); each must be the one expected and
-    match the recursion and the hand VJP, with NaN in the padding."""
+    """Which path runs depends on the mask, on γλ (Q_MIN) and on autograd (the scaled path works
+    in place, so holed inputs that require grad take the scan); each must be the one expected
+    and match the recursion and the hand VJP, with NaN in the padding."""
     from ref_torch import advantages
     layout, lam = PATHS[path]
     gamma = 0.99
@@ -92,24 +93,58 @@ def test_each_path_is_taken_and_gives_the_recursions_values_and_gradients(path, 
         m &= rng.random((B, T)) < 0.7
         m[0, 1] = False
     r[~m], v[~m] = np.nan, np.inf
+    ref = ref_numpy.gae(r, v, m, gamma=gamma, lam=lam, last_value=lv)
+    plain = ref_torch.gae(torch.tensor(r), torch.tensor(v), torch.tensor(m), gamma=gamma,
+                          lam=lam, last_value=torch.tensor(lv))
+    expected = {"right-padded Toeplitz": ["_gae_right_padded"],
+                "scan (holes, small γλ)": []}.get(path, ["_gae_scaled"])
+    assert taken == expected
+    assert rel_err(plain[0].numpy(), ref[0]) < 1e-12
+    assert rel_err(plain[1].numpy(), ref[1]) < 1e-12
+
+    taken.clear()
     g = (rng.normal(size=(B, T)), rng.normal(size=(B, T)))
     hand = ref_numpy.gae_vjp(g, r, v, m, gamma=gamma, lam=lam, last_value=lv)
-    ref = ref_numpy.gae(r, v, m, gamma=gamma, lam=lam, last_value=lv)
     rt, vt = torch.tensor(r, requires_grad=True), torch.tensor(v, requires_grad=True)
     adv, ret = ref_torch.gae(rt, vt, torch.tensor(m), gamma=gamma, lam=lam,
                              last_value=torch.tensor(lv))
     ((adv * torch.tensor(g[0])).sum() + (ret * torch.tensor(g[1])).sum()).backward()
-    expected = {"right-padded Toeplitz": ["_gae_right_padded"],
-                "scan (holes, small γλ)": []}.get(path, ["_gae_scaled"])
-    assert taken == expected
+    assert taken == (["_gae_right_padded"] if layout == "right" else [])
     assert rel_err(adv.detach().numpy(), ref[0]) < 1e-12
     assert rel_err(ret.detach().numpy(), ref[1]) < 1e-12
     assert rel_err(rt.grad.numpy(), hand["rewards"]) < 1e-12
     assert rel_err(vt.grad.numpy(), hand["values"]) < 1e-12
-    # without autograd the padding is zeroed by a bitwise and, not torch.where: the same bits
-    plain = ref_torch.gae(torch.tensor(r), torch.tensor(v), torch.tensor(m), gamma=gamma,
-                          lam=lam, last_value=torch.tensor(lv))
-    assert torch.equal(plain[0], adv.detach()) and torch.equal(plain[1], ret.detach())
+    if layout == "right":
+        # the padding is zeroed by a bitwise and without autograd, by torch.where with it:
+        # the same bits
+        assert torch.equal(plain[0], adv.detach()) and torch.equal(plain[1], ret.detach())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("chunk", [1, 70, 200, 1 << 20])
+def test_the_scaled_path_in_chunks_of_rows(chunk, dtype, monkeypatch):
+    """The scaled path takes rows in chunks that share their work buffers: one row at a time,
+    two rows (the last chunk shorter), and all at once give the recursion's values; the last
+    block's padding (T = 45 is not a multiple of 32) is cleared in every chunk, whatever the
+    buffers held before (NaN from the previous call's chunk is planted)."""
+    from ref_torch import advantages
+    monkeypatch.setattr(advantages, "CHUNK", chunk)
+    real_empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: real_empty(*a, **k).fill_(float("nan")))
+    rng = np.random.default_rng(7)
+    B, T = 5, 45
+    r, v, lv = rng.normal(size=(B, T)), rng.normal(size=(B, T)), rng.normal(size=B)
+    m = rng.random((B, T)) < 0.7
+    m[1] = False
+    r[~m], v[~m] = np.nan, -np.inf
+    ref = ref_numpy.gae(r, v, m, gamma=0.99, lam=0.9, last_value=lv)
+    got = ref_torch.gae(torch.tensor(r, dtype=dtype), torch.tensor(v, dtype=dtype),
+                        torch.tensor(m), gamma=0.99, lam=0.9,
+                        last_value=torch.tensor(lv, dtype=dtype))
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    for a, b in zip(got, ref):
+        assert a.dtype == dtype and a.shape == (B, T)
+        assert rel_err(a.double().numpy(), b) < tol
 
 
 def test_the_bitwise_select_equals_where_bit_for_bit():

@@ -30,9 +30,11 @@ absolute, not relative (float16: k2 of x = 1.7e-3 is 1.5e-6, a subnormal). The t
                   of ≤ K = 32 terms (K·u) plus a multiply-add;
                   rows with holes (scaled path): k = 15 + 2K + 6K·|log γλ| + 3·⌈log2 (T/K + 1)⌉:
                   q^c = exp(c·log γλ) errs by (2c·|log γλ| + 2)·u, c ≤ K, and enters three times
-                  (x1 = q^c·(r − v), x2 = q^c·v, and q^(−c) after); the two triangle products
-                  sum ≤ 2K terms; the affine scan over the block heads adds 3u per doubling
-                  step; the remaining subtractions, products and adds are ≤ 10 more
+                  (y = q^c·r, x = q^c·v, and q^(−c) after); a term of A's own block passes
+                  the two triangle products (sums of ≤ 2K terms), one of a later block its
+                  block's row sum (≤ K terms) and then the product of the carry (≤ K more);
+                  the affine scan over the block heads adds 3u per doubling step; the
+                  remaining products and adds are ≤ 10 more
 The reference itself is exact to ~1e-16, far below every bound.
 """
 import math
