@@ -1,14 +1,14 @@
 """Benchmarks: GAE implementations side by side, and the harness's own speed.
 
-    python benchmarks/run.py                 # CPU, the full table (about a minute)
+    python benchmarks/run.py                 # CPU, the full table (about 5 minutes here)
     python benchmarks/run.py --quick         # smaller sizes only
     python benchmarks/run.py --device cuda   # the torch rows on a GPU
 
-Every figure is a median over repeats, and every comparison a ratio against a baseline measured
-in the same run: the verl-style per-step torch loop (written here from the GAE recursion, as
-verl, TRL and OpenRLHF write it). The bandwidth bound is (bytes read + written) ÷ the copy
-bandwidth measured in this run; "peak extra memory" is the peak resident (or CUDA) memory a call
-adds, over the bytes of its inputs. Errors are against ref_numpy's float64 recursion.
+Every figure is a median over repeats, and every comparison a ratio against a baseline timed in
+turn with it (one call each per round): the verl-style per-step torch loop (written here from
+the GAE recursion, as verl, TRL and OpenRLHF write it). The bandwidth bound is (bytes read +
+written) ÷ the bandwidth of a 32 MiB copy timed in turn with the same calls; "peak extra
+memory" is the peak resident (or CUDA) memory a call adds, over the bytes of its inputs. Errors are against ref_numpy's float64 recursion.
 No timing is asserted anywhere: this prints, the reader judges.
 """
 import argparse
@@ -63,22 +63,36 @@ def sync(device):
 
 
 def median_time(f, repeats, device="cpu"):
-    f()
-    sync(device)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
+    return interleaved_medians([f], [repeats], device)[0]
+
+
+def interleaved_medians(fs, repeats, device="cpu"):
+    """The median time of each callable of fs, timed in turns: one call of each per round
+    (fs[i] in its first repeats[i] rounds), after one untimed warm-up call each. On a shared,
+    noisy host a slow spell then slows every callable alike, so their ratios hold even when the
+    times themselves drift."""
+    for f in fs:
         f()
-        sync(device)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    sync(device)
+    times = [[] for _ in fs]
+    for k in range(max(repeats)):
+        for f, n, ts in zip(fs, repeats, times):
+            if k < n:
+                t0 = time.perf_counter()
+                f()
+                sync(device)
+                ts.append(time.perf_counter() - t0)
+    return [statistics.median(ts) for ts in times]
 
 
-def copy_bandwidth(device):
-    x = torch.empty(32 * 2 ** 20 // 4, dtype=torch.float32, device=device).uniform_()
+COPY_BYTES = 32 * 2 ** 20
+
+
+def copy_timer(device):
+    """A callable that copies 32 MiB of float32: COPY_BYTES read and COPY_BYTES written."""
+    x = torch.empty(COPY_BYTES // 4, dtype=torch.float32, device=device).uniform_()
     y = torch.empty_like(x)
-    t = median_time(lambda: y.copy_(x), 9, device)
-    return 2 * x.numel() * 4 / t                 # bytes read + written per second
+    return lambda: y.copy_(x)
 
 
 def peak_extra_bytes(B, T, dtype, mask, impl, device):
@@ -131,14 +145,16 @@ def _child_mem(B, T, dtype, mask, impl):
 
 
 def gae_table(sizes, device, repeats):
-    bw = copy_bandwidth(device)
-    print(f"copy bandwidth ({device}): {bw / 1e9:.1f} GB/s (torch copy of 32 MiB, read + write)")
-    print()
+    """One row per implementation, size, dtype and mask. The implementations of one row group
+    and a 32 MiB copy are timed in turns (interleaved_medians): the speed-ups and the bandwidth
+    bound are ratios of times taken in the same seconds. Returns the rows."""
+    copy = copy_timer(device)
     head = ("| B | T | dtype | mask | impl | median | speed-up vs loop | × copy bound | "
             "peak extra mem / input | max rel err |")
+    print()
     print(head)
     print("|---" * 10 + "|")
-    rows = []
+    rows, bandwidths = [], []
     rng = np.random.default_rng(0)
     for B, T in sizes:
         r64, v64 = rng.normal(size=(B, T)), rng.normal(size=(B, T))
@@ -153,21 +169,22 @@ def gae_table(sizes, device, repeats):
                 rt = torch.tensor(r64, dtype=dtype, device=device)
                 vt = torch.tensor(v64, dtype=dtype, device=device)
                 mt = torch.tensor(m, device=device)
-                bound = (4 * es + 1) * B * T / bw          # r, v, mask in; adv, returns out
-                impls = [("per-step loop", lambda: verl_loop(rt, vt, mt), True),
-                         ("ref_torch.gae", lambda: ref_torch.gae(rt, vt, mt, gamma=GAMMA, lam=LAM),
-                          True)]
+                impls = [("per-step loop", lambda: verl_loop(rt, vt, mt)),
+                         ("ref_torch.gae", lambda: ref_torch.gae(rt, vt, mt, gamma=GAMMA, lam=LAM))]
                 if dtype == torch.float64 and device == "cpu":
-                    impls.append(("ref_numpy.gae", lambda: ref_numpy.gae(r64, v64, m, gamma=GAMMA,
-                                                                         lam=LAM), False))
+                    impls.append(("ref_numpy.gae",
+                                  lambda: ref_numpy.gae(r64, v64, m, gamma=GAMMA, lam=LAM)))
                     if mask_name == "right":
-                        impls.append(("scipy lfilter", lambda: lfilter_gae(r64, v64, lengths),
-                                      False))
-                base = None
-                for name, f, is_torch in impls:
-                    reps = max(1, repeats if (T * B < 2e6 or name != "per-step loop") else 2)
-                    t = median_time(f, reps, device if is_torch else "cpu")
-                    base = t if name == "per-step loop" else base
+                        impls.append(("scipy lfilter", lambda: lfilter_gae(r64, v64, lengths)))
+                reps = [max(1, repeats if (T * B < 2e6 or name != "per-step loop") else 3)
+                        for name, _ in impls]
+                *times, t_copy = interleaved_medians([f for _, f in impls] + [copy],
+                                                     reps + [max(reps)], device)
+                bw = 2 * COPY_BYTES / t_copy
+                bandwidths.append(bw)
+                bound = (4 * es + 1) * B * T / bw          # r, v, mask in; adv, returns out
+                base = times[0]
+                for (name, f), t in zip(impls, times):
                     out = f()[0]
                     out = out.detach().cpu().double().numpy() if torch.is_tensor(out) else out
                     err = float(np.abs(out - ref_adv).max() / scale)
@@ -181,6 +198,9 @@ def gae_table(sizes, device, repeats):
                     print(f"| {B} | {T} | {row[2]} | {mask_name} | {name} | {t * 1e3:.2f} ms | "
                           f"{base / t:.1f}× | {t / bound:.1f} | {mem or '-'} | {err:.1e} |",
                           flush=True)
+    print(f"\ncopy bandwidth ({device}; 32 MiB, read + write, timed in turn with each row group): "
+          f"{min(bandwidths) / 1e9:.1f}–{max(bandwidths) / 1e9:.1f} GB/s, median "
+          f"{statistics.median(bandwidths) / 1e9:.1f}")
     return rows
 
 
