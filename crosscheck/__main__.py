@@ -84,9 +84,7 @@ def check_main(argv) -> int:
     return EXIT_PASS if ok else EXIT_FAIL
 
 
-def explain_main(argv) -> int:
-    import json
-
+def _explain_parser():
     from . import explain
 
     p = argparse.ArgumentParser(
@@ -97,7 +95,15 @@ def explain_main(argv) -> int:
     p.add_argument("--topic", choices=explain.TOPICS, help="show one topic")
     p.add_argument("--json", action="store_true", help="the numbers, for programs")
     p.add_argument("--plot", metavar="DIR", help="write PNG figures to DIR (needs matplotlib)")
-    args = p.parse_args(argv)
+    return p
+
+
+def explain_main(argv) -> int:
+    import json
+
+    from . import explain
+
+    args = _explain_parser().parse_args(argv)
     topics = (args.topic,) if args.topic else explain.TOPICS
     try:
         sections = explain.walkthrough(topics)
@@ -161,11 +167,8 @@ def _parse_set(items):
     return out
 
 
-def audit_main(argv) -> int:
-    import json
-
+def _audit_parser():
     from . import profiles
-    from .audit import audit as run_audit
 
     p = argparse.ArgumentParser(
         prog="python -m crosscheck audit",
@@ -187,6 +190,16 @@ def audit_main(argv) -> int:
                         "audit (exit 1)")
     p.add_argument("--json", action="store_true", help="the report as one JSON object")
     p.add_argument("--list-profiles", action="store_true", help="show the trainer profiles")
+    return p
+
+
+def audit_main(argv) -> int:
+    import json
+
+    from . import profiles
+    from .audit import audit as run_audit
+
+    p = _audit_parser()
     args = p.parse_args(argv)
     if args.list_profiles:
         print(profiles.describe())

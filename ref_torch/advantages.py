@@ -1,8 +1,8 @@
 """Advantage estimators in torch (autograd gives the gradients).
 
-Written from the equations, independently of ref_numpy: GAE as blocked Toeplitz matmuls (a
-log-depth affine scan when dones fall inside a row); group statistics through a membership
-matrix.
+Written from the equations, independently of ref_numpy: GAE as blocked matmuls (a log-depth
+affine scan when dones fall inside a row, and for holed rows under autograd or with a small
+γλ); group statistics through a membership matrix.
 """
 import functools
 import math

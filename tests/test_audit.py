@@ -466,8 +466,12 @@ def test_usage_errors():
     with pytest.raises(AuditUsageError, match="profile is 'deepspeed'"):
         audit(grpo(0, 1e-4), "group_advantages", profile="deepspeed")
     with pytest.raises(AuditUsageError, match="profile 'cleanrl' defines no conventions for "
-                                              "'group_advantages'"):
+                                              "'group_advantages'") as exc:
         audit(grpo(0, 1e-4), "group_advantages", profile="cleanrl")
+    from crosscheck.profiles import PROFILES      # it lists what the profile does define
+    defined = [k for k in PROFILES["cleanrl"] if not k.startswith("_")]
+    assert "group_advantages" not in defined and len(defined) >= 3
+    assert str(exc.value).endswith("it defines: " + ", ".join(defined))
     with pytest.raises(AuditUsageError, match="gae needs gamma, lam"):
         audit(gae_loop(1.0, 1.0), "gae")
     with pytest.raises(AuditUsageError, match="'gamma_x' is not a convention of whiten"):
@@ -612,6 +616,49 @@ def test_a_function_that_raises_on_nan_padding_gets_a_mask_warning_not_a_failure
     f = finding(report, "mask")
     assert f.status == "warn" and f.message == \
         "NaN at masked positions makes your function raise ValueError"
+
+
+def test_a_function_that_raises_on_large_finite_padding_fails_the_mask_check():
+    """Padding may hold anything; raising on ±1e4 there (finite values every trainer pads with)
+    is a failure of the mask check, named as such."""
+    inner = kl("k3")
+
+    def refuses_large(logp, ref_logp, mask):
+        if (logp.abs() > 1e3).any():
+            raise ValueError("log-prob out of range")
+        return inner(logp, ref_logp, mask)
+    report = audit(refuses_large, "kl_penalty", profile="minimind", cases=N)
+    assert not report.ok and "mask" in failing(report)
+    assert finding(report, "mask").message == \
+        "1e4 at masked positions makes your function raise ValueError: log-prob out of range"
+
+
+def global_seq_mean(loss, mask, n_sequences_global=None):
+    """Mean over sequences of each sequence's token mean, divided by the global sequence count
+    when the caller gives it (DAPO-style global normalisation, gradients summed)."""
+    m = mask.to(loss.dtype)
+    rows = (torch.where(mask.bool(), loss, torch.zeros((), dtype=loss.dtype)) * m).sum(1)
+    per_seq = rows / m.sum(1).clamp(min=1)
+    n = int(mask.any(1).sum()) if n_sequences_global is None else n_sequences_global
+    return per_seq.sum() / max(n, 1)
+
+
+def test_micro_batches_receive_the_global_sequence_count():
+    report = audit(global_seq_mean, "aggregate", mode="seq-mean-token-mean",
+                   empty_rows="exclude", accumulation="sum", cases=N)
+    assert report.ok, str(report)
+    assert finding(report, "microbatch").status == "pass"
+    assert finding(report, "microbatch").cases > 0
+
+
+def test_the_shrinker_never_splits_a_group():
+    """A candidate drops whole groups of `group_size` rows, never a single row of one."""
+    from crosscheck import cases as cases_mod
+    from crosscheck.audit import _smaller
+    case = cases_mod.Case("six rewards in groups of 2",
+                          dict(rewards=np.arange(6.0), group_ids=None), dict(group_size=2))
+    sizes = [c.arrays["rewards"].shape[0] for c in _smaller(case)]
+    assert 4 in sizes and all(n % 2 == 0 for n in sizes)
 
 
 def test_a_target_path_holding_a_colon_is_split_at_the_last_one(tmp_path):

@@ -104,6 +104,25 @@ def test_kl_penalty_cases_reach_every_kind_and_clamp():
     assert {c.params["clamp"] for c in cs} == {None, (20.0, 10.0), (None, 10.0), (1.0, None)}
 
 
+def test_kl_penalty_cases_keep_the_log_ratio_off_every_kink_where_fd_runs():
+    """|x| has a kink at x = 0, and the clamp of x at ±c one at each bound: the fd stage
+    differentiates across none of them."""
+    checked = set()
+    for c in drawn("kl_penalty", 48):
+        if "fd" not in c.stages:
+            continue
+        kind, clamp = c.params["kind"], c.params["clamp"]
+        edges = ([0.0] if kind == "abs" else []) + \
+            ([] if clamp is None or clamp[0] is None else [-clamp[0], clamp[0]])
+        m = c.arrays["mask"]
+        with np.errstate(invalid="ignore"):                   # garbage at padding
+            x = np.where(m, c.arrays["ref_logp"] - c.arrays["logp"], np.inf)
+        for e in edges:
+            assert np.abs(x - e).min() >= cases_mod.MARGIN, c.label
+            checked.add((kind, e))
+    assert ("abs", 0.0) in checked and ("k3", 1.0) in checked
+
+
 def test_off_policy_estimator_cases_carry_their_sampling_logits():
     cs = drawn("kl_estimator_gradient")
     off = [c for c in cs if "another policy" in c.label]

@@ -79,3 +79,45 @@ def test_audit_accepts_each_backend_the_help_offers(backend):
                               "--cases", "3", "--backend", backend])
     assert code in (0, 1) and err == "", err
     assert out.startswith(f"audit against ppo_clip_loss (profile verl), backend {backend}, ")
+
+
+def _parsers():
+    from crosscheck import __main__ as cli
+    return {"": cli._check_parser(), "audit": cli._audit_parser(),
+            "explain": cli._explain_parser()}
+
+
+@pytest.mark.parametrize("sub", SECTIONS)
+def test_every_default_the_help_states_is_the_one_the_parser_uses(sub):
+    stated = 0
+    for action in _parsers()[sub]._actions:
+        m = re.search(r"\(default ([^)]+)\)", action.help or "")
+        if m:
+            stated += 1
+            value = action.default
+            assert (str(value) == m[1] or
+                    isinstance(value, float) and value == float(m[1])), (action.dest, value, m[1])
+    assert stated >= {"": 2, "audit": 5, "explain": 1}[sub]
+
+
+def test_the_command_lines_defaults_are_the_librarys():
+    """`python -m crosscheck` and `audit` run what crosscheck.harness.run and crosscheck.audit
+    run when called with no arguments."""
+    import inspect
+
+    from crosscheck import audit, harness
+    parsers = _parsers()
+    run = inspect.signature(harness.run).parameters
+    check = {a.dest: a.default for a in parsers[""]._actions}
+    assert (check["seed"], check["cases"]) == (run["seed"].default, run["n_cases"].default)
+    lib = inspect.signature(audit).parameters
+    cli = {a.dest: a.default for a in parsers["audit"]._actions}
+    for name in ("cases", "seed", "backend", "accumulation", "timeout"):
+        assert cli[name] == lib[name].default, name
+
+
+def test_main_reads_its_arguments_from_the_command_line(monkeypatch, capsys):
+    from crosscheck import __main__ as cli
+    monkeypatch.setattr("sys.argv", ["python -m crosscheck", "--list"])
+    assert cli.main() == 0
+    assert "policy_objective" in capsys.readouterr().out

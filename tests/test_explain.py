@@ -411,3 +411,21 @@ def test_the_gae_topic_prints_the_seeds_inputs_as_given(topics):
     text = explain.render(topics["gae"], "en")
     assert "  rewards [1.0, 0.0, 0.0, 0.0, 0.5]" in text
     assert "  dones   [0, 0, 0, 0, 1]" in text
+
+
+def test_the_dual_clip_inputs_in_the_json_give_its_losses(topics):
+    """Recomputed by hand from what --json says went in: for A < 0 the dual-clip loss is
+    min(max(−A·r, −A·clip(r, 1 − ε, 1 + ε)), −A·c)."""
+    ppo = data(topics, "ppo")
+    dual, eps = ppo["inputs"]["dual"], ppo["inputs"]["clip_low"]
+    want = [min(max(-a * r, -a * min(max(r, 1 - eps), 1 + eps)), -a * dual["clip_c"])
+            for r, a in zip(dual["ratio"], dual["advantages"])]
+    assert ppo["outputs"]["dual_loss"] == pytest.approx(want, abs=1e-12)
+    assert want == pytest.approx([0.8, 1.5, 2.5, 3.0])
+
+
+def test_the_std_sentence_prints_the_two_advantages_it_compares(topics):
+    out = data(topics, "compare")["outputs"]
+    for lang in ("en", "zh"):
+        numbers = DECIMAL.findall(explain.render(topics["compare"], lang))
+        assert f"{out['minimind_A0']:.4f}" in numbers and f"{out['trl_A0']:.4f}" in numbers

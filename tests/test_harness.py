@@ -463,6 +463,20 @@ def test_compare_fails_on_a_shape_mismatch_and_passes_empty_arrays():
     assert empty.ok and empty.badness == 0.0 and empty.max_abs == 0.0
 
 
+def test_compare_reports_the_worst_entry_and_exact_entries_as_zero():
+    """badness is err / allowed: 0 for an exact match (not 1, the edge of failing), so the worst
+    entry reported is the one that differs, wherever it sits."""
+    tol = tolerances.get("value")
+    x = np.linspace(1.0, 2.0, 7)
+    same = harness.compare(x, x.copy(), tol)
+    assert same.ok and same.badness == 0.0 and same.max_abs == 0.0
+    y = x.copy()
+    y[4] += 0.25 * (tol.atol + tol.rtol * y[4])        # a quarter of what is allowed there
+    near = harness.compare(y, x, tol)
+    assert near.ok and near.index == (4,) and near.got == y[4] and near.expected == x[4]
+    assert 0.2 < near.badness < 0.3
+
+
 def test_a_failing_comparison_of_huge_values_records_their_finite_difference():
     """abs_err is |got − expected| whenever that difference is finite, even if got + expected
     would overflow (1.5e308 + 1e308)."""
