@@ -128,16 +128,15 @@ def gae_case(rng, i):
     gamma = _cycle(i, [0.99, 1.0, 0.9, 0.0, 0.97])
     lam = _cycle(i // 2, [0.95, 1.0, 0.0, 0.5])
     dones = (rng.random((B, T)) < 0.15) if i % 3 == 1 else None
-    last_value = rng.normal(size=B) if i % 4 == 2 else None
+    last_value = rng.normal(size=B) if i % 4 == 2 or i % 16 == 5 else None
     arrays = dict(rewards=_garbage(rng.normal(size=(B, T)), m, rng),
                   values=_garbage(rng.normal(size=(B, T)), m, rng), mask=m, dones=dones,
                   last_value=last_value)
     label = f"{kind} mask, γ={gamma}, λ={lam}" + (", dones" if dones is not None else "") + \
         (", last_value" if last_value is not None else "")
-    if i % 8 == 5:                                 # a single [T] trajectory
+    if i % 8 == 5:                   # a single [T] trajectory (its last_value a 0-d array)
         arrays = {k: (None if v is None else (v[0] if v.ndim == 2 else v[:1].reshape(())))
                   for k, v in arrays.items()}
-        arrays["last_value"] = None
         label += ", 1-D [T]"
     return Case(label, arrays, dict(gamma=gamma, lam=lam))
 

@@ -416,6 +416,16 @@ def test_kl_arguments_swapped_are_flagged():
     assert "arguments swapped" in finding(report, "value").diagnosis
 
 
+def test_kl_arguments_swapped_are_flagged_under_the_profiles_estimator():
+    """OpenRLHF's k1 with its clamp: the swapped variant must be computed with the profile's
+    kind and clamp, not the reference defaults."""
+    def swapped(logp, ref_logp, mask):
+        return kl("k1", None, 10.0)(ref_logp, logp, mask)
+    report = audit(swapped, "kl_penalty", profile="openrlhf", cases=N)
+    assert "value" in failing(report)
+    assert "arguments swapped" in finding(report, "value").diagnosis
+
+
 def test_kl_sign_flipped_is_flagged_by_the_direction_check():
     report = audit(buggy.kl_sign_flipped, "kl_penalty", profile="trl", cases=N)
     assert "kl_direction" in failing(report)
@@ -737,6 +747,37 @@ def test_a_bug_on_every_token_shrinks_to_one_token():
     report = audit(k1_doubled, "kl_penalty", kind="k1", cases=10)
     ce = finding(report, "value").counterexample
     assert np.asarray(ce["logp"]).shape == (1, 1) and np.asarray(ce["mask"]).tolist() == [[True]]
+
+
+def k3_half_detached(logp, ref_logp, mask):
+    """k3 = e^x − x − 1 with e^x detached: right values, gradient g·1 instead of g·(1 − e^x)."""
+    m = mask.bool()
+    zero = torch.zeros((), dtype=logp.dtype)
+    x = torch.where(m, ref_logp - logp, zero)
+    return torch.where(m, torch.exp(x).detach() - x - 1, zero)
+
+
+def test_a_gradient_counterexample_carries_both_gradients_and_a_value_one_neither():
+    report = audit(k3_half_detached, "kl_penalty", kind="k3", cases=10)
+    assert failing(report) == {"grad"}
+    ce = finding(report, "grad").counterexample
+    x = np.asarray(ce["ref_logp"]) - np.asarray(ce["logp"])
+    yours, ref = np.asarray(ce["your gradient"]), np.asarray(ce["reference gradient"])
+    assert yours.shape == x.shape and np.all(yours != 0)
+    # d/dlogp of e^x − x − 1 is −(e^x − 1): the reference's is the user's times (1 − e^x)
+    np.testing.assert_allclose(ref, yours * (1 - np.exp(x)), atol=1e-12)
+
+    def k1_doubled(logp, ref_logp, mask):
+        return torch.where(mask.bool(), 2 * (logp - ref_logp), torch.zeros((), dtype=logp.dtype))
+    ce = finding(audit(k1_doubled, "kl_penalty", kind="k1", cases=5), "value").counterexample
+    assert "your output" in ce and "your gradient" not in ce and "reference gradient" not in ce
+
+
+def test_the_report_states_the_conventions_it_audited_against():
+    lines = str(audit(kl("k3", 20.0, 10.0), "kl_penalty", profile="verl", cases=3)).splitlines()
+    assert lines[1] == "  reference conventions: kind='k3', clamp=(20.0, 10.0)"
+    lines = str(audit(kl("k1"), "kl_penalty", kind="k1", cases=3)).splitlines()
+    assert lines[1] == "  reference conventions: kind='k1', clamp=None"
 
 
 def test_the_report_names_the_reference_and_prints_bare_passing_lines():

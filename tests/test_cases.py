@@ -50,9 +50,11 @@ def test_gae_cases_reach_dones_a_bootstrap_value_and_a_single_trajectory():
     cs = drawn("gae")
     assert any(c.arrays["dones"] is not None and
                (c.arrays["dones"] & c.arrays["mask"]).any() for c in cs)
-    batches = [c for c in cs if c.arrays["rewards"].ndim == 2]   # a [T] case never bootstraps
+    batches = [c for c in cs if c.arrays["rewards"].ndim == 2]
     assert {c.arrays["last_value"] is None for c in batches} == {True, False}
-    assert any(c.arrays["rewards"].ndim == 1 for c in cs)
+    # a single [T] trajectory, bootstrapped by a 0-d last_value
+    assert any(c.arrays["rewards"].ndim == 1 and c.arrays["last_value"] is not None and
+               c.arrays["last_value"].shape == () for c in cs)
     assert {c.params["gamma"] for c in cs} >= {0.0, 1.0} and \
         {c.params["lam"] for c in cs} >= {0.0, 1.0}
 
@@ -121,6 +123,33 @@ def test_kl_penalty_cases_keep_the_log_ratio_off_every_kink_where_fd_runs():
             assert np.abs(x - e).min() >= cases_mod.MARGIN, c.label
             checked.add((kind, e))
     assert ("abs", 0.0) in checked and ("k3", 1.0) in checked
+
+
+LOG_RATIOS = {"approx_kl": ("logp", "old_logp"), "ppo_clip_loss": ("logp", "old_logp"),
+              "cispo_loss": ("logp", "old_logp"), "kl_penalty": ("ref_logp", "logp")}
+
+
+@pytest.mark.parametrize("name", LOG_RATIOS)
+def test_a_case_is_labelled_extreme_exactly_when_its_log_ratios_are(name):
+    """Extreme cases draw every valid log-ratio at 15..30 in size, of both signs (a failing case
+    is known by its label, and policy_objective keeps labelled extremes from the fd stage);
+    other cases stay far below."""
+    a, b = LOG_RATIOS[name]
+    extremes = 0
+    for c in drawn(name, 48):
+        m = c.arrays["mask"]
+        with np.errstate(invalid="ignore"):                   # garbage at padding
+            x = np.where(m, c.arrays[a] - c.arrays[b], 0.0)[m]
+        if x.size == 0:
+            continue
+        if "extreme log-ratios" in c.label:
+            extremes += 1
+            assert np.all((np.abs(x) >= 15) & (np.abs(x) <= 30)), c.label
+            if x.size >= 8:
+                assert (x > 0).any() and (x < 0).any(), c.label
+        else:
+            assert np.abs(x).max() < 15, c.label
+    assert extremes >= 5
 
 
 def test_off_policy_estimator_cases_carry_their_sampling_logits():
