@@ -408,6 +408,17 @@ def test_value_and_gradient_failures_quote_both_numbers():
     assert finding(report, "grad").message.startswith("d/dlogp[")
 
 
+def test_dual_clip_on_positive_advantages_is_flagged_under_any_c():
+    """The known-bug variant takes the profile's c (5 here), not the usual 3."""
+    def dual_everywhere(logp, old_logp, advantages, mask):
+        base = ppo(clamp=20.0)(logp, old_logp, advantages, mask)
+        A = advantages[:, None].expand_as(logp) if advantages.dim() == 1 else advantages
+        return torch.minimum(base, -A * 5.0) * mask
+    report = audit(dual_everywhere, "ppo_clip_loss", profile="verl", clip_c=5.0, cases=N)
+    assert "value" in failing(report)
+    assert "dual clip applied to positive advantages" in finding(report, "value").diagnosis
+
+
 def test_kl_arguments_swapped_are_flagged():
     def swapped(logp, ref_logp, mask):
         return kl("k3")(ref_logp, logp, mask)
@@ -771,6 +782,16 @@ def test_a_gradient_counterexample_carries_both_gradients_and_a_value_one_neithe
         return torch.where(mask.bool(), 2 * (logp - ref_logp), torch.zeros((), dtype=logp.dtype))
     ce = finding(audit(k1_doubled, "kl_penalty", kind="k1", cases=5), "value").counterexample
     assert "your output" in ce and "your gradient" not in ce and "reference gradient" not in ce
+
+
+def test_a_raising_counterexample_names_the_exception():
+    def refuses_long_rows(logp, ref_logp, mask):
+        if logp.shape[1] > 1:
+            raise ValueError("rows longer than 1")
+        return kl("k1")(logp, ref_logp, mask)
+    report = audit(refuses_long_rows, "kl_penalty", kind="k1", cases=5)
+    ce = finding(report, "raises").counterexample
+    assert ce["your output"] == "raised ValueError: rows longer than 1"
 
 
 def test_the_report_states_the_conventions_it_audited_against():

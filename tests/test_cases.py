@@ -59,10 +59,12 @@ def test_gae_cases_reach_dones_a_bootstrap_value_and_a_single_trajectory():
         {c.params["lam"] for c in cs} >= {0.0, 1.0}
 
 
-def test_gae_labels_say_when_a_case_has_dones():
-    """A failing case is identified by its label; a gae label names its dones when it has any."""
+def test_gae_labels_say_when_a_case_has_dones_or_a_bootstrap_value():
+    """A failing case is identified by its label; a gae label names its dones and its
+    last_value when it has them."""
     for c in drawn("gae", 40):
         assert (", dones" in c.label) == (c.arrays["dones"] is not None), c.label
+        assert (", last_value" in c.label) == (c.arrays["last_value"] is not None), c.label
 
 
 def test_estimator_gradient_cases_reach_the_kl_term_as_loss_and_as_reward():
@@ -161,6 +163,11 @@ def test_off_policy_estimator_cases_carry_their_sampling_logits():
     for c in off:
         zs, z = c.arrays["sample_logits"], c.arrays["logits"]
         assert zs.shape == z.shape and not np.allclose(zs, z)
+        # another policy: another softmax, not the same logits shifted by a constant
+        p, q = (np.exp(x - x.max(-1, keepdims=True)) for x in (zs, z))
+        p, q = p / p.sum(-1, keepdims=True), q / q.sum(-1, keepdims=True)
+        assert not np.allclose(p, q, atol=1e-3)
+    assert {c.params["is_weight"] for c in off} == {None, "detached", "attached"}
 
 
 def test_group_cases_reach_an_all_equal_group_under_sizes_and_under_ids():

@@ -437,6 +437,15 @@ def test_the_directional_mode_is_sound_on_the_registry_and_still_catches_a_bug(m
     assert_caught(run_with("ppo_clip_loss", numpy_vjp=vjp_doubled), "ppo_clip_loss", "fd", "logp")
 
 
+def test_a_wrong_second_output_is_named_by_its_own_name():
+    """gae returns (advantages, returns): a twin whose returns are off is blamed on `returns`."""
+    def returns_off(*a, **k):
+        adv, ret = ref_torch.gae(*a, **k)
+        return adv, ret * 1.001
+    msg = assert_caught(run_with("gae", torch_fn=returns_off), "gae", "value", "returns")
+    assert "input advantages" not in msg
+
+
 def test_json_safe_spells_out_what_json_cannot_hold():
     from crosscheck.report import json_safe
     got = json_safe({"a": np.inf, "b": -np.inf, "c": float("nan"), "d": np.float32(1.5),
@@ -450,8 +459,11 @@ def test_a_full_jacobian_failure_names_the_output_and_input_entries():
     def vjp_doubled(g, *a, **k):
         return {"logp": 2 * ref_numpy.kl_penalty_vjp(g, *a, **k)["logp"]}
     msg = assert_caught(run_with("kl_penalty", numpy_vjp=vjp_doubled), "kl_penalty", "fd", "logp")
-    assert re.search(r"worst at doutput\[\d+, \d+\] / dlogp\[\d+, \d+\] \(full Jacobian\): "
-                     r"ref_numpy hand VJP = ", msg), msg
+    m = re.search(r"worst at doutput\[(\d+), (\d+)\] / dlogp\[(\d+), (\d+)\] \(full Jacobian\): "
+                  r"ref_numpy hand VJP = ", msg)
+    assert m, msg
+    # kl_penalty is per token: its Jacobian is diagonal, so the worst entry is d out[i] / d in[i]
+    assert m.group(1, 2) == m.group(3, 4), msg
 
 
 def test_compare_fails_on_a_shape_mismatch_and_passes_empty_arrays():
@@ -461,6 +473,7 @@ def test_compare_fails_on_a_shape_mismatch_and_passes_empty_arrays():
     assert math.isnan(bad.got) and math.isnan(bad.expected)
     empty = harness.compare(np.zeros((2, 0)), np.zeros((2, 0)), tol)
     assert empty.ok and empty.badness == 0.0 and empty.max_abs == 0.0
+    assert (empty.got, empty.expected, empty.allowed, empty.index) == (0.0, 0.0, 0.0, ())
 
 
 def test_compare_reports_the_worst_entry_and_exact_entries_as_zero():

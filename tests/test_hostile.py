@@ -119,6 +119,7 @@ def test_a_hanging_function_fails_the_audit_without_waiting_on_every_case():
     report = audit(hangs, "kl_penalty", cases=50, timeout=0.2, seed=3)
     release.set()
     assert not report.ok and len(calls) == 1 and report.seed == 3
+    assert report.ref == "kl_penalty" and str(report).startswith("audit against kl_penalty")
     assert report.failures[0].check == "raises"
     assert "did not return within 0.2 s" in report.failures[0].message
     assert time.perf_counter() - t0 < 10
