@@ -8,7 +8,8 @@ Every figure is a median over repeats, and every comparison a ratio against a ba
 turn with it (one call each per round): the verl-style per-step torch loop (written here from
 the GAE recursion, as verl, TRL and OpenRLHF write it). The bandwidth bound is (bytes read +
 written) ÷ the bandwidth of a 32 MiB copy timed in turn with the same calls; "peak extra
-memory" is the peak resident (or CUDA) memory a call adds, over the bytes of its inputs. Errors are against ref_numpy's float64 recursion.
+memory" is the peak resident (or CUDA) memory a call adds, over the bytes of its inputs.
+Errors are against ref_numpy's float64 recursion.
 No timing is asserted anywhere: this prints, the reader judges.
 """
 import argparse

@@ -84,7 +84,8 @@ def test_each_path_is_taken_and_gives_the_recursions_values_and_gradients(path, 
     taken = []
     for name in ("_gae_right_padded", "_gae_scaled"):
         f = getattr(advantages, name)
-        monkeypatch.setattr(advantages, name, lambda *a, f=f, name=name: taken.append(name) or f(*a))
+        monkeypatch.setattr(advantages, name,
+                            lambda *a, f=f, name=name: taken.append(name) or f(*a))
     rng = np.random.default_rng(5)
     B, T = 4, 100
     r, v, lv = rng.normal(size=(B, T)), rng.normal(size=(B, T)), rng.normal(size=B)
