@@ -7,7 +7,7 @@ import time
 EXIT_PASS, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
 
-def _check_parser():
+def check_parser():
     p = argparse.ArgumentParser(
         prog="python -m crosscheck",
         description="Cross-check the NumPy reference (hand VJPs) against the independent torch "
@@ -34,11 +34,11 @@ def _list(entries) -> str:
 
 
 def check_main(argv) -> int:
-    from . import registry, report
-    from .harness import run
-
-    parser = _check_parser()
+    parser = check_parser()
     args = parser.parse_args(argv)
+    from .check import registry, report
+    from .check.stages import run
+
     entries = registry.build()
     if args.cases < 1:
         parser.error(f"--cases is {args.cases}; expected a positive number of cases")
@@ -59,7 +59,7 @@ def check_main(argv) -> int:
     if args.scale is not None:
         if args.scale < 1:
             parser.error(f"--scale is {args.scale}; expected a positive number of tokens")
-        from . import scale
+        from .check import scale
         results, timings = scale.run(args.scale, seed=args.seed)
     else:
         results = run(entries, seed=args.seed, n_cases=args.cases)
@@ -84,15 +84,15 @@ def check_main(argv) -> int:
     return EXIT_PASS if ok else EXIT_FAIL
 
 
-def _explain_parser():
-    from . import explain
+def explain_parser():
+    from .explain import TOPICS
 
     p = argparse.ArgumentParser(
         prog="python -m crosscheck explain",
         description="A guided walkthrough of the RL math and its gradients, every number "
                     "computed by ref_numpy and confirmed by ref_torch.")
     p.add_argument("--lang", choices=("en", "zh"), default="en", help="language (default en)")
-    p.add_argument("--topic", choices=explain.TOPICS, help="show one topic")
+    p.add_argument("--topic", choices=TOPICS, help="show one topic")
     p.add_argument("--json", action="store_true", help="the numbers, for programs")
     p.add_argument("--plot", metavar="DIR", help="write PNG figures to DIR (needs matplotlib)")
     return p
@@ -101,10 +101,10 @@ def _explain_parser():
 def explain_main(argv) -> int:
     import json
 
-    from . import explain
-
-    args = _explain_parser().parse_args(argv)
-    topics = (args.topic,) if args.topic else explain.TOPICS
+    args = explain_parser().parse_args(argv)
+    from .explain import TOPICS
+    from .explain import topics as explain
+    topics = (args.topic,) if args.topic else TOPICS
     try:
         sections = explain.walkthrough(topics)
     except explain.WalkthroughError as exc:
@@ -115,7 +115,7 @@ def explain_main(argv) -> int:
     else:
         print(explain.to_text(sections, args.lang), end="")
     if args.plot:
-        from . import plots
+        from .explain import plots
         try:
             paths = plots.write_figures(args.plot)
         except plots.PlotUnavailable as exc:
@@ -167,8 +167,8 @@ def _parse_set(items):
     return out
 
 
-def _audit_parser():
-    from . import profiles
+def audit_parser():
+    from .audit import profiles
 
     p = argparse.ArgumentParser(
         prog="python -m crosscheck audit",
@@ -196,11 +196,10 @@ def _audit_parser():
 def audit_main(argv) -> int:
     import json
 
-    from . import profiles
-    from .audit import audit as run_audit
-
-    p = _audit_parser()
+    p = audit_parser()
     args = p.parse_args(argv)
+    from .audit import audit as run_audit
+    from .audit import profiles
     if args.list_profiles:
         print(profiles.describe())
         return EXIT_PASS

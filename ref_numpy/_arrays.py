@@ -1,58 +1,69 @@
-"""NumPy side of input handling: turn arguments into float64 arrays and a boolean mask.
+"""NumPy side of input handling: how ref_numpy answers the contract parsers' questions about
+its arrays (`OPS`), and the small array helpers its formulas share.
 
 `ref_numpy` computes in float64 whatever it is given: it is the reference of record.
 """
 import numpy as np
 
-from . import _checks
+from ref_common.checks import Spec
 
 # exp() arguments are capped here so that a ratio saturates at the largest float instead of
 # overflowing to inf (inf·0 would then turn a clipped, zero-gradient token into NaN).
 LOG_FLOAT_MAX = float(np.log(np.finfo(np.float64).max))
 
-
-def _kind(a: np.ndarray) -> str:
-    k = a.dtype.kind
-    return {"f": "float", "i": "int", "u": "int", "b": "bool", "c": "complex"}.get(k, "other")
+_KINDS = {"f": "float", "i": "int", "u": "int", "b": "bool", "c": "complex"}
 
 
-def spec(name: str, x) -> _checks.Spec:
-    a = np.asarray(x)
-    return _checks.Spec(name, tuple(a.shape), _kind(a), str(a.dtype))
+class NumpyOps:
+    """ref_common.args.Ops for NumPy: every float input becomes a float64 array."""
+
+    uniform = False          # float inputs of any dtype are converted to float64
+
+    @staticmethod
+    def spec(name, x) -> Spec:
+        a = np.asarray(x)
+        return Spec(name, tuple(a.shape), _KINDS.get(a.dtype.kind, "other"), str(a.dtype))
+
+    @staticmethod
+    def floats(x):
+        return np.asarray(x, dtype=np.float64)
+
+    @staticmethod
+    def bad_mask_value(m):
+        m = np.asarray(m)
+        bad = (m != 0) & (m != 1)
+        return m[bad].flat[0].item() if bad.any() else None
+
+    @staticmethod
+    def as_mask(m):
+        return np.asarray(m).astype(bool)
+
+    @staticmethod
+    def all_valid(like):
+        return np.ones(np.shape(like), dtype=bool)
+
+    @staticmethod
+    def rows_with_tokens(m):
+        return m.any(axis=-1)
+
+    @staticmethod
+    def count(m) -> int:
+        return int(m.sum())
+
+    @staticmethod
+    def first_nonfinite(x, valid):
+        bad = valid & ~np.isfinite(x)
+        if not bad.any():
+            return None
+        idx = tuple(int(i) for i in np.argwhere(bad)[0])
+        return idx, x[idx]
+
+    @staticmethod
+    def all_finite(x) -> bool:
+        return bool(np.all(np.isfinite(x)))
 
 
-def token(name: str, x) -> np.ndarray:
-    """A float token array [B, T] or [T], as float64."""
-    _checks.require_token(spec(name, x))
-    return np.asarray(x, dtype=np.float64)
-
-
-def like(name: str, x, ref_name: str, ref: np.ndarray) -> np.ndarray:
-    """A float array that must have exactly `ref`'s shape."""
-    s = spec(name, x)
-    _checks.require_float(s)
-    _checks.same_shape(_checks.Spec(ref_name, ref.shape, "float", "float64"), s)
-    return np.asarray(x, dtype=np.float64)
-
-
-def mask_of(mask, ref_name: str, ref: np.ndarray, name: str = "mask") -> np.ndarray:
-    """A boolean mask shaped like `ref`; None means every position is valid."""
-    if mask is None:
-        return np.ones(ref.shape, dtype=bool)
-    s = spec(name, mask)
-    _checks.require_mask(s, _checks.Spec(ref_name, ref.shape, "float", "float64"))
-    m = np.asarray(mask)
-    ok = bool(np.all((m == 0) | (m == 1)))
-    bad = None if ok else m[(m != 0) & (m != 1)].flat[0].item()
-    _checks.mask_values(name, ok, bad)
-    return m.astype(bool)
-
-
-def finite_at_valid(name: str, x: np.ndarray, valid: np.ndarray) -> None:
-    bad = valid & ~np.isfinite(x)
-    if bad.any():
-        idx = np.argwhere(bad)[0]
-        _checks.finite_at_valid(name, tuple(int(i) for i in idx), x[tuple(idx)])
+OPS = NumpyOps()
 
 
 def zero_masked(x: np.ndarray, valid: np.ndarray) -> np.ndarray:
@@ -66,3 +77,9 @@ def as_2d(*arrays):
     if squeeze:
         arrays = tuple(None if a is None else a[None, ...] for a in arrays)
     return arrays, squeeze
+
+
+def capped_exp(x: np.ndarray) -> np.ndarray:
+    """exp(x) saturating at the largest float instead of overflowing (see LOG_FLOAT_MAX)."""
+    return np.exp(np.minimum(x, LOG_FLOAT_MAX))
+

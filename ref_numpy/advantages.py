@@ -4,34 +4,20 @@ Readable reference implementations in float64, each with a hand-derived VJP.
 """
 import numpy as np
 
+from ref_common import args, checks
+
 from . import _arrays as ar
-from . import _checks
+from ._arrays import OPS
 
 
 # ====================================================================== GAE
 def _gae_inputs(rewards, values, mask, gamma, lam, dones, last_value):
-    r = ar.token("rewards", rewards)
-    v = ar.like("values", values, "rewards", r)
-    m = ar.mask_of(mask, "rewards", r)
-    gamma = _checks.in_range("gamma", gamma, 0.0, 1.0)
-    lam = _checks.in_range("lam", lam, 0.0, 1.0)
-    if dones is None:
-        d = np.zeros(r.shape)
-    else:
-        d = ar.mask_of(dones, "rewards", r, name="dones").astype(np.float64)
-    batch_shape = r.shape[:-1]
-    if last_value is None:
-        lv = np.zeros(batch_shape)
-    else:
-        s = ar.spec("last_value", last_value)
-        _checks.require_float(s)
-        lv = np.asarray(last_value, dtype=np.float64)
-        _checks.last_value(s.shape, batch_shape, bool(np.all(np.isfinite(lv))))
-    ar.finite_at_valid("rewards", r, m)
-    ar.finite_at_valid("values", v, m)
-    d = np.where(m, d, 0.0)
+    a = args.gae(OPS, rewards, values, mask, gamma, lam, dones, last_value)
+    r, v, m = a.rewards, a.values, a.mask
+    d = np.zeros(r.shape) if a.dones is None else np.where(m, a.dones, False).astype(np.float64)
+    lv = np.zeros(r.shape[:-1]) if a.last_value is None else a.last_value
     (r, v, m, d, lv), squeeze = ar.as_2d(ar.zero_masked(r, m), ar.zero_masked(v, m), m, d, lv)
-    return r, v, m, d, lv, gamma, lam, squeeze
+    return r, v, m, d, lv, a.gamma, a.lam, squeeze
 
 
 def gae(rewards, values, mask=None, *, gamma, lam, dones=None, last_value=None):
@@ -118,8 +104,9 @@ def gae_vjp(g, rewards, values, mask=None, *, gamma, lam, dones=None, last_value
                                                       last_value)
     if not isinstance(g, (tuple, list)) or len(g) != 2:
         raise TypeError("g must be a pair (g_advantages, g_returns) shaped like gae's outputs")
-    g_adv = ar.like("g[0]", g[0], "rewards", rewards if not squeeze else r[0])
-    g_ret = ar.like("g[1]", g[1], "rewards", rewards if not squeeze else r[0])
+    out = OPS.spec("rewards", r[0] if squeeze else r)
+    g_adv = args.cotangent(OPS, g[0], "g[0]", out)
+    g_ret = args.cotangent(OPS, g[1], "g[1]", out)
     if squeeze:
         g_adv, g_ret = g_adv[None], g_ret[None]
     g_hat = np.where(m, g_adv + g_ret, 0.0)
@@ -144,12 +131,9 @@ def gae_vjp(g, rewards, values, mask=None, *, gamma, lam, dones=None, last_value
 
 # ====================================================================== discounted returns
 def _returns_inputs(rewards, mask, gamma):
-    r = ar.token("rewards", rewards)
-    m = ar.mask_of(mask, "rewards", r)
-    gamma = _checks.in_range("gamma", gamma, 0.0, 1.0)
-    ar.finite_at_valid("rewards", r, m)
-    (r, m), squeeze = ar.as_2d(ar.zero_masked(r, m), m)
-    return r, m, gamma, squeeze
+    a = args.discounted_returns(OPS, rewards, mask, gamma)
+    (r, m), squeeze = ar.as_2d(ar.zero_masked(a.rewards, a.mask), a.mask)
+    return r, m, a.gamma, squeeze
 
 
 def discounted_returns(rewards, mask=None, *, gamma):
@@ -193,7 +177,7 @@ def discounted_returns_vjp(g, rewards, mask=None, *, gamma):
       {"rewards": [B, T]} float64.
     """
     r, m, gamma, squeeze = _returns_inputs(rewards, mask, gamma)
-    gm = ar.like("g", g, "rewards", r[0] if squeeze else r)
+    gm = args.cotangent(OPS, g, "g", OPS.spec("rewards", r[0] if squeeze else r))
     gm = np.where(m, gm[None] if squeeze else gm, 0.0)
     u = np.zeros_like(r)
     carry = np.zeros(r.shape[0])
@@ -206,15 +190,8 @@ def discounted_returns_vjp(g, rewards, mask=None, *, gamma):
 
 # ====================================================================== whitening
 def _whiten_inputs(x, mask, ddof, eps, eps_mode, shift_mean):
-    x = ar.token("x", x)
-    m = ar.mask_of(mask, "x", x)
-    ddof = _checks.ddof(ddof)
-    eps = _checks.non_negative("eps", eps)
-    eps_mode = _checks.choice("eps_mode", eps_mode, _checks.EPS_MODES)
-    _checks.boolean("shift_mean", shift_mean)
-    ar.finite_at_valid("x", x, m)
-    _checks.whiten_count(int(m.sum()), ddof)
-    return ar.zero_masked(x, m), m, ddof, eps, eps_mode
+    a = args.whiten(OPS, x, mask, ddof, eps, eps_mode, shift_mean)
+    return ar.zero_masked(a.x, a.mask), a.mask, a.ddof, a.eps, a.eps_mode
 
 
 def _whiten_stats(xs, m, ddof, eps, eps_mode):
@@ -228,7 +205,7 @@ def _whiten_stats(xs, m, ddof, eps, eps_mode):
         s = np.sqrt(max(var, eps))
     else:
         s = np.sqrt(var) + eps
-    _checks.whiten_scale(s == 0.0, int(N))
+    args.whiten_scale(s == 0.0, int(N))
     return N, mu, dev, var, s
 
 
@@ -284,7 +261,7 @@ def whiten_vjp(g, x, mask=None, *, ddof=0, eps=1e-8, eps_mode="var", shift_mean=
     """
     xs, m, ddof, eps, eps_mode = _whiten_inputs(x, mask, ddof, eps, eps_mode, shift_mean)
     N, mu, dev, var, s = _whiten_stats(xs, m, ddof, eps, eps_mode)
-    gm = ar.zero_masked(ar.like("g", g, "x", xs), m)
+    gm = ar.zero_masked(args.cotangent(OPS, g, "g", OPS.spec("x", xs)), m)
     num = dev if shift_mean else xs
     if shift_mean:
         gx = (gm - m * (gm.sum() / N)) / s
@@ -302,28 +279,17 @@ def whiten_vjp(g, x, mask=None, *, ddof=0, eps=1e-8, eps_mode="var", shift_mean=
 
 # ====================================================================== group advantages
 def _group_inputs(rewards, group_size, group_ids, ddof, eps, scale, baseline, valid):
-    s = ar.spec("rewards", rewards)
-    _checks.require_float(s)
-    _checks.require_sequence(s)
-    r = np.asarray(rewards, dtype=np.float64)
-    B = r.shape[0]
-    ids_spec = None if group_ids is None else ar.spec("group_ids", group_ids)
-    _checks.grouping(group_size is not None, ids_spec, B)
-    if group_size is not None:
-        gid = np.arange(B) // _checks.group_size(group_size, B)
+    a = args.group_advantages(OPS, rewards, group_size, group_ids, ddof, eps, scale, baseline,
+                              valid)
+    r, keep = a.rewards, a.keep
+    if a.group_size is not None:
+        gid = np.arange(r.shape[0]) // a.group_size
     else:
-        _, gid = np.unique(np.asarray(group_ids), return_inverse=True)
+        _, gid = np.unique(np.asarray(a.group_ids), return_inverse=True)
         gid = gid.reshape(-1)
-    ddof = _checks.ddof(ddof)
-    eps = _checks.non_negative("eps", eps)
-    scale = _checks.choice("scale", scale, _checks.GROUP_SCALES)
-    baseline = _checks.choice("baseline", baseline, _checks.GROUP_BASELINES)
-    _checks.loo_scale(scale, baseline)
-    keep = np.ones(B, dtype=bool) if valid is None else \
-        ar.mask_of(valid, "rewards", r, name="valid")
-    ar.finite_at_valid("rewards", r, keep)
     _, gid_kept = np.unique(gid[keep], return_inverse=True)     # groups of the kept rows only
-    return np.where(keep, r, 0.0), keep, gid_kept.reshape(-1), ddof, eps, scale, baseline
+    return (np.where(keep, r, 0.0), keep, gid_kept.reshape(-1), a.ddof, a.eps, a.scale,
+            a.baseline)
 
 
 def _group_parts(r, gid, ddof, eps, scale, baseline):
@@ -367,7 +333,7 @@ def _group_parts(r, gid, ddof, eps, scale, baseline):
     else:
         D = np.ones_like(r)
     zero = multi & (D == 0.0)
-    _checks.group_spread(int(np.argmax(zero)) if zero.any() else None)
+    args.group_spread(int(np.argmax(zero)) if zero.any() else None)
     D = np.where(multi, D, 1.0)      # singletons: A = 0 regardless; keep 0/0 out of the arithmetic
     return counts, n, multi, mu, k, c, sigma, D
 
@@ -448,11 +414,11 @@ def group_advantages_vjp(g, rewards, *, group_size=None, group_ids=None, ddof=0,
     """
     r_all, keep, gid, ddof, eps, scale, baseline = _group_inputs(
         rewards, group_size, group_ids, ddof, eps, scale, baseline, valid)
-    gs = ar.spec("g", g)
-    _checks.require_float(gs)
-    _checks.require_sequence(gs, r_all.shape[0])
+    gs = OPS.spec("g", g)
+    checks.require_float(gs)
+    checks.require_sequence(gs, r_all.shape[0])
     out = np.zeros(r_all.shape)
-    out[keep] = _group_vjp_kept(np.asarray(g, dtype=np.float64)[keep], r_all[keep], gid, ddof,
+    out[keep] = _group_vjp_kept(OPS.floats(g)[keep], r_all[keep], gid, ddof,
                                 eps, scale, baseline)
     return {"rewards": out}
 

@@ -11,21 +11,10 @@ pitfalls in KL divergence gradient estimation for RL", arXiv:2506.09477.
 """
 import numpy as np
 
-from . import _arrays as ar
-from . import _checks
+from ref_common import args
 
-KINDS = ("k1", "k2", "k3")
-USES = ("loss", "reward")
-IS_WEIGHTS = (None, "attached", "detached")
-MOMENT_KEYS = ("kl_forward", "kl_reverse", "mean", "bias", "var")
-GRADIENT_KEYS = ("expected", "grad_kl_forward", "grad_kl_reverse")
-
-
-def _logits(name, x, like=None):
-    _checks.require_logits(ar.spec(name, x), None if like is None else ar.spec("logits", like))
-    z = np.asarray(x, dtype=np.float64)
-    ar.finite_at_valid(name, z, np.ones(z.shape, dtype=bool))
-    return z
+from ._arrays import OPS
+from .kl import k_estimator
 
 
 def _log_softmax(z):
@@ -34,21 +23,16 @@ def _log_softmax(z):
 
 
 def _k(kind, logp, logref):
-    """The estimator at every category x and its derivative wrt log π(x)."""
-    u = logref - logp
-    if kind == "k1":
-        return -u, np.ones_like(u)
-    if kind == "k2":
-        return 0.5 * u ** 2, -u
-    return np.expm1(u) - u, -np.expm1(u)        # d/dlogπ (e^u − 1 − u) = −(e^u − 1)
+    """The estimator at every category x and its derivative wrt log π(x): k(u) at
+    u = log ref − log π, and ∂k/∂log π = −k'(u)."""
+    k, dk = k_estimator(kind, logref - logp)
+    return k, -dk
 
 
 def _parts(logits, ref_logits, kind):
-    z = _logits("logits", logits)
-    zr = _logits("ref_logits", ref_logits, z)
-    kind = _checks.choice("kind", kind, KINDS)
-    logp, logref = _log_softmax(z), _log_softmax(zr)
-    return z, logp, logref, np.exp(logp), np.exp(logref), kind
+    a = args.kl_estimator_moments(OPS, logits, ref_logits, kind)
+    logp, logref = _log_softmax(a.logits), _log_softmax(a.ref_logits)
+    return a.logits, logp, logref, np.exp(logp), np.exp(logref), a.kind
 
 
 def _grad_expectation(p, c):
@@ -101,8 +85,7 @@ def kl_estimator_moments_vjp(g, logits, ref_logits, *, kind):
       {"logits": [V]} float64.
     """
     z, logp, logref, p, q, kind = _parts(logits, ref_logits, kind)
-    if not isinstance(g, dict) or set(g) != set(MOMENT_KEYS):
-        raise TypeError(f"g must be a dict with keys {', '.join(MOMENT_KEYS)}")
+    args.moment_cotangent(g)
     k, dk = _k(kind, logp, logref)
     kl_f = (p * (logp - logref)).sum()
     mean = (p * k).sum()
@@ -116,14 +99,11 @@ def kl_estimator_moments_vjp(g, logits, ref_logits, *, kind):
 
 
 def _gradient_inputs(logits, ref_logits, kind, use, sample_logits, is_weight):
-    z, logp, logref, p, q, kind = _parts(logits, ref_logits, kind)
-    use = _checks.choice("use", use, USES)
-    is_weight = _checks.choice("is_weight", is_weight, IS_WEIGHTS)
-    if sample_logits is None:
-        mu = p
-    else:
-        mu = np.exp(_log_softmax(_logits("sample_logits", sample_logits, z)))
-    return z, logp, logref, p, q, kind, use, is_weight, mu
+    a = args.kl_estimator_gradient(OPS, logits, ref_logits, kind, use, sample_logits, is_weight)
+    logp, logref = _log_softmax(a.logits), _log_softmax(a.ref_logits)
+    p, q = np.exp(logp), np.exp(logref)
+    mu = p if a.sample_logits is None else np.exp(_log_softmax(a.sample_logits))
+    return a.logits, logp, logref, p, q, a.kind, a.use, a.is_weight, mu
 
 
 def kl_estimator_gradient(logits, ref_logits, *, kind, use="loss", sample_logits=None,

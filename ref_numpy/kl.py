@@ -1,33 +1,42 @@
 """Per-token KL penalty estimators k1, k2, k3 and |·|, with optional clamps, and their VJP."""
 import numpy as np
 
+from ref_common import args
+
 from . import _arrays as ar
-from . import _checks
+from ._arrays import OPS
+
+
+def k_estimator(kind: str, x: np.ndarray):
+    """The per-sample KL estimators at x = log(q(y)/p(y)), y ~ p, and their derivative in x:
+
+        k1 = −x,   k2 = ½x²,   k3 = e^x − 1 − x,   abs = |x|
+
+    E_p[k1] = E_p[k3] = KL(p‖q). k3 uses expm1 (e^x − 1 without cancellation near 0) and
+    saturates e^x at the largest float, where its derivative is taken as 0; |x| has derivative
+    sign(x), 0 at 0. The one place in ref_numpy these formulas are written: `kl_penalty`,
+    `approx_kl` and the exact analysis in `estimators` use it.
+    """
+    if kind == "k1":
+        return -x, -np.ones_like(x)
+    if kind == "k2":
+        return 0.5 * x ** 2, x
+    if kind == "k3":
+        xs = np.minimum(x, ar.LOG_FLOAT_MAX)
+        em1 = np.expm1(xs)
+        return em1 - xs, em1 * (x <= ar.LOG_FLOAT_MAX)
+    return np.abs(x), np.sign(x)
 
 
 def _kl_parts(logp, ref_logp, mask, kind, clamp):
-    lp = ar.token("logp", logp)
-    ref = ar.like("ref_logp", ref_logp, "logp", lp)
-    m = ar.mask_of(mask, "logp", lp)
-    kind = _checks.choice("kind", kind, _checks.KL_KINDS)
-    in_b, out_b = _checks.clamp_pair("clamp", clamp)
-    ar.finite_at_valid("logp", lp, m)
-    ar.finite_at_valid("ref_logp", ref, m)
-    x = ar.zero_masked(ref, m) - ar.zero_masked(lp, m)        # x = log(ref/π) at the sample
+    a = args.kl_penalty(OPS, logp, ref_logp, mask, kind, clamp)
+    m, in_b, out_b = a.mask, a.in_bound, a.out_bound
+    x = ar.zero_masked(a.ref_logp, m) - ar.zero_masked(a.logp, m)   # x = log(ref/π) at the sample
     dx = np.ones_like(x)
     if in_b is not None:
         dx = (np.abs(x) <= in_b).astype(np.float64)
         x = np.clip(x, -in_b, in_b)
-    if kind == "k1":
-        k, dk = -x, -np.ones_like(x)
-    elif kind == "k2":
-        k, dk = 0.5 * x ** 2, x
-    elif kind == "k3":
-        xs = np.minimum(x, ar.LOG_FLOAT_MAX)          # exp saturates instead of overflowing
-        em1 = np.expm1(xs)                            # e^x − 1 without cancellation near 0
-        k, dk = em1 - xs, em1 * (x <= ar.LOG_FLOAT_MAX)
-    else:
-        k, dk = np.abs(x), np.sign(x)
+    k, dk = k_estimator(a.kind, x)
     if out_b is not None:
         dk = dk * (np.abs(k) <= out_b)
         k = np.clip(k, -out_b, out_b)
@@ -77,20 +86,14 @@ def kl_penalty_vjp(g, logp, ref_logp, mask=None, *, kind="k3", clamp=None):
       {"logp": [B, T]} float64.
     """
     m, _, dk = _kl_parts(logp, ref_logp, mask, kind, clamp)
-    gm = ar.zero_masked(ar.like("g", g, "logp", np.asarray(logp, dtype=np.float64)), m)
+    gm = ar.zero_masked(args.cotangent(OPS, g, "g", OPS.spec("logp", logp)), m)
     return {"logp": np.where(m, -gm * dk, 0.0)}
 
 
 def _approx_parts(logp, old_logp, mask, kind):
-    lp = ar.token("logp", logp)
-    old = ar.like("old_logp", old_logp, "logp", lp)
-    m = ar.mask_of(mask, "logp", lp)
-    kind = _checks.choice("kind", kind, ("k1", "k2", "k3"))
-    ar.finite_at_valid("logp", lp, m)
-    ar.finite_at_valid("old_logp", old, m)
-    u = ar.zero_masked(lp, m) - ar.zero_masked(old, m)          # log(π/π_old) at x ~ π_old
-    n = int(m.sum())
-    return m, u, kind, n
+    a = args.approx_kl(OPS, logp, old_logp, mask, kind)
+    u = ar.zero_masked(a.logp, a.mask) - ar.zero_masked(a.old_logp, a.mask)  # log(π/π_old), x ~ π_old
+    return a.mask, u, a.kind, a.n_valid
 
 
 def approx_kl(logp, old_logp, mask=None, *, kind="k1"):
@@ -108,8 +111,7 @@ def approx_kl(logp, old_logp, mask=None, *, kind="k1"):
       float64 scalar.
     """
     m, u, kind, n = _approx_parts(logp, old_logp, mask, kind)
-    us = np.minimum(u, ar.LOG_FLOAT_MAX)
-    k = {"k1": -u, "k2": 0.5 * u ** 2, "k3": np.expm1(us) - us}[kind]
+    k, _ = k_estimator(kind, u)
     return np.float64(np.where(m, k, 0.0).sum() / n) if n else np.float64(0.0)
 
 
@@ -124,10 +126,6 @@ def approx_kl_vjp(g, logp, old_logp, mask=None, *, kind="k1"):
       {"logp": [B, T]} float64.
     """
     m, u, kind, n = _approx_parts(logp, old_logp, mask, kind)
-    s = ar.spec("g", g)
-    _checks.require_float(s)
-    if s.shape != ():
-        raise ValueError(f"g has shape {s.shape}; approx_kl returns a scalar, so g must be one")
-    dk = {"k1": -np.ones_like(u), "k2": u,
-          "k3": np.expm1(np.minimum(u, ar.LOG_FLOAT_MAX)) * (u <= ar.LOG_FLOAT_MAX)}[kind]
-    return {"logp": np.where(m, float(g) * dk / max(n, 1), 0.0)}
+    g = args.scalar_cotangent(OPS, g, "approx_kl")
+    _, dk = k_estimator(kind, u)
+    return {"logp": np.where(m, g * dk / max(n, 1), 0.0)}

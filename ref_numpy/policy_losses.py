@@ -3,57 +3,52 @@ composed actor objective, each with a hand-derived VJP.
 """
 import numpy as np
 
+from ref_common import args
+
 from . import _arrays as ar
-from . import _checks
+from ._arrays import OPS
 from .kl import kl_penalty, kl_penalty_vjp
 from .reduce import aggregate, aggregate_vjp
 
 
 def _ratio_inputs(logp, old_logp, advantages, mask, log_ratio_clamp):
     """Validated, padding-free logp, A (expanded to [B, T]), mask, ρ, ratio and dρ/dlogp."""
-    lp = ar.token("logp", logp)
-    old = ar.like("old_logp", old_logp, "logp", lp)
-    s = ar.spec("advantages", advantages)
-    per_seq = _checks.require_advantages(s, ar.spec("logp", lp))
-    m = ar.mask_of(mask, "logp", lp)
-    clamp = _checks.positive("log_ratio_clamp", log_ratio_clamp, allow_none=True)
-    adv = np.asarray(advantages, dtype=np.float64)
-    if per_seq:
-        ar.finite_at_valid("advantages", adv, m.any(axis=-1))
+    a = args.ratio_inputs(OPS, logp, old_logp, advantages, mask, log_ratio_clamp)
+    lp, old, adv, m, clamp = a.logp, a.old_logp, a.advantages, a.mask, a.log_ratio_clamp
+    if a.per_seq:
         adv = np.where(m.any(axis=-1), adv, 0.0)
         adv = np.repeat(adv[:, None], lp.shape[-1], axis=1)      # one A per sequence → [B, T]
-    ar.finite_at_valid("logp", lp, m)
-    ar.finite_at_valid("old_logp", old, m)
-    ar.finite_at_valid("advantages", adv, m)
-    lp, old, adv = (ar.zero_masked(a, m) for a in (lp, old, adv))
+    lp, old, adv = (ar.zero_masked(x, m) for x in (lp, old, adv))
     rho = lp - old
     drho = np.ones_like(rho)
     if clamp is not None:
         drho = (np.abs(rho) <= clamp).astype(np.float64)  # clamp passes the gradient at its edge
         rho = np.clip(rho, -clamp, clamp)
     drho = drho * (rho <= ar.LOG_FLOAT_MAX)               # saturation, see ar.LOG_FLOAT_MAX
-    ratio = np.exp(np.minimum(rho, ar.LOG_FLOAT_MAX))
+    ratio = ar.capped_exp(rho)
     return lp, adv, m, ratio, drho
+
+
+def clipped_surrogate(adv, ratio, lo, hi):
+    """PPO's clip as a loss: max(−A·r, −A·clip(r, lo, hi)), and where the clipped branch is the
+    one taken. At a tie the unclipped branch wins (it carries the gradient). The one place in
+    ref_numpy this rule is written: PPO, GSPO and the logged clip fraction use it."""
+    with np.errstate(over="ignore"):                # |A|·r past the largest float is ±inf
+        l1 = -adv * ratio                           # pg_loss1: unclipped surrogate
+    l2 = -adv * np.clip(ratio, lo, hi)              # pg_loss2: clipped surrogate
+    clipped = l2 > l1
+    return np.where(clipped, l2, l1), clipped
 
 
 # ====================================================================== PPO clip
 def _ppo_branches(adv, ratio, clip_low, clip_high, clip_c, delta=None):
-    clip_low = _checks.in_range("clip_low", clip_low, 0.0, 1.0, hi_open=True)
-    clip_high = _checks.non_negative("clip_high", clip_high, allow_none=True)
-    clip_c = _checks.clip_c(clip_c)
-    delta = _checks.ratio_cap("delta", delta)
-    hi = 1.0 + (clip_low if clip_high is None else clip_high)
-    lo = 1.0 - clip_low
-    _checks.delta_above_clip(delta, hi)
+    p = args.ppo(clip_low, clip_high, clip_c, delta)
+    clip_c, delta = p.clip_c, p.delta
     capped = np.zeros(ratio.shape, dtype=bool)
     if delta is not None:                           # TRL: the unclipped ratio is capped at δ
         capped = ratio > delta
         ratio = np.minimum(ratio, delta)
-    with np.errstate(over="ignore"):                # |A|·r past the largest float is ±inf
-        l1 = -adv * ratio                           # pg_loss1: unclipped surrogate
-    l2 = -adv * np.clip(ratio, lo, hi)              # pg_loss2: clipped surrogate
-    clipped = l2 > l1                               # at a tie the unclipped branch wins
-    loss = np.where(clipped, l2, l1)
+    loss, clipped = clipped_surrogate(adv, ratio, p.lo, p.hi)
     dual = np.zeros_like(clipped)
     if clip_c is not None:
         dual = (adv < 0) & (loss > -adv * clip_c)   # dual clip: the loss is capped at −c·A
@@ -122,7 +117,7 @@ def ppo_clip_loss_vjp(g, logp, old_logp, advantages, mask=None, *, clip_low=0.2,
     """
     lp, adv, m, ratio, drho = _ratio_inputs(logp, old_logp, advantages, mask, log_ratio_clamp)
     _, inactive = _ppo_branches(adv, ratio, clip_low, clip_high, clip_c, delta)
-    gm = ar.zero_masked(ar.like("g", g, "logp", lp), m)
+    gm = ar.zero_masked(args.cotangent(OPS, g, "g", OPS.spec("logp", lp)), m)
     with np.errstate(over="ignore"):
         # (g·A)·r, in that order: r is finite (saturated), so g = 0 or A = 0 gives 0, never 0·inf
         grad = np.where(inactive | (drho == 0), 0.0, -(gm * adv) * ratio)
@@ -131,15 +126,8 @@ def ppo_clip_loss_vjp(g, logp, old_logp, advantages, mask=None, *, clip_low=0.2,
 
 # ====================================================================== CISPO
 def _cispo_weight(ratio, clip_high, clip_low, bound):
-    bound = _checks.choice("bound", bound, _checks.CISPO_BOUNDS)
-    if bound == "absolute":
-        clip_high = _checks.positive("clip_high", clip_high, allow_inf=True)
-        _checks.cispo_clip_low(clip_low, bound)
-        return np.minimum(ratio, clip_high)
-    clip_high = _checks.non_negative("clip_high", clip_high, allow_inf=True)
-    clip_low = _checks.non_negative("clip_low", clip_low, allow_none=True, allow_inf=True)
-    lo = 0.0 if clip_low is None else max(1.0 - clip_low, 0.0)
-    return np.clip(ratio, lo, 1.0 + clip_high)
+    w = args.cispo(clip_high, clip_low, bound)
+    return np.clip(ratio, w.lo, w.hi)
 
 
 def cispo_loss(logp, old_logp, advantages, mask=None, *, clip_high=5.0, clip_low=None,
@@ -190,7 +178,7 @@ def cispo_loss_vjp(g, logp, old_logp, advantages, mask=None, *, clip_high=5.0, c
     """
     lp, adv, m, ratio, _ = _ratio_inputs(logp, old_logp, advantages, mask, log_ratio_clamp)
     w = _cispo_weight(ratio, clip_high, clip_low, bound)
-    gm = ar.zero_masked(ar.like("g", g, "logp", lp), m)
+    gm = ar.zero_masked(args.cotangent(OPS, g, "g", OPS.spec("logp", lp)), m)
     with np.errstate(over="ignore"):
         return {"logp": np.where(m, -(gm * adv) * w, 0.0)}
 
@@ -198,22 +186,17 @@ def cispo_loss_vjp(g, logp, old_logp, advantages, mask=None, *, clip_high=5.0, c
 # ====================================================================== GSPO
 def _gspo_parts(logp, old_logp, advantages, mask, clip_low, clip_high, form, log_ratio_max):
     lp, adv, m, _, _ = _ratio_inputs(logp, old_logp, advantages, mask, None)
-    old = ar.zero_masked(np.asarray(old_logp, dtype=np.float64), m)
-    clip_low = _checks.in_range("clip_low", clip_low, 0.0, 1.0, hi_open=True)
-    clip_high = _checks.non_negative("clip_high", clip_high)
-    form = _checks.choice("form", form, _checks.GSPO_FORMS)
-    cap = _checks.number("log_ratio_max", log_ratio_max, allow_none=True)
+    old = ar.zero_masked(OPS.floats(old_logp), m)
+    p = args.gspo(clip_low, clip_high, form, log_ratio_max)
     (lp, old, adv, m), squeeze = ar.as_2d(lp, old, adv, m)
     L = m.sum(axis=1)
     rho_bar = (lp - old).sum(axis=1) / np.maximum(L, 1)        # length-normalised log-ratio
-    hi = min(ar.LOG_FLOAT_MAX, np.inf if cap is None else cap)
+    hi = min(ar.LOG_FLOAT_MAX, np.inf if p.log_ratio_max is None else p.log_ratio_max)
     alive = rho_bar <= hi                                        # the cap passes the gradient at it
     s = np.exp(np.minimum(rho_bar, hi))[:, None] * np.ones_like(lp)
-    l1 = -adv * s
-    l2 = -adv * np.clip(s, 1.0 - clip_low, 1.0 + clip_high)
-    clipped = l2 > l1
-    loss = np.where(m, np.where(clipped, l2, l1), 0.0)
-    return lp, adv, m, L, s, loss, clipped, alive, form, squeeze
+    loss, clipped = clipped_surrogate(adv, s, p.lo, p.hi)
+    loss = np.where(m, loss, 0.0)
+    return lp, adv, m, L, s, loss, clipped, alive, p.form, squeeze
 
 
 def gspo_loss(logp, old_logp, advantages, mask=None, *, clip_low=3e-4, clip_high=4e-4,
@@ -270,7 +253,7 @@ def gspo_loss_vjp(g, logp, old_logp, advantages, mask=None, *, clip_low=3e-4, cl
     """
     lp, adv, m, L, s, _, clipped, alive, form, squeeze = _gspo_parts(
         logp, old_logp, advantages, mask, clip_low, clip_high, form, log_ratio_max)
-    gm = ar.like("g", g, "logp", np.asarray(logp, dtype=np.float64))
+    gm = args.cotangent(OPS, g, "g", OPS.spec("logp", logp))
     gm = np.where(m, gm[None] if squeeze else gm, 0.0)
     per_token = np.where(clipped | ~alive[:, None], 0.0, -(gm * adv) * s)
     if form == "token":
@@ -299,14 +282,9 @@ def clip_fraction(logp, old_logp, advantages, mask=None, *, clip_low=0.2, clip_h
       float64 in [0, 1]; 0 when no token is valid.
     """
     lp, adv, m, ratio, _ = _ratio_inputs(logp, old_logp, advantages, mask, None)
-    definition = _checks.choice("definition", definition, _checks.CLIP_FRACTIONS)
-    clip_low = _checks.in_range("clip_low", clip_low, 0.0, 1.0, hi_open=True)
-    clip_high = _checks.non_negative("clip_high", clip_high, allow_none=True)
-    hi = 1.0 + (clip_low if clip_high is None else clip_high)
-    lo = 1.0 - clip_low
+    definition, (_, lo, hi) = args.clip_fraction(definition, clip_low, clip_high)
     if definition == "loss":
-        with np.errstate(over="ignore"):
-            hit = -adv * np.clip(ratio, lo, hi) > -adv * ratio
+        _, hit = clipped_surrogate(adv, ratio, lo, hi)
     elif definition == "sign":
         hit = ((ratio > hi) & (adv > 0)) | ((ratio < lo) & (adv < 0))
     else:
@@ -317,14 +295,9 @@ def clip_fraction(logp, old_logp, advantages, mask=None, *, clip_low=0.2, clip_h
 
 # ====================================================================== value loss
 def _value_inputs(values, old_values, returns, mask, clip):
-    v = ar.token("values", values)
-    vo = ar.like("old_values", old_values, "values", v)
-    R = ar.like("returns", returns, "values", v)
-    m = ar.mask_of(mask, "values", v)
-    clip = _checks.positive("clip", clip, allow_none=True)
-    for name, a in (("values", v), ("old_values", vo), ("returns", R)):
-        ar.finite_at_valid(name, a, m)
-    v, vo, R = (ar.zero_masked(a, m) for a in (v, vo, R))
+    a = args.value_loss(OPS, values, old_values, returns, mask, clip)
+    m, clip = a.mask, a.clip
+    v, vo, R = (ar.zero_masked(x, m) for x in (a.values, a.old_values, a.returns))
     e1 = v - R
     if clip is None:
         return m, e1, e1, np.zeros(v.shape, dtype=bool), np.ones(v.shape)
@@ -375,23 +348,17 @@ def value_loss_vjp(g, values, old_values, returns, mask=None, *, clip=0.2):
       {"values": [B, T]} float64.
     """
     m, e1, e2, use_clipped, dclip = _value_inputs(values, old_values, returns, mask, clip)
-    gm = ar.zero_masked(ar.like("g", g, "values", np.asarray(values)), m)
+    gm = ar.zero_masked(args.cotangent(OPS, g, "g", OPS.spec("values", values)), m)
     dl = np.where(use_clipped, e2 * dclip, e1)
     return {"values": np.where(m, gm * dl, 0.0)}
 
 
 # ====================================================================== actor objective
 def _policy_parts(mask, ref_logp, loss, beta, kl_kind, kl_clamp):
-    loss = _checks.choice("loss", loss, _checks.POLICY_LOSSES)
-    beta = _checks.non_negative("beta", beta)
-    _checks.policy_mask(mask is None, "policy_objective")
-    _checks.kl_reference(beta, ref_logp is None)
-    _checks.policy_kl(kl_kind, kl_clamp)
+    p = args.policy_objective(mask, ref_logp, loss, beta, kl_kind, kl_clamp)
     fn, vjp = {"ppo": (ppo_clip_loss, ppo_clip_loss_vjp), "cispo": (cispo_loss, cispo_loss_vjp),
-               "gspo": (gspo_loss, gspo_loss_vjp)}[loss]
-    use_kl = beta > 0
-    kl_kw = dict(kind=kl_kind, clamp=kl_clamp)
-    return fn, vjp, use_kl, beta, kl_kw
+               "gspo": (gspo_loss, gspo_loss_vjp)}[p.loss]
+    return fn, vjp, p.beta > 0, p.beta, dict(kind=kl_kind, clamp=kl_clamp)
 
 
 def policy_objective(logp, old_logp, advantages, mask, ref_logp=None, *, loss="ppo",

@@ -2,19 +2,16 @@
 back-propagates, and their VJP (which *is* those weights)."""
 import numpy as np
 
+from ref_common import args
+
 from . import _arrays as ar
-from . import _checks
+from ._arrays import OPS
 
 
 def _weights(loss, mask, mode, norm, empty_rows):
-    lo = ar.token("loss", loss)
-    _checks.policy_mask(mask is None, "aggregate")
-    m = ar.mask_of(mask, "loss", lo)
-    mode = _checks.choice("mode", mode, _checks.AGG_MODES)
-    empty_rows = _checks.choice("empty_rows", empty_rows, _checks.EMPTY_ROWS)
-    _checks.agg_norm(norm, mode)
-    ar.finite_at_valid("loss", lo, m)
-    (lo, m), _ = ar.as_2d(lo, m)
+    a = args.aggregate(OPS, loss, mask, mode, norm, empty_rows)
+    mode, norm, empty_rows = a.mode, a.norm, a.empty_rows
+    (lo, m), _ = ar.as_2d(a.loss, a.mask)
     mf = m.astype(np.float64)
     L = mf.sum(axis=1)                                   # tokens per row
     rows = float((L > 0).sum()) if empty_rows == "exclude" else float(m.shape[0])
@@ -26,7 +23,7 @@ def _weights(loss, mask, mode, norm, empty_rows):
     elif mode == "seq-mean-token-sum":
         w = mf / max(rows, 1.0)
     else:
-        norm = float(m.shape[1]) if norm is None else _checks.positive("norm", norm)
+        norm = float(m.shape[1]) if norm is None else norm
         w = mf / norm
     return ar.zero_masked(lo, m), w
 
@@ -76,9 +73,6 @@ def aggregate_vjp(g, loss, mask, *, mode="seq-mean-token-mean", norm=None, empty
     Returns:
       {"loss": [B, T]} float64 (the shape of `loss`).
     """
-    s = ar.spec("g", g)
-    _checks.require_float(s)
-    if s.shape != ():
-        raise ValueError(f"g has shape {s.shape}; aggregate returns a scalar, so g must be one")
+    g = args.scalar_cotangent(OPS, g, "aggregate")
     _, w = _weights(loss, mask, mode, norm, empty_rows)
-    return {"loss": (float(g) * w).reshape(np.shape(loss))}
+    return {"loss": (g * w).reshape(np.shape(loss))}

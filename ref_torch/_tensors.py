@@ -1,4 +1,5 @@
-"""torch side of input handling: type, shape, dtype/device and padding checks.
+"""torch side of input handling: how ref_torch answers the contract parsers' questions about its
+tensors (`OPS`), and the small helpers its formulas share.
 
 `ref_torch` computes in the dtype and on the device of its inputs; all float inputs of one call
 must share them.
@@ -8,7 +9,7 @@ import math
 
 import torch
 
-from ref_numpy import _checks  # the shared, math-free validation (plain Python)
+from ref_common.checks import Spec
 
 
 @functools.lru_cache(maxsize=None)
@@ -33,46 +34,64 @@ def _kind(x: torch.Tensor) -> str:
     return "float" if x.is_floating_point() else "int"
 
 
-def spec(name: str, x) -> _checks.Spec:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} is a {type(x).__name__}; ref_torch expects a torch.Tensor")
-    return _checks.Spec(name, tuple(x.shape), _kind(x), str(x.dtype).replace("torch.", ""))
+class TorchOps:
+    """ref_common.args.Ops for torch: tensors stay as they are (dtype, device, autograd)."""
 
+    uniform = True          # float inputs of one call share one dtype and one device
 
-def token(name: str, x) -> torch.Tensor:
-    _checks.require_token(spec(name, x))
-    return x
+    @staticmethod
+    def spec(name, x) -> Spec:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} is a {type(x).__name__}; ref_torch expects a torch.Tensor")
+        return Spec(name, tuple(x.shape), _kind(x), str(x.dtype).replace("torch.", ""),
+                    str(x.device))
 
+    @staticmethod
+    def floats(x):
+        return x
 
-def like(name: str, x, ref_name: str, ref: torch.Tensor) -> torch.Tensor:
-    s = spec(name, x)
-    _checks.require_float(s)
-    _checks.same_shape(spec(ref_name, ref), s)
-    _checks.same_dtype_device(ref_name, str(ref.dtype), str(ref.device), name, str(x.dtype),
-                              str(x.device))
-    return x
+    @staticmethod
+    def bad_mask_value(m):
+        if m.dtype == torch.bool:
+            return None
+        bad = (m != 0) & (m != 1)
+        return m[bad][0].item() if bool(bad.any()) else None
 
+    @staticmethod
+    def as_mask(m):
+        return m if m.dtype == torch.bool else m != 0
 
-def mask_of(mask, ref_name: str, ref: torch.Tensor, name: str = "mask") -> torch.Tensor:
-    """Boolean mask shaped like `ref`; None = all valid."""
-    if mask is None:
-        return torch.ones(ref.shape, dtype=torch.bool, device=ref.device)
-    s = spec(name, mask)
-    _checks.require_mask(s, spec(ref_name, ref))
-    if mask.device != ref.device:
-        raise ValueError(f"{name} is on {mask.device} but {ref_name} is on {ref.device}")
-    if mask.dtype == torch.bool:
-        return mask
-    bad = (mask != 0) & (mask != 1)
-    _checks.mask_values(name, not bool(bad.any()), mask[bad][0].item() if bad.any() else None)
-    return mask != 0
+    @staticmethod
+    def all_valid(like):
+        return torch.ones(like.shape, dtype=torch.bool, device=like.device)
 
+    @staticmethod
+    def rows_with_tokens(m):
+        return m.any(dim=-1)
 
-def finite_at_valid(name: str, x: torch.Tensor, valid: torch.Tensor) -> None:
-    bad = valid & ~torch.isfinite(x)
-    if bool(bad.any()):
+    @staticmethod
+    def count(m) -> int:
+        return int(m.sum())
+
+    @staticmethod
+    def first_nonfinite(x, valid):
+        bad = valid & ~torch.isfinite(x)
+        if not bool(bad.any()):
+            return None
         idx = tuple(int(i) for i in torch.nonzero(bad)[0])
-        _checks.finite_at_valid(name, idx, x[idx].item())
+        return idx, x[idx].item()
+
+    @staticmethod
+    def all_finite(x) -> bool:
+        return bool(torch.isfinite(x).all())
+
+
+OPS = TorchOps()
+
+
+def zero(like: torch.Tensor) -> torch.Tensor:
+    """A 0-d zero of `like`'s dtype and device (for torch.where)."""
+    return torch.zeros((), dtype=like.dtype, device=like.device)
 
 
 def safe_sqrt(v: torch.Tensor) -> torch.Tensor:

@@ -2,27 +2,14 @@
 every gradient (see ref_numpy.estimators for the definitions)."""
 import torch
 
-from ref_numpy import _checks
-from ref_numpy.estimators import IS_WEIGHTS, KINDS, USES
+from ref_common import args
 
-from . import _tensors as tt
-
-
-def _policy(name, x, like=None):
-    _checks.require_logits(tt.spec(name, x), None if like is None else tt.spec("logits", like))
-    if like is not None:
-        tt.like(name, x, "logits", like)
-    tt.finite_at_valid(name, x, torch.ones(x.shape, dtype=torch.bool, device=x.device))
-    return x
+from ._tensors import OPS
+from .kl import k_estimate
 
 
 def _estimate(kind, log_pi, log_ref):
-    log_ratio = log_ref - log_pi            # log(ref(x)/π(x)) at every category x
-    if kind == "k1":
-        return -log_ratio
-    if kind == "k2":
-        return 0.5 * log_ratio.pow(2)
-    return torch.expm1(log_ratio) - log_ratio
+    return k_estimate(kind, log_ref - log_pi)   # log(ref(x)/π(x)) at every category x
 
 
 def kl_estimator_moments(logits, ref_logits, *, kind):
@@ -30,9 +17,7 @@ def kl_estimator_moments(logits, ref_logits, *, kind):
 
     Args/Returns: as ref_numpy.kl_estimator_moments, with tensors (0-d).
     """
-    _policy("logits", logits)
-    _policy("ref_logits", ref_logits, logits)
-    kind = _checks.choice("kind", kind, KINDS)
+    kind = args.kl_estimator_moments(OPS, logits, ref_logits, kind).kind
     log_pi = torch.log_softmax(logits, dim=-1)
     log_ref = torch.log_softmax(ref_logits, dim=-1)
     pi, ref = log_pi.exp(), log_ref.exp()
@@ -51,18 +36,15 @@ def kl_estimator_gradient(logits, ref_logits, *, kind, use="loss", sample_logits
 
     Args/Returns: as ref_numpy.kl_estimator_gradient, with tensors.
     """
-    _policy("logits", logits)
-    _policy("ref_logits", ref_logits, logits)
-    kind = _checks.choice("kind", kind, KINDS)
-    use = _checks.choice("use", use, USES)
-    is_weight = _checks.choice("is_weight", is_weight, IS_WEIGHTS)
+    a = args.kl_estimator_gradient(OPS, logits, ref_logits, kind, use, sample_logits, is_weight)
+    kind, use, is_weight = a.kind, a.use, a.is_weight
     theta = logits.detach().clone().requires_grad_(True)
     log_pi = torch.log_softmax(theta, dim=-1)
     log_ref = torch.log_softmax(ref_logits.detach(), dim=-1)
     if sample_logits is None:
         mu = log_pi.exp().detach()
     else:
-        mu = torch.softmax(_policy("sample_logits", sample_logits, logits).detach(), dim=-1)
+        mu = torch.softmax(sample_logits.detach(), dim=-1)
     if is_weight is None:
         weight = torch.ones_like(mu)
     else:

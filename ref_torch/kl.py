@@ -1,64 +1,55 @@
 """KL penalty estimators in torch (Schulman, "Approximating KL Divergence", 2020)."""
 import torch
 
-from ref_numpy import _checks
+from ref_common import args
 
 from . import _tensors as tt
+from ._tensors import OPS
 
 
-def kl_penalty(logp, ref_logp, mask=None, *, kind="k3", clamp=None):
-    """Per-token estimator of KL(π‖ref) at y ~ π, with log_ratio = log ref(y) − log π(y):
+def k_estimate(kind: str, log_ratio: torch.Tensor) -> torch.Tensor:
+    """The estimator of KL(p‖q) at a sample y ~ p, from log_ratio = log(q(y)/p(y)):
 
         k1 = −log_ratio,  k2 = ½·log_ratio²,  k3 = expm1(log_ratio) − log_ratio,  abs = |log_ratio|
 
-    `clamp = (input_bound, output_bound)` clips log_ratio, then the estimate.
+    (k3 with exp saturating at the dtype's largest float). The one place in ref_torch these
+    formulas are written: `kl_penalty`, `approx_kl` and the exact analysis in `estimators`.
+    """
+    if kind == "k1":
+        return -log_ratio
+    if kind == "k2":
+        return 0.5 * log_ratio.pow(2)
+    if kind == "k3":
+        capped = torch.clamp(log_ratio, max=tt.log_float_max(log_ratio.dtype))
+        return torch.expm1(capped) - capped
+    return log_ratio.abs()
+
+
+def kl_penalty(logp, ref_logp, mask=None, *, kind="k3", clamp=None):
+    """Per-token estimator of KL(π‖ref) at y ~ π, with log_ratio = log ref(y) − log π(y) (see
+    `k_estimate`). `clamp = (input_bound, output_bound)` clips log_ratio, then the estimate.
     Args/Returns: as ref_numpy.kl_penalty, with tensors.
     """
-    lp = tt.token("logp", logp)
-    ref = tt.like("ref_logp", ref_logp, "logp", lp)
-    m = tt.mask_of(mask, "logp", lp)
-    kind = _checks.choice("kind", kind, _checks.KL_KINDS)
-    in_bound, out_bound = _checks.clamp_pair("clamp", clamp)
-    tt.finite_at_valid("logp", lp, m)
-    tt.finite_at_valid("ref_logp", ref, m)
-    zero = torch.zeros((), dtype=lp.dtype, device=lp.device)
-    log_ratio = torch.where(m, ref, zero) - torch.where(m, lp, zero)
-    if in_bound is not None:
-        log_ratio = torch.clamp(log_ratio, -in_bound, in_bound)
-    if kind == "k1":
-        est = -log_ratio
-    elif kind == "k2":
-        est = 0.5 * log_ratio.pow(2)
-    elif kind == "k3":
-        capped = torch.clamp(log_ratio, max=tt.log_float_max(lp.dtype))
-        est = torch.expm1(capped) - capped
-    else:
-        est = log_ratio.abs()
-    if out_bound is not None:
-        est = torch.clamp(est, -out_bound, out_bound)
+    a = args.kl_penalty(OPS, logp, ref_logp, mask, kind, clamp)
+    m = a.mask
+    zero = tt.zero(a.logp)
+    log_ratio = torch.where(m, a.ref_logp, zero) - torch.where(m, a.logp, zero)
+    if a.in_bound is not None:
+        log_ratio = torch.clamp(log_ratio, -a.in_bound, a.in_bound)
+    est = k_estimate(a.kind, log_ratio)
+    if a.out_bound is not None:
+        est = torch.clamp(est, -a.out_bound, a.out_bound)
     return torch.where(m, est, zero)
 
 
 def approx_kl(logp, old_logp, mask=None, *, kind="k1"):
-    """Token-mean estimate of KL(π_old‖π) from rollout tokens x ~ π_old, with
-    log_ratio = logp − old_logp: k1 = −log_ratio, k2 = ½log_ratio², k3 = expm1(log_ratio) −
-    log_ratio. Args/Returns: as ref_numpy.approx_kl, with tensors (a 0-d tensor).
+    """Token-mean estimate of KL(π_old‖π) from rollout tokens x ~ π_old: `k_estimate` at
+    log_ratio = logp − old_logp = log(π(x)/π_old(x)).
+    Args/Returns: as ref_numpy.approx_kl, with tensors (a 0-d tensor).
     """
-    lp = tt.token("logp", logp)
-    old = tt.like("old_logp", old_logp, "logp", lp)
-    m = tt.mask_of(mask, "logp", lp)
-    kind = _checks.choice("kind", kind, ("k1", "k2", "k3"))
-    tt.finite_at_valid("logp", lp, m)
-    tt.finite_at_valid("old_logp", old, m)
-    zero = torch.zeros((), dtype=lp.dtype, device=lp.device)
-    log_ratio = torch.where(m, lp, zero) - torch.where(m, old, zero)
-    if kind == "k1":
-        est = -log_ratio
-    elif kind == "k2":
-        est = 0.5 * log_ratio.pow(2)
-    else:
-        capped = torch.clamp(log_ratio, max=tt.log_float_max(lp.dtype))
-        est = torch.expm1(capped) - capped
-    n = int(m.sum())
+    a = args.approx_kl(OPS, logp, old_logp, mask, kind)
+    m = a.mask
+    zero = tt.zero(a.logp)
+    est = k_estimate(a.kind, torch.where(m, a.logp, zero) - torch.where(m, a.old_logp, zero))
     total = torch.where(m, est, zero).sum()
-    return total / n if n else total * 0
+    return total / a.n_valid if a.n_valid else total * 0

@@ -1,9 +1,10 @@
 """Loss aggregation in torch (verl `agg_loss` modes)."""
 import torch
 
-from ref_numpy import _checks
+from ref_common import args
 
 from . import _tensors as tt
+from ._tensors import OPS
 
 
 def aggregate(loss, mask, *, mode="seq-mean-token-mean", norm=None, empty_rows="exclude"):
@@ -11,27 +12,20 @@ def aggregate(loss, mask, *, mode="seq-mean-token-mean", norm=None, empty_rows="
 
     Args/Returns: as ref_numpy.aggregate, with tensors (a 0-d tensor).
     """
-    per_token = tt.token("loss", loss)
-    _checks.policy_mask(mask is None, "aggregate")
-    m = tt.mask_of(mask, "loss", per_token)
-    mode = _checks.choice("mode", mode, _checks.AGG_MODES)
-    empty_rows = _checks.choice("empty_rows", empty_rows, _checks.EMPTY_ROWS)
-    _checks.agg_norm(norm, mode)
-    tt.finite_at_valid("loss", per_token, m)
+    a = args.aggregate(OPS, loss, mask, mode, norm, empty_rows)
+    per_token, m = a.loss, a.mask
     if per_token.dim() == 1:
         per_token, m = per_token[None], m[None]
-    zero = torch.zeros((), dtype=per_token.dtype, device=per_token.device)
-    kept = torch.where(m, per_token, zero)
+    kept = torch.where(m, per_token, tt.zero(per_token))
     lengths = m.sum(dim=-1)
-    n_rows = int((lengths > 0).sum()) if empty_rows == "exclude" else per_token.shape[0]
+    n_rows = int((lengths > 0).sum()) if a.empty_rows == "exclude" else per_token.shape[0]
     n_rows = max(n_rows, 1)
-    if mode == "token-mean":
+    if a.mode == "token-mean":
         n_tokens = int(lengths.sum())
         return kept.sum() / n_tokens if n_tokens else kept.sum() * 0.0
-    if mode == "seq-mean-token-mean":
+    if a.mode == "seq-mean-token-mean":
         row_means = kept.sum(dim=-1) / torch.clamp(lengths, min=1).to(per_token.dtype)
         return row_means.sum() / n_rows
-    if mode == "seq-mean-token-sum":
+    if a.mode == "seq-mean-token-sum":
         return kept.sum(dim=-1).sum() / n_rows
-    denom = per_token.shape[-1] if norm is None else _checks.positive("norm", norm)
-    return kept.sum() / denom
+    return kept.sum() / (per_token.shape[-1] if a.norm is None else a.norm)

@@ -1,7 +1,6 @@
 """Hostile inputs through every public entry: each row is what a user might pass and what they
 must get back (a clear error naming the problem, or the documented exit code), never a traceback
 for a user error. README "Hostile inputs" summarises this table."""
-import os
 import time
 
 import numpy as np
@@ -10,12 +9,12 @@ import torch
 
 import ref_numpy
 import ref_torch
-from _util import run_cli
+from tests.helpers import EXAMPLES, run_cli
 from crosscheck import audit
 from crosscheck.audit import AuditUsageError
 
 LP = np.full((2, 3), -1.0)
-EX = os.path.join(os.path.dirname(__file__), "..", "examples")
+EX = EXAMPLES
 
 # (entry, what is passed, call, expected exception, message fragment)
 API = [
@@ -130,7 +129,7 @@ def test_a_hanging_function_fails_the_audit_without_waiting_on_every_case():
 def test_the_deadline_keeps_grad_mode_and_passes_errors_through():
     import torch
 
-    from crosscheck.audit import call_with_deadline
+    from crosscheck.audit.calls import call_with_deadline
     with torch.no_grad():
         assert call_with_deadline(lambda: torch.is_grad_enabled(), {}, 5) is False
     assert call_with_deadline(lambda: torch.is_grad_enabled(), {}, 5) is True

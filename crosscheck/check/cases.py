@@ -1,0 +1,419 @@
+"""Seeded case generators, one per registry function.
+
+Case i of function NAME under seed S is drawn from `np.random.default_rng([S, crc32(NAME), i])`,
+so `python -m crosscheck --only NAME --seed S` reproduces it exactly. Cases rotate through
+shapes (odd and non-square, B = 1, T = 1, one 23×17), masks (full, right-padded with an empty
+row and a one-token row, holed as in multi-turn data), padding garbage (NaN, inf, 1e4) and
+every convention keyword. Inputs that finite differences touch are kept at least `MARGIN` away
+from kinks (clip edges, branch ties), since a difference across a kink is wrong by O(1); kinks
+are pinned by hand-written fixtures in tests/ instead.
+"""
+import dataclasses
+import math
+import zlib
+from typing import Dict, Optional, Tuple
+
+import numpy as np
+
+import ref_numpy
+
+MARGIN = 0.02         # distance kept from every kink, in the kinked variable (≫ FD_STEP)
+FD_STEP = 1e-3        # largest finite-difference stencil offset (scipy.differentiate)
+
+SHAPES = [(3, 7), (4, 9), (1, 1), (2, 5), (5, 11), (1, 6), (6, 3), (23, 17)]
+ALL_STAGES = ("value", "vjp", "fd", "detach")
+
+
+@dataclasses.dataclass
+class Case:
+    label: str
+    arrays: Dict[str, Optional[np.ndarray]]   # inputs by keyword, numpy (float64, bool or int)
+    params: Dict[str, object]                 # hyper-parameters by keyword
+    stages: Tuple[str, ...] = ALL_STAGES
+    fd_step: float = FD_STEP
+
+    def shape(self):
+        first = next(a for a in self.arrays.values() if a is not None)
+        return tuple(first.shape)
+
+
+def rng_for(seed: int, name: str, index: int) -> np.random.Generator:
+    return np.random.default_rng([seed, zlib.crc32(name.encode()), index])
+
+
+# ---------------------------------------------------------------- building blocks
+def _shape(i, rng):
+    return SHAPES[i % len(SHAPES)]
+
+
+def _mask(rng, B, T, kind):
+    if kind == "full":
+        return np.ones((B, T), dtype=bool)
+    if kind == "ragged":           # right padding; row 0 empty and row 1 one token when B ≥ 3
+        lengths = rng.integers(1, T + 1, size=B)
+        if B >= 3:
+            lengths[0], lengths[1] = 0, 1
+        return np.arange(T)[None, :] < lengths[:, None]
+    m = rng.random((B, T)) < 0.7    # holes, as masked tool output in multi-turn data
+    m[:, 0] = True
+    return m
+
+
+KINDS = ("full", "holed", "ragged")
+FIRST_KIND = (0, 2, 0, 1, 1, 2, 1, 2)   # per shape; each pass over SHAPES moves one kind on
+
+
+def _mask_kind(i):
+    """Cases 0–11 (the default run) put holed masks on shapes 2×5, 5×11, 6×3 and 3×7, ragged
+    ones on 4×9 (an empty row and a one-token row), 1×6, 23×17 and 2×5, full ones elsewhere."""
+    return KINDS[(FIRST_KIND[i % len(SHAPES)] + i // len(SHAPES)) % 3]
+
+
+def _garbage(x, mask, rng):
+    """Fill masked positions with NaN, ±inf or 1e4: none of it may reach any output."""
+    out = np.array(x, dtype=np.float64, copy=True)
+    junk = rng.choice([np.nan, np.inf, -np.inf, 1e4], size=out.shape)
+    out[~mask] = junk[~mask]
+    return out
+
+
+def away(x, edges, margin=MARGIN):
+    """Move entries of x that lie within `margin` of any edge to `2·margin` from it, on the side
+    they were on (so a value meant to be clipped stays clipped)."""
+    x = np.array(x, dtype=np.float64, copy=True)
+    for _ in range(4):
+        for e in edges:
+            near = np.abs(x - e) < margin
+            x[near] = e + np.where(x[near] >= e, 2 * margin, -2 * margin)
+    return x
+
+
+def _cycle(i, options):
+    return options[i % len(options)]
+
+
+def _logps(rng, shape):
+    return np.log(rng.uniform(0.05, 0.95, size=shape))
+
+
+def _log_ratio(rng, shape, extreme):
+    if extreme:      # far outside any clip region, both signs, still finite after exp
+        return rng.choice([-1, 1], size=shape) * rng.uniform(15.0, 30.0, size=shape)
+    return rng.normal(0.0, 0.35, size=shape)
+
+
+def _ratio_edges(clip_low, clip_high, clip_c=None):
+    hi = clip_low if clip_high is None else clip_high
+    edges = [math.log(1 - clip_low), math.log(1 + hi)]          # PPO's clip_low is < 1
+    if clip_c is not None:
+        edges.append(math.log(clip_c))
+    return edges
+
+
+def _advantages(rng, B, T, i, mask):
+    per_seq = i % 4 == 3 and B > 0
+    if per_seq:
+        adv = rng.normal(size=B)
+        adv[~mask.any(axis=1)] = np.nan          # a row without tokens may carry garbage
+        return adv
+    adv = rng.normal(size=(B, T))
+    if i % 5 == 2:
+        adv[rng.random((B, T)) < 0.2] = 0.0      # A = 0 tokens: loss and gradient exactly 0
+    return _garbage(adv, mask, rng)
+
+
+# ---------------------------------------------------------------- per-function generators
+def gae_case(rng, i):
+    B, T = _shape(i, rng)
+    kind = _mask_kind(i)
+    m = _mask(rng, B, T, kind)
+    gamma = _cycle(i, [0.99, 1.0, 0.9, 0.0, 0.97])
+    lam = _cycle(i // 2, [0.95, 1.0, 0.0, 0.5])
+    dones = (rng.random((B, T)) < 0.15) if i % 3 == 1 else None
+    last_value = rng.normal(size=B) if i % 4 == 2 or i % 16 == 5 else None
+    arrays = dict(rewards=_garbage(rng.normal(size=(B, T)), m, rng),
+                  values=_garbage(rng.normal(size=(B, T)), m, rng), mask=m, dones=dones,
+                  last_value=last_value)
+    label = f"{kind} mask, γ={gamma}, λ={lam}" + (", dones" if dones is not None else "") + \
+        (", last_value" if last_value is not None else "")
+    if i % 8 == 5:                   # a single [T] trajectory (its last_value a 0-d array)
+        arrays = {k: (None if v is None else (v[0] if v.ndim == 2 else v[:1].reshape(())))
+                  for k, v in arrays.items()}
+        label += ", 1-D [T]"
+    return Case(label, arrays, dict(gamma=gamma, lam=lam))
+
+
+def whiten_case(rng, i):
+    B, T = _shape(i, rng)
+    if B * T < 3:
+        B, T = 2, 3
+    kind = _mask_kind(i)
+    m = _mask(rng, B, T, kind)
+    m.flat[:2] = True                              # at least two valid entries (ddof = 1)
+    ddof = _cycle(i, [0, 1])
+    eps_mode = _cycle(i // 2, ["var", "clamp", "std"])
+    shift = _cycle(i // 6, [True, False])
+    eps = _cycle(i, [1e-8, 1e-4, 0.1])
+    x = rng.normal(size=(B, T)) * rng.uniform(0.5, 3.0) + rng.normal()
+    step = FD_STEP
+    label = f"{kind} mask, ddof={ddof}, eps_mode={eps_mode}, shift_mean={shift}, eps={eps}"
+    if i % 7 == 6:                                 # spread far below eps: the clamp binds
+        x, eps, eps_mode, step = x * 1e-6, 1e-4, "clamp", 1e-10
+        label += " (var ≪ eps: clamp binding)"
+    return Case(label, dict(x=_garbage(x, m, rng), mask=m),
+                dict(ddof=ddof, eps=eps, eps_mode=eps_mode, shift_mean=shift), fd_step=step)
+
+
+def group_advantages_case(rng, i):
+    G = _cycle(i, [4, 3, 2, 5, 1])
+    P = _cycle(i // 2, [2, 3, 1, 4])
+    B = P * G
+    scale = _cycle(i, ["group", "batch", "none", "leave_one_out"])
+    baseline = "leave_one_out" if scale == "leave_one_out" else \
+        _cycle(i // 3, ["mean", "leave_one_out"])
+    ddof = _cycle(i // 2, [0, 1])
+    eps = _cycle(i, [1e-4, 1e-6, 1e-2])
+    r = rng.normal(size=B)
+    params = dict(ddof=ddof, eps=eps, scale=scale, baseline=baseline)
+    stages = ALL_STAGES
+    label = f"B={B}, scale={scale}, baseline={baseline}, ddof={ddof}, eps={eps}"
+    if i % 2 == 0:
+        params["group_size"] = G
+        label = f"group_size={G}, " + label
+        arrays = dict(rewards=r, group_ids=None)
+    else:                                          # ids in any order, plus a singleton group
+        ids = np.repeat(np.arange(P), G)
+        ids = np.concatenate([ids, [P + 7]])
+        r = np.concatenate([r, rng.normal(size=1)])
+        perm = rng.permutation(ids.size)
+        arrays = dict(rewards=r[perm], group_ids=ids[perm] * 3 + 1)
+        label = "shuffled group_ids with a singleton, " + label
+    if i % 5 == 3:                                 # unscorable rows: out of the statistics, NaN
+        valid = rng.random(arrays["rewards"].size) < 0.75
+        arrays["rewards"] = np.where(valid, arrays["rewards"], np.nan)
+        arrays["valid"] = valid
+        label += ", invalid rows (NaN rewards)"
+    if i % 6 in (4, 5):                            # an all-equal group: σ = 0 (non-smooth: no FD)
+        size = params.get("group_size", None)
+        rr = arrays["rewards"]
+        if size:
+            rr[:size] = np.where(np.isnan(rr[:size]), np.nan, 0.5)
+        else:
+            ids = arrays["group_ids"]
+            rr[ids == ids[0]] = np.where(np.isnan(rr[ids == ids[0]]), np.nan, 0.5)
+        stages = ("value", "vjp")
+        label += ", an all-equal group"
+    return Case(label, arrays, params, stages=stages)
+
+
+def _ratio_case(rng, i, loss):
+    B, T = _shape(i, rng)
+    kind = _mask_kind(i)
+    m = _mask(rng, B, T, kind)
+    extreme = i % 6 == 4
+    logp = _logps(rng, (B, T))
+    if loss == "ppo":
+        clip_low = _cycle(i, [0.2, 0.1, 0.3])
+        clip_high = _cycle(i // 3, [None, 0.28])
+        clip_c = _cycle(i // 2, [None, 3.0])
+        delta = _cycle(i // 5, [None, None, 2.5])
+        lrc = _cycle(i // 4, [None, 20.0])
+        params = dict(clip_low=clip_low, clip_high=clip_high, clip_c=clip_c, delta=delta,
+                      log_ratio_clamp=lrc)
+        edges = _ratio_edges(clip_low, clip_high, clip_c)
+        if delta is not None:
+            edges.append(math.log(delta))
+    else:
+        bound = _cycle(i, ["absolute", "relative"])
+        lrc = _cycle(i // 4, [None, 20.0])
+        if bound == "absolute":
+            params = dict(clip_high=_cycle(i // 2, [5.0, 2.0, math.inf]), clip_low=None,
+                          bound=bound, log_ratio_clamp=lrc)
+        else:
+            params = dict(clip_high=_cycle(i // 2, [0.28, 4.0]),
+                          clip_low=_cycle(i // 3, [None, 0.2]), bound=bound, log_ratio_clamp=lrc)
+        edges = []
+    if lrc is not None:
+        edges += [-lrc, lrc]
+    rho = away(_log_ratio(rng, (B, T), extreme), edges)
+    old = logp - rho
+    arrays = dict(logp=_garbage(logp, m, rng), old_logp=_garbage(old, m, rng),
+                  advantages=_advantages(rng, B, T, i, m), mask=m)
+    label = f"{kind} mask, " + ", ".join(f"{k}={v}" for k, v in params.items()) + \
+        (", extreme log-ratios ±15..30" if extreme else "") + \
+        (", advantages [B]" if arrays["advantages"].ndim == 1 and B * T > 1 else "")
+    return Case(label, arrays, params)
+
+
+def ppo_clip_loss_case(rng, i):
+    return _ratio_case(rng, i, "ppo")
+
+
+def cispo_loss_case(rng, i):
+    return _ratio_case(rng, i, "cispo")
+
+
+def value_loss_case(rng, i):
+    B, T = _shape(i, rng)
+    kind = _mask_kind(i)
+    m = _mask(rng, B, T, kind)
+    clip = _cycle(i, [0.2, 0.5, None])
+    old = rng.normal(size=(B, T))
+    d = rng.normal(0.0, 0.4, size=(B, T))
+    R = rng.normal(size=(B, T))
+    if clip is not None:
+        d = away(d, [-clip, clip])
+        for _ in range(6):          # keep |v_clip − R| and |v − R| apart (the max's kink)
+            e1 = np.abs(old + d - R)
+            e2 = np.abs(old + np.clip(d, -clip, clip) - R)
+            tie = (np.abs(d) > clip) & (np.abs(e1 - e2) < MARGIN)
+            R = np.where(tie, R + 5 * MARGIN, R)
+    arrays = dict(values=_garbage(old + d, m, rng), old_values=_garbage(old, m, rng),
+                  returns=_garbage(R, m, rng), mask=m)
+    return Case(f"{kind} mask, clip={clip}", arrays, dict(clip=clip))
+
+
+def kl_penalty_case(rng, i):
+    B, T = _shape(i, rng)
+    kind_m = _mask_kind(i)
+    m = _mask(rng, B, T, kind_m)
+    kind = _cycle(i, ["k1", "k2", "k3", "abs"])
+    clamp = _cycle(i // 3, [None, (20.0, 10.0), (None, 10.0), (1.0, None)])
+    extreme = i % 5 == 3
+    logp = _logps(rng, (B, T))
+    x = rng.choice([-1, 1], size=(B, T)) * rng.uniform(15, 30, size=(B, T)) if extreme else \
+        rng.normal(0.0, 0.8, size=(B, T))
+    edges = [0.0] if kind == "abs" else []
+    if clamp is not None and clamp[0] is not None:
+        edges += [-clamp[0], clamp[0]]
+    x = away(x, edges)
+    if clamp is not None and clamp[1] is not None:   # keep the estimate off the output bound
+        xi = x if clamp[0] is None else np.clip(x, -clamp[0], clamp[0])
+        est = ref_numpy.kl_penalty(np.zeros_like(xi), xi, kind=kind)
+        x = np.where(np.abs(np.abs(est) - clamp[1]) < MARGIN * 10, x * 0.5, x)
+    ref = logp + x
+    arrays = dict(logp=_garbage(logp, m, rng), ref_logp=_garbage(ref, m, rng), mask=m)
+    return Case(f"{kind_m} mask, kind={kind}, clamp={clamp}" +
+                (", extreme log-ratios ±15..30" if extreme else ""), arrays,
+                dict(kind=kind, clamp=clamp))
+
+
+def aggregate_case(rng, i):
+    B, T = _shape(i, rng)
+    kind = _mask_kind(i) if i % 4 else "ragged"
+    m = _mask(rng, B, T, kind)
+    mode = _cycle(i, ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
+                      "seq-mean-token-sum-norm"])
+    params = dict(mode=mode, norm=None, empty_rows=_cycle(i // 4, ["exclude", "include"]))
+    if mode == "seq-mean-token-sum-norm" and i % 8 >= 4:
+        params["norm"] = 5.0
+    arrays = dict(loss=_garbage(rng.normal(size=(B, T)), m, rng), mask=m)
+    return Case(f"{kind} mask, " + ", ".join(f"{k}={v}" for k, v in params.items()), arrays,
+                params)
+
+
+def policy_objective_case(rng, i):
+    loss = _cycle(i, ["ppo", "cispo", "gspo"])
+    base = gspo_loss_case(rng, i // 3) if loss == "gspo" else _ratio_case(rng, i // 3, loss)
+    B, T = base.shape()
+    m = base.arrays["mask"]
+    agg = _cycle(i // 2, ["seq-mean-token-mean", "token-mean", "seq-mean-token-sum",
+                          "seq-mean-token-sum-norm"])
+    beta = _cycle(i // 3, [0.0, 0.04, 0.1])
+    kl_kind = _cycle(i, ["k3", "k1", "k2", "abs"])
+    ref = _logps(rng, (B, T))
+    if kl_kind == "abs":
+        lp = np.where(m, base.arrays["logp"], 0.0)
+        ref = lp + away(ref - lp, [0.0])
+    arrays = dict(base.arrays, ref_logp=_garbage(ref, m, rng))
+    params = dict(base.params, loss=loss, agg=agg, beta=beta, kl_kind=kl_kind)
+    # An extreme token's loss (up to |A|·e^30) sums into the same scalar as every other token's,
+    # so the objective's round-off swamps small gradients: finite differences cannot judge such
+    # a case (the per-token losses, whose Jacobian is diagonal, are checked on extremes instead).
+    stages = ("value", "vjp") if "extreme" in base.label else ALL_STAGES
+    return Case(f"loss={loss}, agg={agg}, beta={beta}, kl_kind={kl_kind}; " + base.label,
+                arrays, params, stages=stages)
+
+
+def gspo_loss_case(rng, i):
+    B, T = _shape(i, rng)
+    kind = _mask_kind(i)
+    m = _mask(rng, B, T, kind)
+    form = _cycle(i, ["token", "sequence"])
+    clip_low, clip_high = _cycle(i // 2, [(3e-4, 4e-4), (0.2, 0.2), (0.2, 0.28)])
+    cap = _cycle(i // 3, [None, 10.0])
+    # a row's mean log-ratio decides its clip branch: draw it away from both clip edges, then
+    # spread the token log-ratios around it with exactly that mean over the valid tokens
+    rho_bar = away(rng.normal(0.0, 0.3, size=(B, 1)),
+                    [math.log(1 - clip_low), math.log(1 + clip_high)])
+    noise = rng.normal(0.0, 0.4, size=(B, T))
+    L = np.maximum(m.sum(axis=1, keepdims=True), 1)
+    noise -= np.where(m, noise, 0.0).sum(axis=1, keepdims=True) / L
+    logp = _logps(rng, (B, T))
+    old = logp - (rho_bar + noise)
+    params = dict(clip_low=clip_low, clip_high=clip_high, form=form, log_ratio_max=cap)
+    arrays = dict(logp=_garbage(logp, m, rng), old_logp=_garbage(old, m, rng),
+                  advantages=_advantages(rng, B, T, i, m), mask=m)
+    return Case(f"{kind} mask, " + ", ".join(f"{k}={v}" for k, v in params.items()), arrays,
+                params)
+
+
+def discounted_returns_case(rng, i):
+    B, T = _shape(i, rng)
+    kind = _mask_kind(i)
+    m = _mask(rng, B, T, kind)
+    gamma = _cycle(i, [0.99, 1.0, 0.5, 0.0])
+    return Case(f"{kind} mask, γ={gamma}",
+                dict(rewards=_garbage(rng.normal(size=(B, T)), m, rng), mask=m), dict(gamma=gamma))
+
+
+def approx_kl_case(rng, i):
+    B, T = _shape(i, rng)
+    kind = _mask_kind(i)
+    m = _mask(rng, B, T, kind)
+    k = _cycle(i, ["k1", "k2", "k3"])
+    logp = _logps(rng, (B, T))
+    old = logp - _log_ratio(rng, (B, T), extreme=i % 7 == 5)
+    return Case(f"{kind} mask, kind={k}" + (", extreme log-ratios" if i % 7 == 5 else ""),
+                dict(logp=_garbage(logp, m, rng), old_logp=_garbage(old, m, rng), mask=m),
+                dict(kind=k))
+
+
+def clip_fraction_case(rng, i):
+    base = _ratio_case(rng, i, "ppo")
+    params = dict(clip_low=base.params["clip_low"], clip_high=base.params["clip_high"],
+                  definition=_cycle(i, ["loss", "sign", "ratio"]))
+    return Case(f"definition={params['definition']}; " + base.label, base.arrays, params,
+                stages=("value",))
+
+
+SEED_P = np.array([0.5, 0.3, 0.15, 0.05])      # the seed's policy and reference (example 6)
+SEED_Q = np.array([0.4, 0.4, 0.15, 0.05])
+
+
+def _estimator_logits(rng, i):
+    if i == 0:
+        return np.log(SEED_P), np.log(SEED_Q), "the seed's p and q"
+    V = _cycle(i, [3, 4, 2, 5, 7])
+    spread = _cycle(i // 5, [0.5, 1.5, 3.0])
+    return (rng.normal(0, spread, V), rng.normal(0, spread, V),
+            f"V={V}, logits ~ N(0, {spread}²)")
+
+
+def kl_estimator_moments_case(rng, i):
+    z, zr, label = _estimator_logits(rng, i)
+    kind = _cycle(i, ["k1", "k2", "k3"])
+    return Case(f"{label}, kind={kind}", dict(logits=z, ref_logits=zr), dict(kind=kind))
+
+
+def kl_estimator_gradient_case(rng, i):
+    z, zr, label = _estimator_logits(rng, i)
+    kind = _cycle(i, ["k1", "k2", "k3"])
+    use = _cycle(i // 3, ["loss", "reward"])
+    is_weight = _cycle(i // 2, [None, "detached", "attached"])
+    off = i % 4 >= 2
+    zs = z + rng.normal(0, 0.7, z.shape) if off else None
+    return Case(f"{label}, kind={kind}, use={use}, is_weight={is_weight}" +
+                (", samples from another policy" if off else ", on-policy"),
+                dict(logits=z, ref_logits=zr, sample_logits=zs),
+                dict(kind=kind, use=use, is_weight=is_weight))

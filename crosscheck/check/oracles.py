@@ -1,0 +1,118 @@
+"""What finite differences are taken of, where that is not simply the NumPy function.
+
+Freeze rules. Where a definition holds a stop-gradient factor (CISPO's weight, GSPO-token's
+sequence ratio), the true gradient is that of the objective with the factor held at its value.
+A rule `(fn, arrays, params, name, delta) -> (fn', arrays', params')` gives that objective at
+`arrays[name] + delta`: fn' evaluated on arrays' is the function with every detached factor
+frozen at the unperturbed point. `fn` is the registry entry's own NumPy function.
+
+Objectives. `kl_estimator_gradient` returns gradients; each output must equal the finite
+differences of the expectation it is the gradient of.
+"""
+import inspect
+
+import numpy as np
+from scipy.special import log_softmax
+
+import ref_numpy
+
+
+def keyword_defaults(fn):
+    """A function's keyword-only parameters that have defaults, with them."""
+    return {n: p.default for n, p in inspect.signature(fn).parameters.items()
+            if p.kind is p.KEYWORD_ONLY and p.default is not p.empty}
+
+
+GSPO_DEFAULTS = keyword_defaults(ref_numpy.gspo_loss)
+
+
+def freeze_ratio(fn, arrays, params, name, delta):
+    """CISPO: hold r = exp(logp − old_logp) fixed by moving old_logp with logp: sg(w(r)) is
+    frozen, and the objective is the same function of the perturbed arrays."""
+    out = dict(arrays)
+    out[name] = arrays[name] + delta
+    out["old_logp"] = arrays["old_logp"] + delta
+    return fn, out, params
+
+
+def freeze_sequence_ratio(fn, arrays, params, name, delta):
+    """GSPO-token: the ratio of token t is exp(logp_t − sg(logp_t) + sg(ρ̄_i)); with ρ̄ frozen at
+    its value it is exp(min(ρ̄_i + Δlogp_t, cap)), a per-token PPO ratio against
+    old' = logp − ρ̄_i whose log is capped from above only (PPO's log_ratio_clamp is two-sided,
+    so the cap is applied to logp instead: logp' = old' + min(logp − old', cap)). The frozen
+    objective is `ppo_clip_loss` with GSPO's clip bounds."""
+    lp, old = arrays["logp"], arrays["old_logp"]
+    m = np.ones(lp.shape, bool) if arrays.get("mask") is None else arrays["mask"].astype(bool)
+    with np.errstate(invalid="ignore"):
+        diff = np.where(m, lp - old, 0.0)
+    rho_bar = diff.sum(axis=-1, keepdims=True) / np.maximum(m.sum(axis=-1, keepdims=True), 1)
+    out = dict(arrays, old_logp=np.where(m, lp - rho_bar, old))
+    out[name] = arrays[name] + delta
+    cap = params.get("log_ratio_max", GSPO_DEFAULTS["log_ratio_max"])
+    if cap is not None:
+        with np.errstate(invalid="ignore"):            # padding may hold NaN or inf
+            out["logp"] = np.where(m, out["old_logp"] + np.minimum(out["logp"] - out["old_logp"],
+                                                                   cap), 0.0)
+    ppo = {k: params.get(k, GSPO_DEFAULTS[k]) for k in ("clip_low", "clip_high")}
+    return ref_numpy.ppo_clip_loss, out, ppo
+
+
+def gspo_rule(params):
+    """GSPO's stop-gradient is in its token form only."""
+    form = params.get("form", GSPO_DEFAULTS["form"])
+    return freeze_sequence_ratio if form == "token" else None
+
+
+def objective_rule(params):
+    """policy_objective holds its policy loss's stop-gradient (CISPO's weight, GSPO-token's
+    sequence ratio). The KL term must see the real logp: the aggregation is linear, so the
+    frozen objective is the policy part on the frozen arrays (β = 0) plus the KL part on the
+    real ones (ratio 1 and A = 0 switch the policy loss off)."""
+    loss = params.get("loss", "ppo")
+    if loss == "cispo":
+        return freeze_ratio
+    if loss != "gspo" or gspo_rule(params) is None:
+        return None
+
+    def rule(fn, arrays, params, name, delta):
+        _, out, ppo = freeze_sequence_ratio(fn, arrays, params, name, delta)
+        rest = {k: v for k, v in params.items()
+                if k not in ("form", "log_ratio_max", "clip_low", "clip_high", "loss")}
+
+        def objective(logp, old_logp, advantages, mask=None, ref_logp=None, **kw):
+            data = dict(old_logp=old_logp, advantages=advantages, mask=mask, ref_logp=ref_logp)
+            policy = fn(logp, **data, **dict(kw, beta=0.0), loss="ppo", **ppo)
+            if kw.get("beta", 0.0) == 0.0:
+                return policy
+            real = arrays["logp"] + delta
+            return policy + fn(real, **dict(data, old_logp=real,
+                                            advantages=np.zeros_like(advantages)),
+                               **kw, loss="ppo", **ppo)
+        return objective, out, rest
+    return rule
+
+
+def estimator_objectives(arrays, params):
+    """The expectations whose gradients kl_estimator_gradient returns, written from the per-token
+    `kl_penalty` reference and scipy's log_softmax. The sampling distribution μ is frozen at the
+    base point (samples are data); so is a detached weight, and k itself for use="reward"."""
+    z0, zr, zs = arrays["logits"], arrays["ref_logits"], arrays.get("sample_logits")
+    kind, use, is_weight = params["kind"], params.get("use", "loss"), params.get("is_weight")
+    log_ref = log_softmax(zr)
+    p0 = np.exp(log_softmax(z0))
+    mu = p0 if zs is None else np.exp(log_softmax(zs))
+    k0 = ref_numpy.kl_penalty(log_softmax(z0), log_ref, kind=kind)
+
+    def expected(z):
+        logp = log_softmax(z)
+        k = ref_numpy.kl_penalty(logp, log_ref, kind=kind)
+        weight = {None: np.ones_like(mu), "attached": np.exp(logp) / mu,
+                  "detached": p0 / mu}[is_weight]
+        per_sample = weight * k if use == "loss" else weight * k0 * logp
+        return float((mu * per_sample).sum())
+
+    def moment(key):
+        return lambda z: float(ref_numpy.kl_estimator_moments(z, zr, kind=kind)[key])
+
+    return {"expected": expected, "grad_kl_forward": moment("kl_forward"),
+            "grad_kl_reverse": moment("kl_reverse")}

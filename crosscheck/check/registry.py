@@ -1,0 +1,160 @@
+"""The registry: one entry per reference function, built explicitly (no import side effects).
+
+An entry is the one place that knows a function. It ties the NumPy function, its hand VJP and
+the torch twin to:
+- what it is differentiable in, and whether trainers differentiate through it at all (advantage
+  estimators and logged metrics are computed without gradients);
+- its case generator, and its outputs' names;
+- its stop-gradient, in words and as a freeze rule for finite differences;
+- the conventions a diagnosis may vary (its grid) and the known bugs written as variants;
+- the audit's property checks that apply to it;
+- its data keywords (inputs passed as keywords, not conventions) and default conventions.
+The harness, the audit, its diagnosis and `--scale` read entries; nothing selects behaviour by
+comparing function names.
+"""
+import dataclasses
+import inspect
+from typing import Callable, Dict, Mapping, Optional, Tuple
+
+import ref_numpy
+import ref_torch
+from ref_common import vocab
+
+from . import cases, oracles, variants
+
+# A freeze rule: (numpy fn, arrays, params, input name, perturbation of that input) ->
+# (numpy function, arrays, params) whose value is the objective with every detached factor held
+# at its value at the unperturbed point. An entry's `freeze` gives the rule for a case's params.
+Freeze = Callable[..., Tuple[Callable, Dict[str, object], Dict[str, object]]]
+
+PROPERTY_CHECKS = ("permutation", "microbatch", "kl_direction")
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    name: str
+    numpy_fn: Callable
+    numpy_vjp: Optional[Callable]
+    torch_fn: Callable
+    diff: Tuple[str, ...]                    # differentiable inputs
+    case: Callable                           # (rng, index) -> cases.Case
+    detached: str = ""                       # the stop-gradient factor, in words
+    freeze: Optional[Callable[[Mapping[str, object]], Optional[Freeze]]] = None
+    outputs: Tuple[str, ...] = ("output",)   # names of the returned arrays (dict keys if dict)
+    dict_output: bool = False                # the function returns a dict keyed by `outputs`
+    # Gradient-valued functions (their outputs *are* gradients wrt `diff[0]`): for each output,
+    # the scalar objective whose finite differences it must equal. numpy_vjp is None for them.
+    objectives: Optional[Callable] = None
+    trainer_grad: bool = True                # trainers back-propagate through it (a loss)
+    data_keywords: Tuple[str, ...] = ()      # keyword-only inputs that are data, not conventions
+    checks: Tuple[str, ...] = ()             # the audit's property checks that apply
+    grid: Mapping[str, tuple] = dataclasses.field(default_factory=dict)   # diagnosis variants
+    known_bugs: Tuple[variants.KnownBug, ...] = ()
+    # the convention change that is the same as dropping the stop-gradient, given the declared
+    # conventions (GSPO-token's sequence ratio differentiated is form="sequence"), or None
+    undetached: Optional[Callable[[Mapping[str, object]], Optional[Dict[str, object]]]] = None
+
+    def freeze_for(self, params) -> Optional[Freeze]:
+        """The freeze rule that applies to a case, or None (no stop-gradient in its definition)."""
+        return None if self.freeze is None else self.freeze(params)
+
+    @property
+    def defaults(self) -> Dict[str, object]:
+        """The default conventions: keyword-only parameters with defaults, less data keywords."""
+        return {n: v for n, v in oracles.keyword_defaults(self.numpy_fn).items()
+                if n not in self.data_keywords}
+
+    @property
+    def conventions(self) -> Tuple[str, ...]:
+        """Every convention keyword, with or without a default."""
+        return tuple(n for n, p in inspect.signature(self.numpy_fn).parameters.items()
+                     if p.kind is p.KEYWORD_ONLY and n not in self.data_keywords)
+
+    @property
+    def takes_more(self) -> bool:
+        """The function takes **kwargs (policy_objective passes them to its loss)."""
+        return any(p.kind is p.VAR_KEYWORD
+                   for p in inspect.signature(self.numpy_fn).parameters.values())
+
+
+def _entry(name, diff, **facts):
+    return Entry(name=name, numpy_fn=getattr(ref_numpy, name),
+                 numpy_vjp=getattr(ref_numpy, name + "_vjp", None),
+                 torch_fn=getattr(ref_torch, name), diff=diff,
+                 case=getattr(cases, name + "_case"), **facts)
+
+
+def _gspo_undetached(params):
+    form = params.get("form", oracles.GSPO_DEFAULTS["form"])
+    return {"form": "sequence"} if form == "token" else None
+
+
+def _objective_undetached(params):
+    return _gspo_undetached(params) if params.get("loss") == "gspo" else None
+
+
+# the policy loss entry that policy_objective's `loss` convention names
+POLICY_LOSS_ENTRIES = {"ppo": "ppo_clip_loss", "cispo": "cispo_loss", "gspo": "gspo_loss"}
+assert tuple(POLICY_LOSS_ENTRIES) == vocab.POLICY_LOSSES
+
+_PPO_GRID = dict(clip_low=(0.2, 0.1, 0.28), clip_high=(None, 0.2, 0.28), clip_c=(None, 3.0),
+                 delta=(None, 3.0), log_ratio_clamp=(None, 20.0))
+
+
+def build() -> Dict[str, Entry]:
+    """A fresh registry, in the order the harness reports."""
+    entries = [
+        _entry("gae", ("rewards", "values"), outputs=("advantages", "returns"),
+               trainer_grad=False, data_keywords=("dones", "last_value"),
+               grid=dict(gamma=(1.0, 0.99), lam=(1.0, 0.95))),
+        _entry("whiten", ("x",), trainer_grad=False,
+               grid=dict(ddof=(0, 1), eps=(1e-8, 1e-6, 1e-5), eps_mode=vocab.EPS_MODES,
+                         shift_mean=(True, False)),
+               known_bugs=variants.WHITEN),
+        _entry("group_advantages", ("rewards",), trainer_grad=False,
+               data_keywords=("group_size", "group_ids", "valid"), checks=("permutation",),
+               grid=dict(ddof=(0, 1), eps=(1e-4, 1e-6, 1e-8, 1e-9, 0.0),
+                         scale=("group", "batch", "none", "leave_one_out"),
+                         baseline=vocab.GROUP_BASELINES),
+               known_bugs=variants.GROUPS),
+        _entry("ppo_clip_loss", ("logp",), grid=_PPO_GRID, known_bugs=variants.PPO),
+        _entry("cispo_loss", ("logp",), detached="w = clip(ratio): CISPO's importance weight",
+               freeze=lambda params: oracles.freeze_ratio,
+               grid=dict(bound=vocab.CISPO_BOUNDS, clip_high=(5.0, 4.0, 2.0, 0.28, 0.2),
+                         clip_low=(None, 0.2)),
+               known_bugs=variants.CISPO),
+        _entry("gspo_loss", ("logp",),
+               detached="the sequence ratio in form='token' (straight-through GSPO-token)",
+               freeze=oracles.gspo_rule, undetached=_gspo_undetached,
+               grid=dict(form=vocab.GSPO_FORMS, clip_low=(3e-4, 0.2), clip_high=(4e-4, 0.2, 0.28),
+                         log_ratio_max=(None, 10.0)),
+               known_bugs=variants.GSPO),
+        _entry("value_loss", ("values",), grid=dict(clip=(None, 0.2, 0.5)),
+               known_bugs=variants.VALUE),
+        _entry("kl_penalty", ("logp",), checks=("kl_direction",),
+               grid=dict(kind=vocab.KL_KINDS, clamp=(None, (20.0, 10.0), (None, 10.0))),
+               known_bugs=variants.KL),
+        _entry("aggregate", ("loss",), checks=("microbatch",),
+               grid=dict(mode=vocab.AGG_MODES, empty_rows=vocab.EMPTY_ROWS)),
+        _entry("policy_objective", ("logp",),
+               detached="CISPO's weight, or GSPO-token's sequence ratio",
+               freeze=oracles.objective_rule, undetached=_objective_undetached,
+               checks=("microbatch",),
+               grid=dict(agg=vocab.AGG_MODES, empty_rows=vocab.EMPTY_ROWS,
+                         loss=vocab.POLICY_LOSSES)),
+        _entry("kl_estimator_moments", ("logits",), outputs=vocab.MOMENT_KEYS, dict_output=True,
+               trainer_grad=False),
+        _entry("kl_estimator_gradient", ("logits",), outputs=vocab.GRADIENT_KEYS,
+               dict_output=True, objectives=oracles.estimator_objectives, trainer_grad=False,
+               data_keywords=("sample_logits",)),
+        _entry("discounted_returns", ("rewards",), trainer_grad=False,
+               grid=dict(gamma=(1.0, 0.99))),
+        _entry("approx_kl", ("logp",), trainer_grad=False,
+               grid=dict(kind=vocab.ESTIMATOR_KINDS)),
+        _entry("clip_fraction", (), trainer_grad=False,             # a count: value stage only
+               grid=dict(definition=vocab.CLIP_FRACTIONS)),
+    ]
+    return {e.name: e for e in entries}
+
+
+REGISTRY: Dict[str, Entry] = build()

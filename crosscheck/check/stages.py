@@ -1,0 +1,256 @@
+"""The four stages of the cross-check, run over seeded cases in float64.
+
+value   ref_numpy vs ref_torch outputs (and exact zeros at masked positions)
+vjp     the hand VJP vs torch autograd, for a random cotangent (and exact zeros at masked inputs)
+fd      the hand VJP vs scipy finite differences of the NumPy value: a full Jacobian on small
+        cases, directional derivatives ⟨u, J v⟩ = ⟨Jᵀu, v⟩ on large ones
+detach  where the definition holds a stop-gradient factor: torch autograd vs finite differences
+        of the objective with that factor frozen; the distance to finite differences of the
+        undetached value is reported beside it
+"""
+from typing import Dict, List, Sequence
+
+import numpy as np
+
+from .. import bridge, tolerances
+from . import cases as cases_mod
+from . import finite_diff
+from .registry import Entry
+from .results import STAGES, StageResult, fail, record
+
+
+
+# ---------------------------------------------------------------- plumbing
+def _valid(case: cases_mod.Case, name: str) -> np.ndarray:
+    """Positions of input `name` that are real data (the mask where it applies)."""
+    x = case.arrays[name]
+    for key in ("mask", "valid"):          # token mask, or group_advantages' valid rows
+        m = case.arrays.get(key)
+        if m is not None and m.shape == x.shape:
+            return m.astype(bool)
+    return np.ones(x.shape, dtype=bool)
+
+
+def _cotangent(entry: Entry, outs: Sequence[np.ndarray], vec: np.ndarray):
+    return bridge.cotangent(outs, vec, entry.outputs, entry.dict_output)
+
+
+def _hand_vjp(entry: Entry, case: cases_mod.Case, g):
+    return entry.numpy_vjp(g, **case.arrays, **case.params)
+
+
+def _autograd_vjp(entry: Entry, case: cases_mod.Case, g):
+    return bridge.autograd_vjp(entry.torch_fn, case.arrays, case.params, entry.diff, g,
+                               entry.outputs if entry.dict_output else None)
+
+
+def _info(entry, case, index, seed, **more):
+    return dict(case=index, label=case.label, seed=seed, shape=[int(n) for n in case.shape()],
+                **more)
+
+
+# ---------------------------------------------------------------- stages
+def stage_value(entry: Entry, case, index, seed, res: StageResult) -> None:
+    tol = tolerances.get("value")
+    ref = bridge.outputs(entry.numpy_fn(**case.arrays, **case.params), entry.outputs)
+    twin = bridge.outputs(entry.torch_fn(**bridge.to_torch(case.arrays), **case.params), entry.outputs)
+    mask = case.arrays.get("mask")
+    for name, a, b in zip(entry.outputs, ref, twin):
+        info = _info(entry, case, index, seed, input=name, got_from="ref_torch",
+                     expected_from="ref_numpy")
+        if np.isnan(a).any() or np.isnan(b).any():
+            fail(res, info, f"output {name} holds NaN for finite valid inputs "
+                             f"(ref_numpy: {int(np.isnan(a).sum())}, ref_torch: "
+                             f"{int(np.isnan(b).sum())} entries)")
+            continue
+        i = _padding_leak(mask, a, b)
+        if i is not None:
+            fail(res, dict(info, index=list(i)), f"output {name} is not 0 at masked position "
+                                                  f"{i}: ref_numpy {a[i]}, ref_torch {b[i]}")
+            continue
+        record(res, bridge.compare(b, a, tol), info)
+
+
+def _padding_leak(valid, a, b):
+    """The first position outside `valid` where a or b is not exactly 0, or None."""
+    if valid is None or a.shape != valid.shape or b.shape != valid.shape:
+        return None
+    leak = ~valid.astype(bool) & ((a != 0) | (b != 0))      # NaN != 0 counts as a leak too
+    return tuple(int(k) for k in np.argwhere(leak)[0]) if leak.any() else None
+
+
+def stage_vjp(entry: Entry, case, index, seed, res: StageResult, rng) -> None:
+    tol = tolerances.get("vjp")
+    outs = bridge.outputs(entry.numpy_fn(**case.arrays, **case.params), entry.outputs)
+    g = _cotangent(entry, outs, rng.normal(size=sum(o.size for o in outs)))
+    hand = _hand_vjp(entry, case, g)
+    auto = _autograd_vjp(entry, case, g)
+    for name in entry.diff:
+        info = _info(entry, case, index, seed, input=name, got_from="ref_numpy hand VJP",
+                     expected_from="torch autograd")
+        h, a = np.asarray(hand[name]), np.asarray(auto[name])
+        i = _padding_leak(_valid(case, name), h, a)
+        if i is not None:
+            fail(res, dict(info, index=list(i)), f"gradient wrt {name} is not 0 at masked "
+                                                  f"position {i}: hand {h[i]}, autograd {a[i]}")
+            continue
+        record(res, bridge.compare(h, a, tol), info)
+
+
+def _fd_against(entry: Entry, case, index, seed, res, stage, grad_of, freeze, rng,
+                got_from, undetached=False):
+    """Compare grad_of(cotangent)[input] with finite differences of the NumPy value."""
+    tol = tolerances.get(stage)
+    outs = bridge.outputs(entry.numpy_fn(**case.arrays, **case.params), entry.outputs)
+    n_out = sum(o.size for o in outs)
+    f_scale = max((float(np.abs(o[np.isfinite(o)]).max(initial=0.0)) for o in outs), default=0.0)
+    noise = finite_diff.roundoff(f_scale, case.fd_step)
+    for name in entry.diff:
+        x0 = case.arrays[name]
+        idx = np.flatnonzero(_valid(case, name))
+        if idx.size == 0:
+            continue
+        base = x0.reshape(-1)[idx].copy()
+
+        def f(xv, frozen=freeze):
+            delta = np.zeros(x0.size)
+            delta[idx] = xv - base
+            delta = delta.reshape(x0.shape)
+            if frozen is not None:
+                fn, arrays, params = frozen(entry.numpy_fn, case.arrays, case.params, name, delta)
+            else:
+                fn, arrays, params = entry.numpy_fn, dict(case.arrays, **{name: x0 + delta}), \
+                    case.params
+            return np.concatenate([o.reshape(-1) for o in
+                                   bridge.outputs(fn(**arrays, **params), entry.outputs)])
+
+        info = _info(entry, case, index, seed, input=name, got_from=got_from,
+                     expected_from="scipy finite differences" +
+                     (" (detached factor frozen)" if freeze is not None else ""))
+        if idx.size <= finite_diff.FULL_JACOBIAN_MAX_INPUTS:
+            J_fd = finite_diff.jacobian(f, base, case.fd_step)
+            J_got = np.empty_like(J_fd)
+            for k in range(n_out):
+                e = np.zeros(n_out)
+                e[k] = 1.0
+                J_got[k] = np.asarray(grad_of(_cotangent(entry, outs, e))[name]).reshape(-1)[idx]
+            scale = max(1.0, float(np.abs(J_fd).max()))
+            cmp = bridge.compare(J_got, J_fd, tol, scale, noise)
+            out_i, in_i = cmp.index if cmp.index else (0, 0)
+            where = dict(output_index=unflat_index(outs, out_i, entry.outputs),
+                         input_index=[int(i) for i in np.unravel_index(idx[in_i], x0.shape)])
+            extra = {}
+            if undetached:
+                J_plain = finite_diff.jacobian(lambda xv: f(xv, None), base, case.fd_step)
+                extra["undetached_fd_max_abs_diff"] = float(np.abs(J_got - J_plain).max())
+            record(res, cmp, dict(info, mode="full Jacobian", **where, **extra))
+        else:
+            for k in range(3):
+                u = rng.normal(size=n_out)
+                v = rng.normal(size=idx.size)
+                d_fd = finite_diff.directional(lambda t: float(u @ f(base + t * v)),
+                                               case.fd_step)
+                d_got = float(np.asarray(grad_of(_cotangent(entry, outs, u))[name])
+                              .reshape(-1)[idx] @ v)
+                extra = {}
+                if undetached:
+                    d_plain = finite_diff.directional(
+                        lambda t: float(u @ f(base + t * v, None)), case.fd_step)
+                    extra["undetached_fd_max_abs_diff"] = abs(d_got - d_plain)
+                cmp = bridge.compare(d_got, d_fd, tol, max(1.0, abs(d_fd)),
+                              noise * float(np.abs(u).sum()))
+                record(res, cmp, dict(info, mode=f"directional ⟨u, J v⟩, direction {k}",
+                                       **extra))
+
+
+def unflat_index(outs, flat_index, names):
+    for name, o in zip(names, outs):
+        if flat_index < o.size:
+            return [name] + [int(i) for i in np.unravel_index(flat_index, o.shape)]
+        flat_index -= o.size
+    return []
+
+
+def _fd_of_objectives(entry: Entry, case, index, seed, res) -> None:
+    """Gradient-valued outputs vs finite differences of the objectives they are gradients of."""
+    tol = tolerances.get("fd")
+    name = entry.diff[0]
+    x0 = case.arrays[name]
+    grads = dict(zip(entry.outputs,
+                     bridge.outputs(entry.numpy_fn(**case.arrays, **case.params), entry.outputs)))
+    for key, objective in entry.objectives(case.arrays, case.params).items():
+        J = finite_diff.jacobian(lambda x: np.array([objective(x)]), x0, case.fd_step)[0]
+        noise = finite_diff.roundoff(abs(objective(x0)), case.fd_step)
+        cmp = bridge.compare(grads[key], J, tol, max(1.0, float(np.abs(J).max())), noise)
+        record(res, cmp, _info(entry, case, index, seed, input=name, output=key,
+                                got_from=f"ref_numpy {key}",
+                                expected_from="scipy finite differences of its expectation"))
+
+
+def stage_fd(entry, case, index, seed, res, rng):
+    if entry.objectives is not None:
+        return _fd_of_objectives(entry, case, index, seed, res)
+    _fd_against(entry, case, index, seed, res, "fd", lambda g: _hand_vjp(entry, case, g),
+                entry.freeze_for(case.params), rng, "ref_numpy hand VJP")
+
+
+def stage_detach(entry, case, index, seed, res, rng):
+    _fd_against(entry, case, index, seed, res, "detach",
+                lambda g: _autograd_vjp(entry, case, g), entry.freeze_for(case.params), rng,
+                "torch autograd", undetached=True)
+
+
+# ---------------------------------------------------------------- driver
+def applicable(entry: Entry, case: cases_mod.Case, stage: str) -> bool:
+    if stage not in case.stages:
+        return False
+    if stage in ("vjp", "fd", "detach") and not entry.diff:
+        return False            # not differentiable (a count)
+    if stage == "vjp" and entry.numpy_vjp is None:
+        return False            # a gradient-valued function: its value stage is the autograd check
+    if stage == "detach":
+        return entry.freeze_for(case.params) is not None
+    return True
+
+
+def run_entry(entry: Entry, seed: int, n_cases: int,
+              stages: Sequence[str] = STAGES) -> List[StageResult]:
+    results = {s: StageResult(entry.name, s) for s in stages}
+    for i in range(n_cases):
+        rng = cases_mod.rng_for(seed, entry.name, i)
+        case = entry.case(rng, i)
+        for stage in stages:
+            if not applicable(entry, case, stage):
+                continue
+            res = results[stage]
+            res.cases += 1
+            run_stage(entry, stage, case, i, seed, res)
+    return [r for r in results.values() if r.cases > 0]
+
+
+def run_stage(entry: Entry, stage: str, case, index: int, seed: int, res: StageResult) -> None:
+    """One stage on one case, recorded into `res`; a twin that raises is a reported failure."""
+    stage_rng = cases_mod.rng_for(seed, entry.name + ":" + stage, index)
+    try:
+        if stage == "value":
+            stage_value(entry, case, index, seed, res)
+        elif stage == "vjp":
+            stage_vjp(entry, case, index, seed, res, stage_rng)
+        elif stage == "fd":
+            stage_fd(entry, case, index, seed, res, stage_rng)
+        else:
+            stage_detach(entry, case, index, seed, res, stage_rng)
+    except Exception as exc:
+        fail(res, _info(entry, case, index, seed, input="-"),
+              f"raised {type(exc).__name__}: {exc}")
+
+
+def run(entries: Dict[str, Entry], seed: int = 0, n_cases: int = 12,
+        stages: Sequence[str] = STAGES, progress=None) -> List[StageResult]:
+    out: List[StageResult] = []
+    for entry in entries.values():
+        rs = run_entry(entry, seed, n_cases, stages)
+        out.extend(rs)
+        if progress is not None:
+            progress(entry, rs)
+    return out

@@ -1,0 +1,150 @@
+"""Known bugs, each written as a small variant of the reference. A registry entry lists the ones
+that apply to it; the audit's diagnosis names one when it reproduces a failing function.
+
+A variant takes the data as the audit passes it (`data`: arrays by keyword, with the structural
+`group_size` / `group_ids` / `valid`) and the reference conventions (`p`), and returns what the
+buggy function would: its output (`value`) or, for a bug that only shows in the gradient, the
+gradient for a cotangent `g` (`grad`). A variant that does not apply to a case raises
+ValueError.
+"""
+import dataclasses
+from typing import Callable, Optional
+
+import numpy as np
+
+import ref_numpy
+
+STRUCTURAL = ("group_size", "group_ids", "valid")
+
+
+@dataclasses.dataclass(frozen=True)
+class KnownBug:
+    label: str                          # what it is, with the public report that found it
+    value: Optional[Callable] = None    # (data, p) -> output
+    grad: Optional[Callable] = None     # (data, p, g) -> gradient wrt the entry's first input
+    detach: bool = False                # the bug is a missing stop-gradient
+
+
+def arrays_of(data):
+    """The array inputs, without the structural ones."""
+    return {k: v for k, v in data.items() if k not in STRUCTURAL}
+
+
+def mask_of(data, shape):
+    m = data.get("mask")
+    return np.ones(shape, dtype=bool) if m is None else m.astype(bool)
+
+
+def _adv(data):
+    A = data["advantages"]
+    return A[:, None] if A.ndim == 1 and data["logp"].ndim == 2 else A
+
+
+def ppo_dual_on_positive(data, p):
+    c = p.get("clip_c") or 3.0
+    base = ref_numpy.ppo_clip_loss(**arrays_of(data), **dict(p, clip_c=None))
+    A = np.broadcast_to(_adv(data), base.shape)
+    m = mask_of(data, base.shape)
+    return np.where(m, np.minimum(base, -A * c), 0.0)
+
+
+def ppo_swapped(data, p):
+    lo = p.get("clip_low", 0.2)
+    hi = p.get("clip_high") if p.get("clip_high") is not None else lo
+    if hi >= 1:
+        raise ValueError("cannot swap")
+    return ref_numpy.ppo_clip_loss(**arrays_of(data), **dict(p, clip_low=hi, clip_high=lo))
+
+
+def gspo_product(data, p):
+    a = arrays_of(data)
+    m = mask_of(data, a["logp"].shape)
+    L = np.maximum(m.sum(axis=-1, keepdims=True), 1)
+    lp, old = np.where(m, a["logp"], 0.0), np.where(m, a["old_logp"], 0.0)
+    # Σ log-ratios = L · mean: emulate the product by scaling old_logp's distance by L
+    return ref_numpy.gspo_loss(lp, lp - (lp - old) * L, a["advantages"], a.get("mask"), **p)
+
+
+def kl_swapped(data, p):
+    a = arrays_of(data)
+    return ref_numpy.kl_penalty(a["ref_logp"], a["logp"], a.get("mask"), **p)
+
+
+def kl_negated(data, p):
+    return -ref_numpy.kl_penalty(**arrays_of(data), **p)
+
+
+def whiten_unmasked(data, p):
+    a = arrays_of(data)
+    m = mask_of(data, a["x"].shape)
+    return np.where(m, ref_numpy.whiten(np.where(m, a["x"], 0.0), None, **p), 0.0)
+
+
+def whiten_adds_mean_back(data, p):
+    a = arrays_of(data)
+    m = mask_of(data, a["x"].shape)
+    x = np.where(m, a["x"], 0.0)
+    mu = x.sum() / m.sum()
+    return np.where(m, ref_numpy.whiten(a["x"], a.get("mask"), **dict(p, shift_mean=True)) + mu,
+                    0.0)
+
+
+def value_clip_around_returns(data, p):
+    a = arrays_of(data)
+    return ref_numpy.value_loss(a["values"], a["returns"], a["returns"], a.get("mask"), **p)
+
+
+def groups_by_position(data, p):
+    a = arrays_of(data)
+    ids = data.get("group_ids")
+    if ids is None:
+        raise ValueError("consecutive already")
+    n_groups = len(np.unique(ids))
+    B = a["rewards"].shape[0]
+    if B % n_groups:
+        raise ValueError("not reshapeable")
+    return ref_numpy.group_advantages(a["rewards"], group_size=B // n_groups, **p)
+
+
+def groups_keep_invalid(data, p):
+    a = arrays_of(data)
+    if data.get("valid") is None:
+        raise ValueError("no invalid rows")
+    kw = {k: data[k] for k in ("group_ids", "group_size") if k in data}
+    return ref_numpy.group_advantages(a["rewards"], **kw, **p) * data["valid"]
+
+
+def cispo_undetached_grad(data, p, g):
+    """∂/∂logp of −w·A·logp with w = clip(r) differentiated too: −A·(w + logp·r·1[w = r])."""
+    a = arrays_of(data)
+    lp, old = a["logp"], a["old_logp"]
+    m = mask_of(data, lp.shape)
+    A = np.broadcast_to(_adv(data), lp.shape)
+    r = np.exp(np.where(m, lp - old, 0.0))
+    w = ref_numpy.cispo_loss_vjp(-np.ones(lp.shape), lp, old, np.ones(lp.shape), a.get("mask"),
+                                 **p)["logp"]                        # −(−w·1) = w on valid tokens
+    passes = np.isclose(w, r, rtol=0, atol=0)
+    grad = -A * (w + np.where(m, lp, 0.0) * r * passes)
+    return np.where(m, g * grad, 0.0)
+
+
+PPO = (KnownBug("dual clip applied to positive advantages too (tianshou #433, verl #783)",
+                value=ppo_dual_on_positive),
+       KnownBug("clip bounds swapped: ε_low and ε_high exchanged (DAPO clip-higher)",
+                value=ppo_swapped))
+GSPO = (KnownBug("the sequence ratio as a product of token ratios; GSPO uses the "
+                 "length-normalised mean", value=gspo_product),)
+KL = (KnownBug("the estimator's arguments swapped (logp ↔ ref_logp)", value=kl_swapped),
+      KnownBug("the KL term's sign flipped (verl a65c9157 maximised KL)", value=kl_negated))
+WHITEN = (KnownBug("statistics over padding too (unmasked mean and variance)",
+                   value=whiten_unmasked),
+          KnownBug("shift_mean=False adds the mean back (slime #1369)",
+                   value=whiten_adds_mean_back))
+VALUE = (KnownBug("the value clip is around the returns, not the old values (a no-op)",
+                  value=value_clip_around_returns),)
+GROUPS = (KnownBug("groups taken as consecutive blocks, ignoring group_ids (a reshape of an "
+                   "interleaved batch: R1-V #67, PipelineRL #54)", value=groups_by_position),
+          KnownBug("invalid rows kept in the group statistics (OpenRLHF #1239)",
+                   value=groups_keep_invalid))
+CISPO = (KnownBug("CISPO's weight w = clip(ratio) is not detached: its gradient is "
+                  "differentiated too", grad=cispo_undetached_grad, detach=True),)

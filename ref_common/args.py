@@ -1,0 +1,509 @@
+"""One argument parser per equation: each twin validates a call in one line.
+
+A twin passes an `Ops` object that answers questions about its own arrays (shape and kind, the
+first entry of a mask that is not 0/1, the first non-finite valid entry, ...) and converts them
+to what it computes with (float64 NumPy arrays; tensors left as they are). The parsers hold the
+order of the checks and every message, so both twins refuse the same input with the same words.
+
+Every parser returns a NamedTuple of validated values: arrays converted by the twin, masks as
+booleans, hyper-parameters as Python numbers, and flags that the math needs (a per-sequence
+advantage, say). Nothing here computes a result.
+"""
+import numbers
+from typing import Any, NamedTuple, Optional, Protocol
+
+from . import checks, vocab
+from .checks import Spec
+
+
+class Ops(Protocol):
+    """What a twin tells the parsers about its arrays."""
+
+    uniform: bool     # True: float inputs of one call must share one dtype and device (torch)
+
+    def spec(self, name: str, x) -> Spec: ...               # raises TypeError for a non-array
+    def floats(self, x): ...                                 # x as the twin computes with it
+    def bad_mask_value(self, m): ...                         # first entry not 0/1, or None
+    def as_mask(self, m): ...                                # a boolean array
+    def all_valid(self, like): ...                           # an all-True mask shaped like `like`
+    def rows_with_tokens(self, m): ...                       # [B] bool: rows with a valid token
+    def count(self, m) -> int: ...                           # number of True entries
+    def first_nonfinite(self, x, valid): ...                 # (index, value) or None
+    def all_finite(self, x) -> bool: ...
+
+
+# ====================================================================== shared pieces
+def token(ops: Ops, name: str, x):
+    """(Spec, array) of a float token array [B, T] or [T]."""
+    s = ops.spec(name, x)
+    checks.require_token(s)
+    return s, ops.floats(x)
+
+
+def like(ops: Ops, name: str, x, ref: Spec):
+    """A float array with exactly `ref`'s shape (and, where the twin requires it, its dtype and
+    device)."""
+    s = ops.spec(name, x)
+    checks.require_float(s)
+    checks.same_shape(ref, s)
+    if ops.uniform:
+        checks.same_dtype(ref, s)
+        checks.same_device(ref, s)
+    return ops.floats(x)
+
+
+def mask(ops: Ops, m, ref: Spec, ref_array, name: str = "mask"):
+    """A boolean mask shaped like `ref`; None means every position is valid."""
+    if m is None:
+        return ops.all_valid(ref_array)
+    s = ops.spec(name, m)
+    checks.require_mask(s, ref)
+    if ops.uniform:
+        checks.same_device(ref, s)
+    bad = ops.bad_mask_value(m)
+    checks.mask_values(name, bad is None, bad)
+    return ops.as_mask(m)
+
+
+def finite(ops: Ops, name: str, x, valid) -> None:
+    found = ops.first_nonfinite(x, valid)
+    if found is not None:
+        checks.finite_at_valid(name, *found)
+
+
+def cotangent(ops: Ops, g, name: str, ref: Spec, ref_name: Optional[str] = None):
+    """A VJP's cotangent `name` (g, g[0], ...): a float array shaped like the output."""
+    return like(ops, name, g, ref._replace(name=ref_name or ref.name))
+
+
+def scalar_cotangent(ops: Ops, g, fn: str) -> float:
+    """The cotangent of a scalar-valued function: a float scalar (a 0-d array or a number)."""
+    s = ops.spec("g", g)
+    checks.require_float(s)
+    if s.shape != ():
+        raise ValueError(f"g has shape {s.shape}; {fn} returns a scalar, so g must be one")
+    return float(g)
+
+
+def policy_mask(mask_is_none: bool, fn: str) -> None:
+    if mask_is_none:
+        raise ValueError(f"mask is None; {fn} needs the [B, T] mask of valid tokens")
+
+
+# ====================================================================== GAE, returns
+class Gae(NamedTuple):
+    rewards: Any
+    values: Any
+    mask: Any
+    dones: Any          # boolean mask, or None
+    last_value: Any     # float array [B] (or 0-d for [T] input), or None
+    gamma: float
+    lam: float
+
+
+def gae(ops: Ops, rewards, values, mask_, gamma, lam, dones, last_value, *,
+        check_finite: bool = True) -> Gae:
+    """gae's inputs. With check_finite=False the twin checks finiteness itself (the torch twin
+    folds it into a sum it computes anyway); the message is `finite`'s."""
+    rs, r = token(ops, "rewards", rewards)
+    v = like(ops, "values", values, rs)
+    m = mask(ops, mask_, rs, r)
+    gamma = checks.in_range("gamma", gamma, 0.0, 1.0)
+    lam = checks.in_range("lam", lam, 0.0, 1.0)
+    d = None if dones is None else mask(ops, dones, rs, r, name="dones")
+    lv = None
+    if last_value is not None:
+        s = ops.spec("last_value", last_value)
+        checks.require_float(s)
+        lv = ops.floats(last_value)
+        batch_shape = tuple(rs.shape[:-1])
+        if tuple(s.shape) != batch_shape:
+            raise ValueError(f"last_value has shape {tuple(s.shape)}; expected one value per "
+                             f"sequence {batch_shape}")
+        if not ops.all_finite(lv):
+            raise ValueError("last_value holds NaN or inf; it bootstraps every row and must be "
+                             "finite")
+    if check_finite:
+        finite(ops, "rewards", r, m)
+        finite(ops, "values", v, m)
+    return Gae(r, v, m, d, lv, gamma, lam)
+
+
+class Returns(NamedTuple):
+    rewards: Any
+    mask: Any
+    gamma: float
+
+
+def discounted_returns(ops: Ops, rewards, mask_, gamma) -> Returns:
+    rs, r = token(ops, "rewards", rewards)
+    m = mask(ops, mask_, rs, r)
+    gamma = checks.in_range("gamma", gamma, 0.0, 1.0)
+    finite(ops, "rewards", r, m)
+    return Returns(r, m, gamma)
+
+
+# ====================================================================== whitening
+class Whiten(NamedTuple):
+    x: Any
+    mask: Any
+    n_valid: int
+    ddof: int
+    eps: float
+    eps_mode: str
+    shift_mean: bool
+
+
+def whiten(ops: Ops, x, mask_, ddof, eps, eps_mode, shift_mean) -> Whiten:
+    xs, xa = token(ops, "x", x)
+    m = mask(ops, mask_, xs, xa)
+    ddof = checks.ddof(ddof)
+    eps = checks.non_negative("eps", eps)
+    eps_mode = checks.choice("eps_mode", eps_mode, vocab.EPS_MODES)
+    checks.boolean("shift_mean", shift_mean)
+    finite(ops, "x", xa, m)
+    n = ops.count(m)
+    if n - ddof <= 0:
+        raise ValueError(f"mask has {n} valid entries; whiten with ddof={ddof} needs at least "
+                         f"{ddof + 1}")
+    return Whiten(xa, m, n, ddof, eps, eps_mode, shift_mean)
+
+
+def whiten_scale(scale_is_zero: bool, n_valid: int) -> None:
+    """After the twin computed the scale s: 0 (a constant x with eps = 0) cannot divide."""
+    if scale_is_zero:
+        raise ValueError(f"x has zero variance over its {n_valid} valid entries and eps=0: "
+                         f"whitening would divide by zero")
+
+
+# ====================================================================== group advantages
+class Groups(NamedTuple):
+    rewards: Any
+    group_size: Optional[int]     # exactly one of group_size and group_ids is set
+    group_ids: Any
+    keep: Any                     # [B] bool: rows that enter the statistics
+    ddof: int
+    eps: float
+    scale: str
+    baseline: str
+
+
+def group_advantages(ops: Ops, rewards, group_size, group_ids, ddof, eps, scale, baseline,
+                     valid) -> Groups:
+    s = ops.spec("rewards", rewards)
+    checks.require_float(s)
+    checks.require_sequence(s)
+    r = ops.floats(rewards)
+    B = s.shape[0]
+    ids = None if group_ids is None else ops.spec("group_ids", group_ids)
+    if (group_size is not None) == (ids is not None):
+        raise ValueError("group_advantages needs exactly one of group_size= or group_ids=; "
+                         f"got {'both' if group_size is not None else 'neither'}")
+    if ids is not None:
+        if ids.kind not in ("int", "bool"):
+            raise TypeError(f"group_ids has dtype {ids.dtype}; expected integers")
+        checks.require_sequence(ids, B)
+    if group_size is not None:
+        if isinstance(group_size, bool) or not isinstance(group_size, numbers.Integral) or \
+                group_size < 1:
+            raise ValueError(f"group_size is {group_size!r}; expected a positive integer")
+        if B % group_size:
+            raise ValueError(f"group_size is {group_size} but rewards has B = {B} rows; "
+                             f"group_size must divide B")
+        group_size = int(group_size)
+    ddof = checks.ddof(ddof)
+    eps = checks.non_negative("eps", eps)
+    scale = checks.choice("scale", scale, vocab.GROUP_SCALES)
+    baseline = checks.choice("baseline", baseline, vocab.GROUP_BASELINES)
+    if scale == "leave_one_out" and baseline != "leave_one_out":
+        raise ValueError(f"scale is 'leave_one_out' but baseline is {baseline!r}; the others' "
+                         f"std goes with the others' mean (baseline='leave_one_out', as NeMo)")
+    keep = mask(ops, valid, s, r, name="valid")
+    finite(ops, "rewards", r, keep)
+    return Groups(r, group_size, group_ids, keep, ddof, eps, scale, baseline)
+
+
+def group_spread(row) -> None:
+    """`row` is the first row whose group has zero spread while eps = 0, or None."""
+    if row is not None:
+        raise ValueError(f"rewards of row {row}'s group have zero spread and eps=0: the "
+                         f"advantage would be 0/0; use eps > 0 or scale='none'")
+
+
+# ====================================================================== ratio-based losses
+class Ratio(NamedTuple):
+    logp: Any
+    old_logp: Any
+    advantages: Any        # as given: [B, T], or [B] when per_seq
+    per_seq: bool
+    mask: Any
+    log_ratio_clamp: Optional[float]
+
+
+def ratio_inputs(ops: Ops, logp, old_logp, advantages, mask_, log_ratio_clamp) -> Ratio:
+    """The inputs every ratio-based loss shares. Advantages are per token (logp's shape) or per
+    sequence ([B] for a [B, T] logp); nothing else is accepted, since a [B, 1] column or a [T]
+    vector against [B, T] would broadcast silently elsewhere."""
+    lps, lp = token(ops, "logp", logp)
+    old = like(ops, "old_logp", old_logp, lps)
+    advs = ops.spec("advantages", advantages)
+    checks.require_float(advs)
+    if tuple(advs.shape) == tuple(lps.shape):
+        per_seq = False
+    elif len(lps.shape) == 2 and tuple(advs.shape) == (lps.shape[0],):
+        per_seq = True
+    else:
+        one = f" or one per sequence [B] = ({lps.shape[0]},)" if len(lps.shape) == 2 else ""
+        raise ValueError(f"advantages has shape {tuple(advs.shape)} but logp has "
+                         f"{tuple(lps.shape)}; expected per token {tuple(lps.shape)}{one}")
+    if ops.uniform:
+        checks.same_dtype(lps, advs)
+        checks.same_device(lps, advs)
+    m = mask(ops, mask_, lps, lp)
+    clamp = checks.positive("log_ratio_clamp", log_ratio_clamp, allow_none=True)
+    adv = ops.floats(advantages)
+    if per_seq:
+        finite(ops, "advantages", adv, ops.rows_with_tokens(m))
+    finite(ops, "logp", lp, m)
+    finite(ops, "old_logp", old, m)
+    if not per_seq:
+        finite(ops, "advantages", adv, m)
+    return Ratio(lp, old, adv, per_seq, m, clamp)
+
+
+class ClipBounds(NamedTuple):
+    clip_low: float
+    lo: float            # 1 − ε_low
+    hi: float            # 1 + ε_high (ε_high = ε_low when clip_high is None)
+
+
+def clip_bounds(clip_low, clip_high) -> ClipBounds:
+    """PPO's clip interval [1 − ε_low, 1 + ε_high]."""
+    clip_low = checks.in_range("clip_low", clip_low, 0.0, 1.0, hi_open=True)
+    clip_high = checks.non_negative("clip_high", clip_high, allow_none=True)
+    return ClipBounds(clip_low, 1.0 - clip_low, 1.0 + (clip_low if clip_high is None else
+                                                       clip_high))
+
+
+class Ppo(NamedTuple):
+    lo: float
+    hi: float
+    clip_c: Optional[float]      # dual clip, > 1
+    delta: Optional[float]       # TRL's absolute cap on the unclipped ratio, ≥ hi
+
+
+def ppo(clip_low, clip_high, clip_c, delta) -> Ppo:
+    b = clip_bounds(clip_low, clip_high)
+    if clip_c is not None:
+        clip_c = checks.number("clip_c", clip_c)
+        if clip_c <= 1.0:
+            raise ValueError(f"clip_c is {clip_c}; the dual clip needs c > 1 (or None to "
+                             f"disable it)")
+    delta = checks.ratio_cap("delta", delta)
+    if delta is not None and delta < b.hi:
+        raise ValueError(f"delta is {delta} but the upper clip edge 1 + clip_high is {b.hi}; "
+                         f"TRL's cap must be at least the clip edge (it recommends δ > 1 + ε)")
+    return Ppo(b.lo, b.hi, clip_c, delta)
+
+
+class Cispo(NamedTuple):
+    lo: float            # the weight's lower bound (0: none)
+    hi: float            # its upper bound (may be inf)
+
+
+def cispo(clip_high, clip_low, bound) -> Cispo:
+    """CISPO's weight bounds: absolute min(r, clip_high), or relative clip(r, 1 − lo, 1 + hi)."""
+    bound = checks.choice("bound", bound, vocab.CISPO_BOUNDS)
+    if bound == "absolute":
+        cap = checks.positive("clip_high", clip_high, allow_inf=True)
+        if clip_low is not None:
+            raise ValueError(f"clip_low is {clip_low!r}, but bound='absolute' has no lower "
+                             f"bound; use bound='relative' or leave clip_low=None")
+        return Cispo(0.0, cap)
+    hi = checks.non_negative("clip_high", clip_high, allow_inf=True)
+    lo = checks.non_negative("clip_low", clip_low, allow_none=True, allow_inf=True)
+    return Cispo(0.0 if lo is None else max(1.0 - lo, 0.0), 1.0 + hi)
+
+
+class Gspo(NamedTuple):
+    lo: float
+    hi: float
+    form: str
+    log_ratio_max: Optional[float]
+
+
+def gspo(clip_low, clip_high, form, log_ratio_max) -> Gspo:
+    clip_low = checks.in_range("clip_low", clip_low, 0.0, 1.0, hi_open=True)
+    clip_high = checks.non_negative("clip_high", clip_high)
+    form = checks.choice("form", form, vocab.GSPO_FORMS)
+    cap = checks.number("log_ratio_max", log_ratio_max, allow_none=True)
+    return Gspo(1.0 - clip_low, 1.0 + clip_high, form, cap)
+
+
+def clip_fraction(definition, clip_low, clip_high):
+    """(definition, ClipBounds) of clip_fraction."""
+    definition = checks.choice("definition", definition, vocab.CLIP_FRACTIONS)
+    return definition, clip_bounds(clip_low, clip_high)
+
+
+# ====================================================================== value loss
+class Value(NamedTuple):
+    values: Any
+    old_values: Any
+    returns: Any
+    mask: Any
+    clip: Optional[float]
+
+
+def value_loss(ops: Ops, values, old_values, returns, mask_, clip) -> Value:
+    vs, v = token(ops, "values", values)
+    vo = like(ops, "old_values", old_values, vs)
+    R = like(ops, "returns", returns, vs)
+    m = mask(ops, mask_, vs, v)
+    clip = checks.positive("clip", clip, allow_none=True)
+    for name, a in (("values", v), ("old_values", vo), ("returns", R)):
+        finite(ops, name, a, m)
+    return Value(v, vo, R, m, clip)
+
+
+# ====================================================================== KL terms
+class Kl(NamedTuple):
+    logp: Any
+    ref_logp: Any
+    mask: Any
+    kind: str
+    in_bound: Optional[float]
+    out_bound: Optional[float]
+
+
+def kl_penalty(ops: Ops, logp, ref_logp, mask_, kind, clamp) -> Kl:
+    lps, lp = token(ops, "logp", logp)
+    ref = like(ops, "ref_logp", ref_logp, lps)
+    m = mask(ops, mask_, lps, lp)
+    kind = checks.choice("kind", kind, vocab.KL_KINDS)
+    in_b, out_b = checks.clamp_pair("clamp", clamp)
+    finite(ops, "logp", lp, m)
+    finite(ops, "ref_logp", ref, m)
+    return Kl(lp, ref, m, kind, in_b, out_b)
+
+
+class ApproxKl(NamedTuple):
+    logp: Any
+    old_logp: Any
+    mask: Any
+    kind: str
+    n_valid: int
+
+
+def approx_kl(ops: Ops, logp, old_logp, mask_, kind) -> ApproxKl:
+    lps, lp = token(ops, "logp", logp)
+    old = like(ops, "old_logp", old_logp, lps)
+    m = mask(ops, mask_, lps, lp)
+    kind = checks.choice("kind", kind, vocab.ESTIMATOR_KINDS)
+    finite(ops, "logp", lp, m)
+    finite(ops, "old_logp", old, m)
+    return ApproxKl(lp, old, m, kind, ops.count(m))
+
+
+# ====================================================================== aggregation, objective
+class Aggregate(NamedTuple):
+    loss: Any
+    mask: Any
+    mode: str
+    norm: Optional[float]      # validated only for "seq-mean-token-sum-norm" (None: T)
+    empty_rows: str
+
+
+def aggregate(ops: Ops, loss, mask_, mode, norm, empty_rows) -> Aggregate:
+    ls, lo = token(ops, "loss", loss)
+    policy_mask(mask_ is None, "aggregate")
+    m = mask(ops, mask_, ls, lo)
+    mode = checks.choice("mode", mode, vocab.AGG_MODES)
+    empty_rows = checks.choice("empty_rows", empty_rows, vocab.EMPTY_ROWS)
+    if norm is not None and mode != "seq-mean-token-sum-norm":
+        raise ValueError(f"norm is {norm!r} but mode is {mode!r}; norm only applies to "
+                         f"'seq-mean-token-sum-norm'")
+    finite(ops, "loss", lo, m)
+    if mode == "seq-mean-token-sum-norm" and norm is not None:
+        norm = checks.positive("norm", norm)
+    return Aggregate(lo, m, mode, norm, empty_rows)
+
+
+class Objective(NamedTuple):
+    loss: str
+    beta: float
+    kl_kind: str
+    kl_clamp: Any
+
+
+def policy_objective(mask_, ref_logp, loss, beta, kl_kind, kl_clamp) -> Objective:
+    """policy_objective's own keywords; its parts validate their inputs themselves. The KL term's
+    conventions are checked here under policy_objective's names (kl_penalty calls them kind and
+    clamp), so a wrong value is reported under the keyword the caller used."""
+    loss = checks.choice("loss", loss, vocab.POLICY_LOSSES)
+    beta = checks.non_negative("beta", beta)
+    policy_mask(mask_ is None, "policy_objective")
+    if beta > 0 and ref_logp is None:
+        raise ValueError(f"beta is {beta} but ref_logp is None; a KL term needs ref_logp")
+    checks.choice("kl_kind", kl_kind, vocab.KL_KINDS)
+    checks.clamp_pair("kl_clamp", kl_clamp)
+    return Objective(loss, beta, kl_kind, kl_clamp)
+
+
+# ====================================================================== exact estimator analysis
+def logits(ops: Ops, name: str, x, like_: Optional[Spec] = None):
+    """One categorical policy's logits [V], V ≥ 2 (and the shape of `like_` when given)."""
+    s = ops.spec(name, x)
+    checks.require_float(s)
+    if len(s.shape) != 1 or s.shape[0] < 2:
+        raise ValueError(f"{name} has shape {tuple(s.shape)}; expected one categorical "
+                         f"policy's logits [V] with V ≥ 2")
+    if like_ is not None:
+        if tuple(s.shape) != tuple(like_.shape):
+            raise ValueError(f"{name} has shape {tuple(s.shape)} but {like_.name} has "
+                             f"{tuple(like_.shape)}; both are [V]")
+        if ops.uniform:
+            checks.same_dtype(like_, s)
+            checks.same_device(like_, s)
+    z = ops.floats(x)
+    finite(ops, name, z, ops.all_valid(z))
+    return s, z
+
+
+class Moments(NamedTuple):
+    logits: Any
+    ref_logits: Any
+    kind: str
+
+
+def kl_estimator_moments(ops: Ops, logits_, ref_logits, kind) -> Moments:
+    s, z = logits(ops, "logits", logits_)
+    _, zr = logits(ops, "ref_logits", ref_logits, s)
+    kind = checks.choice("kind", kind, vocab.ESTIMATOR_KINDS)
+    return Moments(z, zr, kind)
+
+
+class EstimatorGradient(NamedTuple):
+    logits: Any
+    ref_logits: Any
+    kind: str
+    use: str
+    sample_logits: Any      # or None: samples from π itself
+    is_weight: Optional[str]
+
+
+def kl_estimator_gradient(ops: Ops, logits_, ref_logits, kind, use, sample_logits,
+                          is_weight) -> EstimatorGradient:
+    s, z = logits(ops, "logits", logits_)
+    _, zr = logits(ops, "ref_logits", ref_logits, s)
+    kind = checks.choice("kind", kind, vocab.ESTIMATOR_KINDS)
+    use = checks.choice("use", use, vocab.USES)
+    is_weight = checks.choice("is_weight", is_weight, vocab.IS_WEIGHTS)
+    zs = None if sample_logits is None else logits(ops, "sample_logits", sample_logits, s)[1]
+    return EstimatorGradient(z, zr, kind, use, zs, is_weight)
+
+
+def moment_cotangent(g) -> None:
+    if not isinstance(g, dict) or set(g) != set(vocab.MOMENT_KEYS):
+        raise TypeError(f"g must be a dict with keys {', '.join(vocab.MOMENT_KEYS)}")
+

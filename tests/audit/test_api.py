@@ -1,0 +1,126 @@
+"""The audit API: usage errors, the adapter contract, the closeness rule, deadlines."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from crosscheck import assert_conforms, audit
+from crosscheck.audit import AuditUsageError
+from tests.audit.corpus import (N, failing, finding, gae_loop, grpo, kl, whiten)
+
+
+def test_the_reference_undefined_on_a_case_is_skipped_not_a_crash():
+    report = audit(grpo(0, 0.0), "group_advantages", profile="minimind", cases=N, eps=0.0)
+    assert any("reference is undefined" in why for why in report.skipped)
+
+
+def test_usage_errors():
+    with pytest.raises(AuditUsageError, match="ref is 'grpo'"):
+        audit(grpo(0, 1e-4), "grpo")
+    with pytest.raises(AuditUsageError, match="profile is 'deepspeed'"):
+        audit(grpo(0, 1e-4), "group_advantages", profile="deepspeed")
+    with pytest.raises(AuditUsageError, match="profile 'cleanrl' defines no conventions for "
+                                              "'group_advantages'") as exc:
+        audit(grpo(0, 1e-4), "group_advantages", profile="cleanrl")
+    from crosscheck.audit.profiles import PROFILES      # it lists what the profile does define
+    defined = [k for k in PROFILES["cleanrl"] if not k.startswith("_")]
+    assert "group_advantages" not in defined and len(defined) >= 3
+    assert str(exc.value).endswith("it defines: " + ", ".join(defined))
+    with pytest.raises(AuditUsageError, match="gae needs gamma, lam"):
+        audit(gae_loop(1.0, 1.0), "gae")
+    with pytest.raises(AuditUsageError, match="'gamma_x' is not a convention of whiten"):
+        audit(whiten(0, 1e-8, "var"), "whiten", gamma_x=1)
+
+
+def test_assert_conforms_raises_with_the_report():
+    assert assert_conforms(grpo(0, 1e-4), "group_advantages", profile="minimind", cases=N).ok
+    with pytest.raises(AssertionError, match="DOES NOT CONFORM"):
+        assert_conforms(grpo(0, 1e-4), "group_advantages", profile="verl", cases=N)
+
+
+def test_conventions_with_numpy_values_serialise():
+    report = audit(kl("k3"), "kl_penalty", cases=2, clamp=(np.float64(10.0), None))
+    doc = json.loads(json.dumps(report.to_dict()))
+    assert doc["conventions"]["clamp"] == [10.0, None]
+
+
+def test_an_adapter_whose_signature_cannot_be_read_is_offered_every_keyword():
+    class Opaque:                    # e.g. a compiled extension: inspect.signature raises
+        __signature__ = "not a signature"
+
+        def __call__(self, logp, ref_logp, mask=None, **_):
+            return kl("k3")(logp, ref_logp, mask)
+
+    report = audit(Opaque(), "kl_penalty", profile="minimind", cases=6)
+    assert report.ok, str(report)
+
+
+# ================================================================ the audit's own plumbing
+def test_the_reference_takes_group_size_over_the_equivalent_ids():
+    from crosscheck.audit.calls import reference_args
+    ids, r = np.array([0, 0, 1, 1]), np.arange(4.0)
+    assert set(reference_args(dict(rewards=r, group_size=2, group_ids=ids))) == \
+        {"rewards", "group_size"}
+    assert set(reference_args(dict(rewards=r, group_ids=ids))) == {"rewards", "group_ids"}
+
+
+def test_trainer_padding_fills_per_sequence_values_of_empty_rows():
+    """A [B] input (per-sequence advantages) is padded where its row has no valid token; B ≠ T."""
+    from crosscheck.audit.calls import finite_padding
+    from crosscheck.check import cases as cases_mod
+    m = np.array([[1, 1, 0, 0, 0], [0, 0, 0, 0, 0], [1, 0, 1, 0, 1]], dtype=bool)
+    adv = np.array([0.5, np.nan, -2.0])
+    logp = np.where(m, -1.0, np.nan)
+    out = finite_padding(cases_mod.Case("c", dict(advantages=adv, logp=logp, mask=m), {}),
+                          value=7.0).arrays
+    np.testing.assert_array_equal(out["advantages"], [0.5, 7.0, -2.0])
+    np.testing.assert_array_equal(out["logp"], np.where(m, -1.0, 7.0))
+
+
+def test_an_unknown_profile_lists_the_known_ones():
+    from crosscheck.audit.profiles import PROFILES
+    with pytest.raises(AuditUsageError) as exc:
+        audit(grpo(0, 1e-4), "group_advantages", profile="deepspeed")
+    assert str(exc.value).endswith("expected one of " + ", ".join(PROFILES))
+
+
+def test_an_adapter_without_group_ids_runs_the_consecutive_cases_and_skips_the_rest():
+    by_ids = grpo(1, 1e-6)
+
+    def by_size(rewards, group_size, valid=None):
+        return by_ids(rewards, torch.arange(len(rewards)) // group_size, valid)
+    report = audit(by_size, "group_advantages", profile="verl", cases=N)
+    assert report.ok, str(report)
+    ran = finding(report, "value").cases
+    assert list(report.skipped) == ["your function does not accept group_ids="]
+    assert ran > 0 and report.skipped["your function does not accept group_ids="] == N - ran
+    d = report.to_dict()
+    assert d["ref"] == "group_advantages" and d["skipped"] == report.skipped
+    assert json.loads(json.dumps(d))["skipped"] == report.skipped
+
+
+def test_an_unknown_convention_lists_the_known_ones():
+    with pytest.raises(AuditUsageError) as exc:
+        audit(whiten(0, 1e-8, "var"), "whiten", gamma_x=1)
+    assert str(exc.value).endswith("its keywords are ddof, eps, eps_mode, shift_mean")
+
+
+@pytest.mark.parametrize("timeout", ["1", True, 0, -1.0, float("nan"), float("inf")])
+def test_a_timeout_that_is_not_a_positive_number_is_refused(timeout):
+    with pytest.raises(AuditUsageError, match=r"timeout is .*; expected a positive number"):
+        audit(kl("k1"), "kl_penalty", kind="k1", cases=2, timeout=timeout)
+
+
+# ================================================================ robustness
+def test_raising_wrong_shape_and_nan_are_reported_not_raised():
+    def boom(**_):
+        raise RuntimeError("my trainer broke")
+    r = audit(boom, "kl_penalty", cases=5)
+    assert "raises" in failing(r) and "my trainer broke" in finding(r, "raises").message
+    assert finding(r, "kl_direction").status == "fail"
+    assert finding(r, "kl_direction").message == "RuntimeError: my trainer broke"
+    r = audit(lambda logp, ref_logp, mask: (logp - ref_logp).sum(1), "kl_penalty", cases=5)
+    assert "shape" in failing(r) and "expected" in finding(r, "shape").message
+    r = audit(lambda logp, ref_logp, mask: logp * float("nan"), "kl_penalty", cases=5)
+    assert "finite" in failing(r)

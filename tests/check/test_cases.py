@@ -1,0 +1,223 @@
+"""What the default run's cases cover, and the promises the fd stage relies on.
+
+`python -m crosscheck` runs 12 cases per function. These tests pin that those 12 reach every
+mask kind, every convention a generator rotates through and every special input (dones, a
+bootstrap value, off-policy samples, an all-equal group...), so that editing a generator cannot
+silently drop a path from the check. They also check the distances from kinks that make a finite
+difference meaningful, on more cases than the default run draws."""
+import math
+
+import numpy as np
+import pytest
+
+from crosscheck.check import cases as cases_mod
+from crosscheck.check import registry, report, stages
+
+DEFAULT = 12
+ENTRIES = registry.build()
+
+
+def drawn(name, n=DEFAULT, seed=0):
+    entry = ENTRIES[name]
+    return [entry.case(cases_mod.rng_for(seed, name, i), i) for i in range(n)]
+
+
+def mask_kind(m):
+    if m is None or m.all():
+        return "full"
+    valid_prefix = np.array_equal(m, np.arange(m.shape[-1]) < m.sum(-1, keepdims=True))
+    return "ragged" if valid_prefix else "holed"
+
+
+@pytest.mark.parametrize("name", list(ENTRIES))
+def test_every_case_is_labelled_and_reproducible(name):
+    for c, again in zip(drawn(name), drawn(name)):
+        assert isinstance(c.label, str) and c.label
+        assert c.label == again.label and c.params == again.params
+        for k, v in c.arrays.items():
+            assert (v is None and again.arrays[k] is None) or \
+                np.array_equal(v, again.arrays[k], equal_nan=True)
+
+
+@pytest.mark.parametrize("name", [n for n in ENTRIES if "mask" in
+                                  ENTRIES[n].case(cases_mod.rng_for(0, n, 1), 1).arrays])
+def test_the_default_cases_reach_every_mask_kind(name):
+    kinds = {mask_kind(c.arrays["mask"]) for c in drawn(name) if c.arrays["mask"] is not None}
+    assert kinds == {"full", "ragged", "holed"}
+
+
+def test_gae_cases_reach_dones_a_bootstrap_value_and_a_single_trajectory():
+    cs = drawn("gae")
+    assert any(c.arrays["dones"] is not None and
+               (c.arrays["dones"] & c.arrays["mask"]).any() for c in cs)
+    batches = [c for c in cs if c.arrays["rewards"].ndim == 2]
+    assert {c.arrays["last_value"] is None for c in batches} == {True, False}
+    # a single [T] trajectory, bootstrapped by a 0-d last_value
+    assert any(c.arrays["rewards"].ndim == 1 and c.arrays["last_value"] is not None and
+               c.arrays["last_value"].shape == () for c in cs)
+    assert {c.params["gamma"] for c in cs} >= {0.0, 1.0} and \
+        {c.params["lam"] for c in cs} >= {0.0, 1.0}
+
+
+def test_gae_labels_say_when_a_case_has_dones_or_a_bootstrap_value():
+    """A failing case is identified by its label; a gae label names its dones and its
+    last_value when it has them."""
+    for c in drawn("gae", 40):
+        assert (", dones" in c.label) == (c.arrays["dones"] is not None), c.label
+        assert (", last_value" in c.label) == (c.arrays["last_value"] is not None), c.label
+
+
+def test_estimator_gradient_cases_reach_the_kl_term_as_loss_and_as_reward():
+    assert {c.params["use"] for c in drawn("kl_estimator_gradient")} == {"loss", "reward"}
+
+
+def test_policy_objective_cases_reach_every_loss_aggregation_and_kl_term():
+    cs = drawn("policy_objective")
+    assert {(c.params["loss"]) for c in cs} == {"ppo", "cispo", "gspo"}
+    assert {c.params["agg"] for c in cs} == {"token-mean", "seq-mean-token-mean",
+                                             "seq-mean-token-sum", "seq-mean-token-sum-norm"}
+    assert {c.params["kl_kind"] for c in cs if c.params["beta"] > 0} == {"k1", "k2", "k3", "abs"}
+    # each loss runs under its own conventions, not only its defaults
+    assert any(c.params.get("form") == "sequence" for c in cs)
+    assert any(c.params.get("bound") == "relative" for c in cs)
+    assert any(c.params.get("clip_c") == 3.0 for c in cs)
+
+
+def test_policy_objective_abs_kl_keeps_the_log_ratio_off_its_kink():
+    for c in drawn("policy_objective", 48):
+        if c.params["kl_kind"] == "abs" and "fd" in c.stages:
+            m = c.arrays["mask"]
+            with np.errstate(invalid="ignore"):               # garbage at padding
+                x = np.where(m, c.arrays["ref_logp"] - c.arrays["logp"], np.inf)
+            assert np.abs(x).min() >= cases_mod.MARGIN, c.label
+
+
+def test_ratio_losses_reach_the_log_ratio_clamp_under_every_bound():
+    ppo = drawn("ppo_clip_loss")
+    assert {c.params["log_ratio_clamp"] for c in ppo} == {None, 20.0}
+    for key, on in (("clip_high", 0.28), ("clip_c", 3.0), ("delta", 2.5)):   # and TRL's cap
+        assert {c.params[key] for c in ppo} == {None, on}, key
+    cispo = {(c.params["bound"], c.params["log_ratio_clamp"]) for c in drawn("cispo_loss")}
+    assert cispo == {("absolute", None), ("absolute", 20.0), ("relative", None),
+                     ("relative", 20.0)}
+
+
+def test_kl_penalty_cases_reach_every_kind_and_clamp():
+    cs = drawn("kl_penalty")
+    assert {c.params["kind"] for c in cs} == {"k1", "k2", "k3", "abs"}
+    assert {c.params["clamp"] for c in cs} == {None, (20.0, 10.0), (None, 10.0), (1.0, None)}
+
+
+def test_kl_penalty_cases_keep_the_log_ratio_off_every_kink_where_fd_runs():
+    """|x| has a kink at x = 0, and the clamp of x at ±c one at each bound: the fd stage
+    differentiates across none of them."""
+    checked = set()
+    for c in drawn("kl_penalty", 48):
+        if "fd" not in c.stages:
+            continue
+        kind, clamp = c.params["kind"], c.params["clamp"]
+        edges = ([0.0] if kind == "abs" else []) + \
+            ([] if clamp is None or clamp[0] is None else [-clamp[0], clamp[0]])
+        m = c.arrays["mask"]
+        with np.errstate(invalid="ignore"):                   # garbage at padding
+            x = np.where(m, c.arrays["ref_logp"] - c.arrays["logp"], np.inf)
+        for e in edges:
+            assert np.abs(x - e).min() >= cases_mod.MARGIN, c.label
+            checked.add((kind, e))
+    assert ("abs", 0.0) in checked and ("k3", 1.0) in checked
+
+
+LOG_RATIOS = {"approx_kl": ("logp", "old_logp"), "ppo_clip_loss": ("logp", "old_logp"),
+              "cispo_loss": ("logp", "old_logp"), "kl_penalty": ("ref_logp", "logp")}
+
+
+@pytest.mark.parametrize("name", LOG_RATIOS)
+def test_a_case_is_labelled_extreme_exactly_when_its_log_ratios_are(name):
+    """Extreme cases draw every valid log-ratio at 15..30 in size, of both signs (a failing case
+    is known by its label, and policy_objective keeps labelled extremes from the fd stage);
+    other cases stay far below."""
+    a, b = LOG_RATIOS[name]
+    extremes = 0
+    for c in drawn(name, 48):
+        m = c.arrays["mask"]
+        with np.errstate(invalid="ignore"):                   # garbage at padding
+            x = np.where(m, c.arrays[a] - c.arrays[b], 0.0)[m]
+        if x.size == 0:
+            continue
+        if "extreme log-ratios" in c.label:
+            extremes += 1
+            assert np.all((np.abs(x) >= 15) & (np.abs(x) <= 30)), c.label
+            if x.size >= 8:
+                assert (x > 0).any() and (x < 0).any(), c.label
+        else:
+            assert np.abs(x).max() < 15, c.label
+    assert extremes >= 5
+
+
+def test_off_policy_estimator_cases_carry_their_sampling_logits():
+    cs = drawn("kl_estimator_gradient")
+    off = [c for c in cs if "another policy" in c.label]
+    on = [c for c in cs if "on-policy" in c.label]
+    assert off and on and len(off) + len(on) == len(cs)
+    assert all(c.arrays["sample_logits"] is None for c in on)
+    for c in off:
+        zs, z = c.arrays["sample_logits"], c.arrays["logits"]
+        assert zs.shape == z.shape and not np.allclose(zs, z)
+        # another policy: another softmax, not the same logits shifted by a constant
+        p, q = (np.exp(x - x.max(-1, keepdims=True)) for x in (zs, z))
+        p, q = p / p.sum(-1, keepdims=True), q / q.sum(-1, keepdims=True)
+        assert not np.allclose(p, q, atol=1e-3)
+    assert {c.params["is_weight"] for c in off} == {None, "detached", "attached"}
+
+
+def test_group_cases_reach_an_all_equal_group_under_sizes_and_under_ids():
+    reached = set()
+    for c in drawn("group_advantages"):
+        r, ids = c.arrays["rewards"], c.arrays["group_ids"]
+        if ids is None:
+            G = c.params["group_size"]
+            groups = [r[k:k + G] for k in range(0, r.size, G)]
+        else:
+            groups = [r[ids == g] for g in np.unique(ids)]
+        for g in groups:
+            g = g[~np.isnan(g)]
+            if g.size >= 2 and np.all(g == g[0]):
+                reached.add("ids" if ids is not None else "size")
+                assert "all-equal group" in c.label and "fd" not in c.stages
+    assert reached == {"size", "ids"}
+
+
+def test_gspo_rows_keep_their_mean_log_ratio_off_the_clip_edges():
+    """GSPO clips the row's mean log-ratio: the generator draws that mean away from both edges
+    and centres the token noise exactly, so no row sits on a kink (1-token rows included)."""
+    for c in drawn("gspo_loss", 48):
+        m = c.arrays["mask"]
+        with np.errstate(invalid="ignore"):                   # garbage at padding
+            rho = np.where(m, c.arrays["logp"] - c.arrays["old_logp"], 0.0)
+        rows = m.any(axis=1)
+        mean = rho.sum(axis=1)[rows] / m.sum(axis=1)[rows]
+        for edge in (math.log(1 - c.params["clip_low"]), math.log(1 + c.params["clip_high"])):
+            assert np.abs(mean - edge).min() >= cases_mod.MARGIN, c.label
+
+
+def test_policy_objective_extremes_are_kept_from_the_stages_that_cannot_judge_them():
+    """Cases 12 and 13 draw log-ratios of ±15..30 (PPO, CISPO): the value and vjp stages judge
+    them, finite differences of a sum that includes e^30-sized terms cannot (see cases.py), and
+    every stage the generator does assign them passes."""
+    entry = ENTRIES["policy_objective"]
+    extremes = [c for c in drawn("policy_objective", 18) if "extreme" in c.label]
+    assert {c.params["loss"] for c in extremes} == {"ppo", "cispo"}     # GSPO has no extremes
+    assert all(c.stages == ("value", "vjp") for c in extremes)
+    results = stages.run_entry(entry, 0, 18)
+    assert all(r.passed for r in results), [report.failure_message(r) for r in results
+                                            if not r.passed]
+
+
+def test_away_keeps_each_value_on_its_side_of_every_edge():
+    x = np.array([0.999, 1.0, 1.0004, -0.2, 3.0, 1.19999, 1.2])
+    edges = [1.0, 1.2]
+    y = cases_mod.away(x, edges, margin=1e-3)
+    for e in edges:
+        assert np.all(np.abs(y - e) >= 1e-3)
+        assert np.array_equal(y >= e, x >= e)
+    np.testing.assert_array_equal(y[[3, 4]], x[[3, 4]])        # far from both: untouched

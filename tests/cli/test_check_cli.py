@@ -1,0 +1,159 @@
+"""`python -m crosscheck`: its JSON, exit codes, listing, summary line and failure paragraphs."""
+import contextlib
+import dataclasses
+import io
+import json
+import re
+
+import jsonschema
+import pytest
+import torch
+
+import ref_torch
+from crosscheck import __main__ as cli
+from crosscheck.check import registry, report
+
+
+SCHEMA = {
+    "type": "object",
+    "required": ["passed", "seed", "results"],
+    "properties": {
+        "passed": {"type": "boolean"},
+        "seed": {"type": "integer"},
+        "results": {"type": "array", "items": {
+            "type": "object",
+            "required": ["name", "stage", "status", "cases", "max_abs_err", "max_rel_err",
+                         "worst"],
+            "properties": {
+                "name": {"type": "string"},
+                "stage": {"enum": ["value", "vjp", "fd", "detach"]},
+                "status": {"enum": ["pass", "fail"]},
+                "cases": {"type": "integer", "minimum": 1},
+                "max_abs_err": {"type": ["number", "string"]},
+                "max_rel_err": {"type": ["number", "string"]},
+                "worst": {"type": "object"},
+            },
+        }},
+    },
+}
+
+
+def run_cli(argv):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = cli.main(argv)
+    return code, out.getvalue()
+
+
+def test_json_output_validates_and_covers_every_applicable_stage():
+    code, text = run_cli(["--json", "--cases", "4"])
+    assert code == 0
+    doc = json.loads(text)
+    jsonschema.validate(doc, SCHEMA)
+    assert doc["passed"] is True and doc["seed"] == 0
+    got = {(r["name"], r["stage"]) for r in doc["results"]}
+    for name, e in registry.build().items():
+        for stage in ("value", "vjp", "fd"):
+            if (stage == "vjp" and e.numpy_vjp is None) or (stage != "value" and not e.diff):
+                assert (name, stage) not in got   # a gradient-valued function, or a count
+                continue
+            assert (name, stage) in got
+    assert ("cispo_loss", "detach") in got and ("policy_objective", "detach") in got
+    assert ("gspo_loss", "detach") in got
+    assert ("ppo_clip_loss", "detach") not in got
+
+
+def test_json_is_byte_identical_for_the_same_seed():
+    assert run_cli(["--json", "--cases", "3", "--seed", "5"]) == \
+        run_cli(["--json", "--cases", "3", "--seed", "5"])
+
+
+def test_exit_codes(monkeypatch):
+    assert run_cli(["--only", "aggregate", "--cases", "2", "-q"])[0] == 0
+    with pytest.raises(SystemExit) as e:
+        run_cli(["--only", "nonesuch"])
+    assert e.value.code == 2
+    with pytest.raises(SystemExit) as e:
+        run_cli(["--cases", "0"])
+    assert e.value.code == 2
+    broken = dataclasses.replace(registry.build()["whiten"],
+                                 torch_fn=lambda x, mask=None, **kw: ref_torch.whiten(
+                                     x, mask, **dict(kw, ddof=1)))
+    monkeypatch.setattr(registry, "build", lambda: {"whiten": broken})
+    code, text = run_cli(["--cases", "4"])
+    assert code == 1
+    assert "FAIL whiten · value" in text
+
+
+def test_list_names_every_function():
+    code, text = run_cli(["--list"])
+    assert code == 0
+    for name in registry.build():
+        assert name in text
+    assert "detached: w = clip(ratio)" in text
+
+
+def test_the_summary_line_counts_failures():
+    """One failure reads '1 FAILED', none 'all passed' (the verdict users grep for in CI)."""
+    from crosscheck.check.results import StageResult
+    ok, bad = StageResult("f", "value", cases=3), StageResult("g", "vjp", "fail", cases=3)
+    assert report.summary([ok, ok], 2, 0, 3, 1.0).startswith("2 functions, 2 stage checks: "
+                                                             "all passed")
+    assert "2 stage checks: 1 FAILED" in report.summary([ok, bad], 2, 0, 3, 1.0)
+    assert "2 stage checks: 2 FAILED" in report.summary([bad, bad], 2, 0, 3, 1.0)
+
+
+def test_the_summary_line_names_the_seed_and_the_cases():
+    code, text = run_cli(["--only", "aggregate", "--cases", "2", "--seed", "3"])
+    assert code == 0
+    assert re.fullmatch(r"1 function, 3 stage checks: all passed \(seed 3, 2 cases each, "
+                        r"\d+\.\d s\)", text.strip().splitlines()[-1])
+
+
+def test_every_failure_is_its_own_paragraph(monkeypatch):
+    entries = registry.build()
+    wrong = {n: dataclasses.replace(entries[n], torch_fn=lambda *a, **k: torch.zeros(2, 2))
+             for n in ("whiten", "kl_penalty")}
+    monkeypatch.setattr(registry, "build", lambda: wrong)
+    code, text = run_cli(["--cases", "2", "-q"])
+    heads = [line for line in text.splitlines() if "FAIL " in line]
+    assert code == 1 and len(heads) == 4                   # value and vjp of each
+    assert all(h.startswith("FAIL ") for h in heads)
+    assert text.count("\n    reproduce: python -m crosscheck --only ") == 4
+
+
+def test_json_keeps_greek_and_cjk_readable():
+    code, text = run_cli(["--json", "--only", "gae", "--cases", "1"])
+    assert code == 0 and "γ=0.99, λ=0.95" in text and "\\u03b3" not in text
+
+
+def test_the_scale_command_reports_its_verdict_and_the_cost_of_each_part():
+    code, text = run_cli(["--scale", "2000"])
+    lines = text.strip().splitlines()
+    assert code == 0
+    assert re.fullmatch(r"--scale 2000: 39 stage checks, all passed in \d+\.\d s", lines[-1])
+    for part, evals in (("fd diagonal (ppo)", 4), ("gae value", 2), ("gae vjp", 1),
+                        ("gae fd", 4)):
+        assert any(re.fullmatch(rf"  {re.escape(part)} +\d+\.\d\d s \({evals} evaluations\)",
+                                line) for line in lines), part
+
+
+def test_a_closed_pipe_ends_the_run_quietly():
+    """`python -m crosscheck explain | head -1`: the reader goes away mid-output; the CLI stops
+    with exit 1 and no traceback."""
+    import subprocess
+    import sys
+    p = subprocess.Popen([sys.executable, "-m", "crosscheck", "explain"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=120) == 1
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
+
+
+def test_only_functions_with_a_detached_factor_list_one():
+    code, text = run_cli(["--list"])
+    assert code == 0
+    detached = {line.split()[0] for line in text.splitlines() if "detached" in line}
+    assert detached == {n for n, e in registry.build().items() if e.detached}
+    assert detached == {"cispo_loss", "gspo_loss", "policy_objective"}

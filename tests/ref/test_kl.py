@@ -1,0 +1,120 @@
+"""The per-token KL terms: kl_penalty (k1, k2, k3, |·|, clamps) and the logged approx_kl.
+
+Hand-computed fixtures, the estimators' identities, and extremes through both twins.
+"""
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import ref_numpy
+import ref_torch
+from tests.helpers import both, close, grads
+
+
+RHO = np.array([-800.0, -100.0, -30.0, -1e-12, 0.0, 1e-12, 30.0, 100.0, 800.0])
+
+
+def no_nan(*arrays):
+    for a in arrays:
+        assert not np.isnan(np.asarray(a, dtype=np.float64)).any()
+
+
+class TestKlPenalty:
+    """kl_penalty: the estimators, their gradients and the clamps."""
+
+    def test_estimators_values_and_gradients(self):
+        # logp = log 0.5, ref = log 0.4: x = log 0.8
+        # k1 = −x, k2 = ½x², k3 = 0.8 − 1 − x, abs = −x;  ∂/∂logp: 1, −x, 1 − 0.8, 1
+        x = math.log(0.8)
+        logp, ref = np.array([math.log(0.5)]), np.array([math.log(0.4)])
+        expected = {"k1": (-x, 1.0), "k2": (0.5 * x * x, -x), "k3": (0.8 - 1 - x, 0.2),
+                    "abs": (-x, 1.0)}
+        for kind, (val, grad) in expected.items():
+            for k in both("kl_penalty", logp, ref, kind=kind):
+                close(k, [val], atol=1e-15)
+            hand, auto, _ = grads("kl_penalty", 0, np.ones(1), logp, ref, kind=kind)
+            close(hand["logp"], [grad], atol=1e-15)
+            close(auto, [grad], atol=1e-15)
+
+    def test_clamps(self):
+        # k2 at x = −1 is 0.5, clamped to 0.1 → gradient 0
+        for k in both("kl_penalty", np.array([1.0]), np.array([0.0]), kind="k2", clamp=(None, 0.1)):
+            close(k, [0.1])
+        hand, auto, _ = grads("kl_penalty", 0, np.ones(1), np.array([1.0]), np.array([0.0]),
+                              kind="k2", clamp=(None, 0.1))
+        close(hand["logp"], [0.0])
+        close(auto, [0.0])
+        # verl k3 (20, 10): x = 25 → 20 → e^20 − 21 → clamped 10, gradient 0
+        for k in both("kl_penalty", np.array([0.0]), np.array([25.0]), kind="k3", clamp=(20.0, 10.0)):
+            close(k, [10.0])
+        # input clamp alone binding: x = 3 → 1 under clamp (1, None); k1 = −1, gradient 0
+        hand, auto, _ = grads("kl_penalty", 0, np.ones(1), np.array([0.0]), np.array([3.0]),
+                              kind="k1", clamp=(1.0, None))
+        close(hand["logp"], [0.0])
+        close(auto, [0.0])
+
+    def test_abs_has_zero_gradient_at_zero(self):
+        hand, auto, _ = grads("kl_penalty", 0, np.ones(1), np.array([-0.3]), np.array([-0.3]),
+                              kind="abs")
+        close(hand["logp"], [0.0])
+        close(auto, [0.0])
+
+    def test_k3_is_non_negative_and_k1_k3_are_unbiased(self, rng):
+        x = np.linspace(-30, 30, 2001)
+        for k in both("kl_penalty", np.zeros_like(x), x, kind="k3"):
+            assert np.all(k >= 0)
+        # exact expectation under a small policy p: Σ p·k1 = Σ p·k3 = KL(p‖q)
+        p = np.array([0.5, 0.3, 0.15, 0.05])
+        q = np.array([0.4, 0.4, 0.15, 0.05])
+        kl = float((p * np.log(p / q)).sum())
+        for kind in ("k1", "k3"):
+            for k in both("kl_penalty", np.log(p), np.log(q), kind=kind):
+                close((p * k).sum(), kl, atol=1e-15)
+
+    def test_k3_keeps_its_digits_for_tiny_log_ratios(self):
+        # k3(x) = x²/2 + x³/6 + …; e^x − 1 − x computed naively loses every digit at x = 1e-9
+        x = np.array([1e-9, -1e-9, 1e-6])
+        for k in both("kl_penalty", np.zeros(3), x, kind="k3"):
+            close(k, x ** 2 / 2 + x ** 3 / 6, rtol=1e-9)
+
+    @pytest.mark.parametrize("kind, clamp", list(itertools.product(
+        ["k1", "k2", "k3", "abs"], [None, (20.0, 10.0), (None, 10.0)])))
+    def test_extremes(self, kind, clamp):
+        logp = np.full(RHO.shape, -0.5)
+        no_nan(*both("kl_penalty", logp, logp + RHO, kind=kind, clamp=clamp))
+        hand, auto, _ = grads("kl_penalty", 0, np.ones(RHO.shape), logp, logp + RHO, kind=kind,
+                              clamp=clamp)
+        no_nan(hand["logp"], auto)
+
+
+class TestApproxKl:
+    """approx_kl: the token-mean estimate of KL(π_old‖π) trainers log."""
+
+    def test_estimators(self):
+        # u = logp − old = [0.1, −0.2]: k1 = mean(−u) = 0.05; k2 = mean(u²/2) = 0.0125;
+        # k3 = mean(e^u − 1 − u); ∂k1/∂logp = −1/N each
+        logp, old = np.array([0.1, -0.2]), np.zeros(2)
+        expected = {"k1": 0.05, "k2": 0.0125,
+                    "k3": ((math.exp(0.1) - 1.1) + (math.exp(-0.2) - 0.8)) / 2}
+        for kind, value in expected.items():
+            for v in both("approx_kl", logp, old, kind=kind):
+                close(v, value)
+        hand, auto, _ = grads("approx_kl", 0, 1.0, logp, old, kind="k1")
+        close(hand["logp"], [-0.5, -0.5])
+        close(auto, [-0.5, -0.5])
+
+    def test_defaults_to_k1_and_an_all_masked_batch_gives_zero(self):
+        """k1 = −u averaged over valid tokens (u = logp − old_logp), by hand; no valid token: 0."""
+        logp, old = np.array([[-1.0, -2.0, -0.5]]), np.array([[-1.5, -1.0, -0.5]])
+        mask = np.array([[True, True, False]])
+        assert ref_numpy.approx_kl(logp, old, mask) == pytest.approx((-0.5 + 1.0) / 2, abs=1e-15)
+        none = np.zeros_like(mask)
+        adv = np.ones_like(logp)
+        assert ref_numpy.approx_kl(logp, old, none) == 0.0
+        assert ref_numpy.clip_fraction(logp, old, adv, none) == 0.0
+        t = {k: torch.tensor(v) for k, v in dict(logp=logp, old=old, none=none, adv=adv).items()}
+        assert float(ref_torch.clip_fraction(t["logp"], t["old"], t["adv"], t["none"])) == 0.0
+        assert float(ref_torch.approx_kl(t["logp"], t["old"], t["none"])) == 0.0

@@ -1,0 +1,353 @@
+"""The policy and value losses: PPO (clip-higher, dual clip, TRL's cap), CISPO, GSPO, the clipped
+value loss, the logged clip fraction, and the composed actor objective.
+
+Per function: hand-computed fixtures (derived in the comments from the defining equation), the
+identities that tie the losses together, corners pinned by hand, and extremes (no NaN in a value
+or a gradient for finite valid inputs, log-ratios to ±800 and advantages to ±1e6 included).
+"""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import ref_numpy
+import ref_torch
+from tests.helpers import both, close, grads
+
+
+RHO = np.array([-800.0, -100.0, -30.0, -1e-12, 0.0, 1e-12, 30.0, 100.0, 800.0])
+
+
+def ratio_grid():
+    rho, adv = np.meshgrid(RHO, ADV)
+    logp = np.full(rho.shape, -0.5)
+    return logp, logp - rho, adv
+
+
+def no_nan(*arrays):
+    for a in arrays:
+        assert not np.isnan(np.asarray(a, dtype=np.float64)).any()
+
+
+ADV = np.array([0.0, 1.0, -1.0, 1e6, -1e6])
+
+
+def test_a_single_sequence_keeps_its_shape():
+    """Per-token losses given one sequence [T] return [T], like their [1, T] batch row."""
+    rng = np.random.default_rng(2)
+    T = 5
+    lp, old, adv = (rng.normal(0, 0.1, T) - 1.0), rng.normal(0, 0.1, T) - 1.0, rng.normal(size=T)
+    for fn in (ref_numpy.gspo_loss, ref_numpy.ppo_clip_loss, ref_numpy.cispo_loss):
+        one = fn(lp, old, adv)
+        assert one.shape == (T,)
+        assert one == pytest.approx(fn(lp[None], old[None], adv[None])[0], abs=0)
+
+
+class TestPpoClipLoss:
+    """ppo_clip_loss: the case split, ties, clip-higher, the dual clip, TRL's δ."""
+
+    def test_positive_advantage_case_split(self):
+        # A = 1, ε = 0.2, ρ = [0.5, 0.1, −0.3, −1.5] (the seed's tokens)
+        # r = e^ρ; loss = −min(r, clip(r, 0.8, 1.2)):
+        #   r = 1.6487 > 1.2: clip binds → −1.2, gradient 0
+        #   r = 1.1052, 0.7408, 0.2231: unclipped is the min → −r, gradient −r
+        rho = np.array([0.5, 0.1, -0.3, -1.5])
+        logp, old, A = -1.0 + rho, np.full(4, -1.0), np.ones(4)
+        r = np.exp(rho)
+        for loss in both("ppo_clip_loss", logp, old, A):
+            close(loss, [-1.2, -r[1], -r[2], -r[3]])
+        hand, auto, _ = grads("ppo_clip_loss", 0, np.ones(4), logp, old, A)
+        close(hand["logp"], [0.0, -r[1], -r[2], -r[3]])
+        close(auto, [0.0, -r[1], -r[2], -r[3]])
+
+    def test_negative_advantage_and_dual_clip(self):
+        # A = −1: loss = max(r, clip(r)) (since −A = 1).
+        #   r = 0.5 → max(0.5, 0.8) = 0.8 clipped, grad 0;  r = 1.5 → 1.5 unclipped, grad −A·r = 1.5
+        #   r = 4 with c = 3: 4 → min(4, −c·A = 3) = 3, grad 0; r = 2.5: 2.5 < 3, grad 2.5
+        r = np.array([0.5, 1.5, 4.0, 2.5])
+        logp, old, A = np.log(r), np.zeros(4), -np.ones(4)
+        for loss in both("ppo_clip_loss", logp, old, A):
+            close(loss, [0.8, 1.5, 4.0, 2.5])
+        for loss in both("ppo_clip_loss", logp, old, A, clip_c=3.0):
+            close(loss, [0.8, 1.5, 3.0, 2.5])
+        hand, auto, _ = grads("ppo_clip_loss", 0, np.ones(4), logp, old, A, clip_c=3.0)
+        close(hand["logp"], [0.0, 1.5, 0.0, 2.5])
+        close(auto, [0.0, 1.5, 0.0, 2.5])
+
+    def test_dual_clip_never_touches_positive_advantages(self):
+        # A = +1, r = 4, c = 3: the ordinary clip gives −1.2; the dual clip is for A < 0 only
+        for loss in both("ppo_clip_loss", np.array([math.log(4.0)]), np.zeros(1), np.ones(1),
+                         clip_c=3.0):
+            close(loss, [-1.2])
+
+    def test_tie_on_clip_edge_keeps_the_unclipped_gradient(self):
+        # ε_low = ε_high = 0: the clip interval is {1} and r = e^0 = 1 exactly sits on both edges.
+        # Both branches equal −A; the unclipped branch carries the gradient −A·r = −A.
+        A = np.array([2.0, -3.0])
+        hand, auto, _ = grads("ppo_clip_loss", 0, np.ones(2), np.zeros(2), np.zeros(2), A,
+                              clip_low=0.0, clip_high=0.0)
+        close(hand["logp"], [-2.0, 3.0])
+        close(auto, [-2.0, 3.0])
+
+    def test_clip_higher_is_asymmetric(self):
+        # ε_low 0.2, ε_high 0.28: r = 1.25 is inside [0.8, 1.28] → unclipped; r = 1.3 → 1.28
+        r = np.array([1.25, 1.3])
+        for loss in both("ppo_clip_loss", np.log(r), np.zeros(2), np.ones(2), clip_high=0.28):
+            close(loss, [-1.25, -1.28])
+
+    def test_log_ratio_clamp_stops_the_gradient(self):
+        # ρ = 25 clamped to 20, A = −1: loss = e^20 (unclipped, A < 0), gradient 0 (clamp binds)
+        for loss in both("ppo_clip_loss", np.array([25.0]), np.zeros(1), -np.ones(1),
+                         log_ratio_clamp=20.0):
+            close(loss, [math.exp(20.0)])
+        hand, auto, _ = grads("ppo_clip_loss", 0, np.ones(1), np.array([25.0]), np.zeros(1),
+                              -np.ones(1), log_ratio_clamp=20.0)
+        close(hand["logp"], [0.0])
+        close(auto, [0.0])
+
+    def test_per_sequence_advantages_apply_to_every_token(self):
+        logp = np.array([[0.1, -0.2], [0.3, 0.05]])
+        old = np.zeros((2, 2))
+        per_token = np.array([[1.0, 1.0], [-0.5, -0.5]])
+        for a, b in zip(both("ppo_clip_loss", logp, old, np.array([1.0, -0.5])),
+                        both("ppo_clip_loss", logp, old, per_token)):
+            close(a, b)
+
+    def test_trl_delta_equals_the_dual_clip_for_negative_advantages(self):
+        # A = −1, δ = 3: r = 4 → loss min(r, δ)·1 = 3 (gradient 0); r = 2.5 → 2.5 (gradient 2.5)
+        r = np.array([0.5, 1.5, 4.0, 2.5])
+        for loss in both("ppo_clip_loss", np.log(r), np.zeros(4), -np.ones(4), delta=3.0):
+            close(loss, [0.8, 1.5, 3.0, 2.5])
+        hand, auto, _ = grads("ppo_clip_loss", 0, np.ones(4), np.log(r), np.zeros(4), -np.ones(4),
+                              delta=3.0)
+        close(hand["logp"], [0.0, 1.5, 0.0, 2.5])
+        close(auto, [0.0, 1.5, 0.0, 2.5])
+        # A > 0: δ changes nothing (the ordinary clip already binds above 1.2)
+        for loss in both("ppo_clip_loss", np.log(r), np.zeros(4), np.ones(4), delta=3.0):
+            close(loss, [-0.5, -1.2, -1.2, -1.2])
+
+    def test_at_ratio_one_is_minus_advantage(self, rng):
+        logp, A = rng.normal(size=(3, 5)), rng.normal(size=(3, 5))
+        for loss in both("ppo_clip_loss", logp, logp.copy(), A, clip_c=3.0):
+            close(loss, -A)
+        hand, auto, _ = grads("ppo_clip_loss", 0, np.ones((3, 5)), logp, logp.copy(), A)
+        close(hand["logp"], -A)
+        close(auto, -A)
+
+    def test_clip_high_none_means_symmetric(self, rng):
+        logp, old, A = rng.normal(size=(3, 5)), rng.normal(size=(3, 5)), rng.normal(size=(3, 5))
+        close(ref_numpy.ppo_clip_loss(logp, old, A, clip_low=0.15),
+              ref_numpy.ppo_clip_loss(logp, old, A, clip_low=0.15, clip_high=0.15))
+
+    def test_a_ratio_exactly_at_trls_cap_keeps_its_gradient(self):
+        """delta caps the ratio as torch.clamp(r, max=δ) does in TRL, whose gradient passes at
+        r = δ exactly (the tie convention of every clip here). By hand, A = −1, r = δ = e^1.1:
+        loss = −A·r = r, ∂loss/∂logp = −A·r = r; one float step above δ the cap binds: gradient 0."""
+        x = 1.1
+        delta = float(np.exp(x))
+        lp, old, A = np.array([[x]]), np.array([[0.0]]), np.array([[-1.0]])
+        g = ref_numpy.ppo_clip_loss_vjp(np.ones((1, 1)), lp, old, A, delta=delta)["logp"]
+        assert g[0, 0] == delta
+        t = torch.tensor(lp, requires_grad=True)
+        ref_torch.ppo_clip_loss(t, torch.tensor(old), torch.tensor(A), delta=delta).sum().backward()
+        assert t.grad[0, 0].item() == delta
+        lower_cap = np.nextafter(delta, 0.0)                   # a cap one float below r: it binds
+        assert ref_numpy.ppo_clip_loss_vjp(np.ones((1, 1)), lp, old, A,
+                                           delta=lower_cap)["logp"][0, 0] == 0
+
+    @pytest.mark.parametrize("kw", [dict(), dict(clip_c=3.0), dict(log_ratio_clamp=20.0),
+                                    dict(clip_low=0.0, clip_high=0.0), dict(clip_high=0.28)])
+    def test_extremes(self, kw):
+        logp, old, adv = ratio_grid()
+        no_nan(*both("ppo_clip_loss", logp, old, adv, **kw))
+        hand, auto, _ = grads("ppo_clip_loss", 0, np.ones(logp.shape), logp, old, adv, **kw)
+        no_nan(hand["logp"], auto)
+
+
+class TestCispoLoss:
+    """cispo_loss: −sg(w)·A·logp under both bounds."""
+
+    def test_absolute_cap_value_and_gradient(self):
+        # A = 1, cap 2, logp = −0.5. r = 3 → w = 2: loss = −2·1·(−0.5) = 1, gradient −w·A = −2
+        # r = 0.3 → w = 0.3: loss = 0.15, gradient −0.3 (clipped or not, the token keeps a gradient)
+        logp = np.array([-0.5, -0.5])
+        old = logp - np.log([3.0, 0.3])
+        for loss in both("cispo_loss", logp, old, np.ones(2), clip_high=2.0):
+            close(loss, [1.0, 0.15])
+        hand, auto, _ = grads("cispo_loss", 0, np.ones(2), logp, old, np.ones(2), clip_high=2.0)
+        close(hand["logp"], [-2.0, -0.3])
+        close(auto, [-2.0, -0.3])
+
+    def test_relative_bound(self):
+        # w = clip(r, 1 − 0.2, 1 + 0.28): r = 0.5 → 0.8, r = 2 → 1.28, r = 1.1 → 1.1; A = 1, logp = −1
+        r = np.array([0.5, 2.0, 1.1])
+        logp = -np.ones(3)
+        for loss in both("cispo_loss", logp, logp - np.log(r), np.ones(3), clip_high=0.28,
+                         clip_low=0.2, bound="relative"):
+            close(loss, [0.8, 1.28, 1.1])
+
+    def test_with_infinite_cap_is_importance_weighted_reinforce(self, rng):
+        logp = np.log(rng.uniform(0.1, 0.9, size=(3, 5)))
+        old = logp - rng.normal(0, 0.5, size=(3, 5))
+        A = rng.normal(size=(3, 5))
+        r = np.exp(logp - old)
+        for loss in both("cispo_loss", logp, old, A, clip_high=math.inf):
+            close(loss, -r * A * logp, rtol=1e-14)
+        hand, auto, _ = grads("cispo_loss", 0, np.ones((3, 5)), logp, old, A, clip_high=math.inf)
+        close(hand["logp"], -r * A, rtol=1e-14)
+        close(auto, -r * A, rtol=1e-14)
+
+    def test_and_ppo_share_the_gradient_inside_the_clip(self, rng):
+        # inside [1 − ε, 1 + ε] and below the CISPO cap both give −r·A
+        logp = np.log(rng.uniform(0.1, 0.9, size=(2, 6)))
+        old = logp - rng.uniform(-0.1, 0.1, size=(2, 6))
+        A = rng.normal(size=(2, 6))
+        g_ppo, _, _ = grads("ppo_clip_loss", 0, np.ones((2, 6)), logp, old, A)
+        g_cis, _, _ = grads("cispo_loss", 0, np.ones((2, 6)), logp, old, A)
+        close(g_ppo["logp"], g_cis["logp"], rtol=1e-14)
+
+    @pytest.mark.parametrize("kw", [dict(), dict(clip_high=math.inf), dict(bound="relative",
+                                    clip_high=0.28, clip_low=0.2), dict(log_ratio_clamp=20.0)])
+    def test_extremes(self, kw):
+        logp, old, adv = ratio_grid()
+        no_nan(*both("cispo_loss", logp, old, adv, **kw))
+        hand, auto, _ = grads("cispo_loss", 0, np.ones(logp.shape), logp, old, adv, **kw)
+        no_nan(hand["logp"], auto)
+
+
+class TestGspoLoss:
+    """gspo_loss: the length-normalised sequence ratio, token and sequence forms."""
+
+    def test_value_and_the_two_gradient_forms(self):
+        # log-ratios 0.2 and −0.1: s = e^0.05 inside [0.8, 1.2]; A = 1 → l = −s for both tokens
+        logp, old, A = np.array([[0.2, -0.1]]), np.zeros((1, 2)), np.ones((1, 2))
+        s = math.exp(0.05)
+        for form in ("token", "sequence"):
+            for loss in both("gspo_loss", logp, old, A, clip_low=0.2, clip_high=0.2, form=form):
+                close(loss, [[-s, -s]])
+        # cotangent [1, 0]: token form reaches token 0 only (−s); sequence form splits −s over L = 2
+        g = np.array([[1.0, 0.0]])
+        for form, expected in (("token", [[-s, 0.0]]), ("sequence", [[-s / 2, -s / 2]])):
+            hand, auto, _ = grads("gspo_loss", 0, g, logp, old, A, clip_low=0.2, clip_high=0.2,
+                                  form=form)
+            close(hand["logp"], expected)
+            close(auto, expected)
+
+    def test_uses_the_mean_not_the_product(self):
+        # log-ratios 0.1 and 0.05, ε = 0.1: mean → s = e^0.075 = 1.0779 inside the clip;
+        # a product of ratios would be e^0.15 = 1.1618 and clip to 1.1
+        for loss in both("gspo_loss", np.array([[0.1, 0.05]]), np.zeros((1, 2)), np.ones(1),
+                         clip_low=0.1, clip_high=0.1):
+            close(loss, [[-math.exp(0.075)] * 2])
+
+
+class TestValueLoss:
+    """value_loss: the clip around the old value."""
+
+    def test_branches_and_gradients(self):
+        # c = 0.2. token 0: v 1.0, v_old 0.5, R 2 → v_clip 0.7: ½·max(1.0², 1.3²) = 0.845, grad 0
+        # token 1: v 1.0, v_old 0.5, R 0 → ½·max(1², 0.7²) = 0.5, grad v − R = 1
+        # token 2: v 0.6, v_old 0.5, R 2 (inside the clip: branches tie) → 0.98, grad −1.4
+        # token 3: v 0.75, v_old 0.5, c = 0.25 in float is exact: on the edge, both branches equal,
+        #          unclipped carries the gradient: v − R = 0.75 − 2 = −1.25 (checked with c = 0.25)
+        v, vo, R = np.array([1.0, 1.0, 0.6]), np.array([0.5, 0.5, 0.5]), np.array([2.0, 0.0, 2.0])
+        for loss in both("value_loss", v, vo, R):
+            close(loss, [0.845, 0.5, 0.98], atol=1e-15)
+        hand, auto, _ = grads("value_loss", 0, np.ones(3), v, vo, R)
+        close(hand["values"], [0.0, 1.0, -1.4], atol=1e-15)
+        close(auto, [0.0, 1.0, -1.4], atol=1e-15)
+        hand, auto, _ = grads("value_loss", 0, np.ones(1), np.array([0.75]), np.array([0.5]),
+                              np.array([2.0]), clip=0.25)
+        close(hand["values"], [-1.25])
+        close(auto, [-1.25])
+        for loss in both("value_loss", v, vo, R, clip=None):
+            close(loss, 0.5 * (v - R) ** 2)
+
+    def test_without_clip_is_half_squared_error(self, rng):
+        v, vo, R = (rng.normal(size=(3, 4)) for _ in range(3))
+        close(ref_numpy.value_loss(v, vo, R, clip=None), 0.5 * (v - R) ** 2)
+        close(ref_numpy.value_loss(v, vo, R, clip=1e9), 0.5 * (v - R) ** 2)
+
+
+class TestClipFraction:
+    """clip_fraction: the three definitions trainers log."""
+
+    def test_definitions(self):
+        # (r, A): (1.5, +1) binds; (0.5, +1) does not bind but |r − 1| > ε; (0.5, −1) binds;
+        # (1.1, +1) inside. "loss" and "sign": 2/4; "ratio": 3/4
+        r = np.array([1.5, 0.5, 0.5, 1.1])
+        A = np.array([1.0, 1.0, -1.0, 1.0])
+        for definition, expected in (("loss", 0.5), ("sign", 0.5), ("ratio", 0.75)):
+            for f in both("clip_fraction", np.log(r), np.zeros(4), A, definition=definition):
+                close(f, expected)
+
+
+class TestPolicyObjective:
+    """policy_objective: aggregate(policy loss + β·KL)."""
+
+    def test_is_zero_at_ratio_one_but_its_gradient_is_not(self):
+        # ratio ≡ 1 and centred advantages [1, −1]: loss = −mean(A) = 0, yet ∂/∂logp = −A/N
+        logp = np.array([[-0.7, -1.2]])
+        A = np.array([[1.0, -1.0]])
+        m = np.ones((1, 2), dtype=bool)
+        for v in both("policy_objective", logp, logp.copy(), A, m, agg="token-mean"):
+            close(v, 0.0, atol=1e-15)
+        hand, auto, _ = grads("policy_objective", 0, 1.0, logp, logp.copy(), A, m, agg="token-mean")
+        close(hand["logp"], [[-0.5, 0.5]])
+        close(auto, [[-0.5, 0.5]])
+
+    def test_adds_the_weighted_kl_gradient(self):
+        # k1 term: ∂(β·k1)/∂logp = β per token; token-mean over 2 tokens; ratio 1, A = 0
+        logp = np.array([[-0.7, -1.2]])
+        m = np.ones((1, 2), dtype=bool)
+        hand, auto, _ = grads("policy_objective", 0, 1.0, logp, logp.copy(), np.zeros((1, 2)), m,
+                              logp - 0.3, agg="token-mean", beta=0.1, kl_kind="k1")
+        close(hand["logp"], [[0.05, 0.05]])
+        close(auto, [[0.05, 0.05]])
+
+    def test_is_aggregate_of_its_parts(self, rng):
+        logp = np.log(rng.uniform(0.1, 0.9, size=(3, 6)))
+        old = logp - rng.normal(0, 0.2, size=(3, 6))
+        ref = logp - rng.normal(0, 0.2, size=(3, 6))
+        A = rng.normal(size=3)
+        m = rng.random((3, 6)) < 0.7
+        per_token = ref_numpy.cispo_loss(logp, old, A, m, clip_high=2.0) + \
+            0.05 * ref_numpy.kl_penalty(logp, ref, m, kind="k2")
+        expected = ref_numpy.aggregate(per_token, m, mode="token-mean")
+        for v in both("policy_objective", logp, old, A, m, ref, loss="cispo", agg="token-mean",
+                      beta=0.05, kl_kind="k2", clip_high=2.0):
+            close(v, expected, atol=1e-14)
+
+    def test_passes_kl_clamp_to_the_kl_term(self):
+        """J = aggregate(ppo + β·k3 clamped), composed here from the parts, value and gradient;
+        and the clamp binds (J differs without it)."""
+        rng = np.random.default_rng(1)
+        B, T = 3, 6
+        logp = np.log(rng.uniform(0.1, 0.9, (B, T)))
+        old, ref = logp - rng.normal(0, 0.3, (B, T)), logp + rng.normal(0, 1.0, (B, T))
+        adv, mask = rng.normal(size=(B, T)), rng.random((B, T)) < 0.8
+        beta, clamp = 0.5, (0.2, 0.05)
+        parts = dict(logp=logp, old_logp=old, advantages=adv, mask=mask)
+        per_token = ref_numpy.ppo_clip_loss(**parts) + beta * ref_numpy.kl_penalty(
+            logp, ref, mask, clamp=clamp)
+        J = ref_numpy.policy_objective(**parts, ref_logp=ref, beta=beta, kl_clamp=clamp)
+        assert J == pytest.approx(ref_numpy.aggregate(per_token, mask), abs=1e-14)
+        assert abs(J - ref_numpy.policy_objective(**parts, ref_logp=ref, beta=beta)) > 1e-3
+        w = ref_numpy.aggregate_vjp(1.0, per_token, mask)["loss"]
+        grad = ref_numpy.ppo_clip_loss_vjp(w, **parts)["logp"] + beta * ref_numpy.kl_penalty_vjp(
+            w, logp, ref, mask, clamp=clamp)["logp"]
+        hand = ref_numpy.policy_objective_vjp(1.0, **parts, ref_logp=ref, beta=beta, kl_clamp=clamp)
+        assert hand["logp"] == pytest.approx(grad, abs=1e-14)
+
+    @pytest.mark.parametrize("loss, extra", [("ppo", dict(clip_c=3.0)), ("cispo", dict())])
+    def test_extremes(self, loss, extra):
+        logp, old, adv = ratio_grid()
+        m = np.ones(logp.shape, dtype=bool)
+        ref = logp + np.flip(RHO)[None, :]
+        for agg in ("token-mean", "seq-mean-token-mean"):
+            no_nan(*both("policy_objective", logp, old, adv, m, ref, loss=loss, agg=agg, beta=0.1,
+                         kl_clamp=(20.0, 10.0), **extra))
+            hand, auto, _ = grads("policy_objective", 0, 1.0, logp, old, adv, m, ref, loss=loss,
+                                  agg=agg, beta=0.1, kl_clamp=(20.0, 10.0), **extra)
+            no_nan(hand["logp"], auto)

@@ -1,0 +1,46 @@
+"""aggregate: the per-token weights of each mode, and the length bias they carry."""
+
+import numpy as np
+import pytest
+
+from tests.helpers import both, close, grads
+
+
+LOSS = np.array([[4.0, np.nan, np.nan], [1.0, 2.0, 3.0], [np.inf, 5.0, 5.0]])
+
+
+MASK = np.array([[1, 0, 0], [1, 1, 1], [0, 0, 0]], dtype=bool)   # lengths 1, 3 and an empty row
+
+
+class TestAggregate:
+    """aggregate: the four modes, empty rows, and the weights as gradient."""
+
+    @pytest.mark.parametrize("mode, empty_rows, expected", [
+        ("token-mean", "exclude", 10 / 4),                  # (4 + 1 + 2 + 3)/4
+        ("token-mean", "include", 10 / 4),
+        ("seq-mean-token-mean", "exclude", (4 + 2) / 2),    # row means 4 and 2, two non-empty rows
+        ("seq-mean-token-mean", "include", (4 + 2) / 3),    # the empty row counts as a 0
+        ("seq-mean-token-sum", "exclude", (4 + 6) / 2),
+        ("seq-mean-token-sum", "include", (4 + 6) / 3),
+        ("seq-mean-token-sum-norm", "exclude", 10 / 3),     # ÷ T = 3, never ÷ B
+    ])
+    def test_modes(self, mode, empty_rows, expected):
+        for v in both("aggregate", LOSS, MASK, mode=mode, empty_rows=empty_rows):
+            close(v, expected)
+
+    def test_weights_show_length_bias(self):
+        # seq-mean-token-mean: the lone token of row 0 weighs 1/2, each token of row 1 weighs 1/6
+        hand, auto, _ = grads("aggregate", 0, 1.0, LOSS, MASK)
+        w = [[0.5, 0, 0], [1 / 6, 1 / 6, 1 / 6], [0, 0, 0]]
+        close(hand["loss"], w)
+        close(auto, w)
+        hand, _, _ = grads("aggregate", 0, 1.0, LOSS, MASK, mode="seq-mean-token-sum-norm", norm=5.0)
+        close(hand["loss"], np.where(MASK, 0.2, 0.0))
+
+    @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])
+    def test_mean_aggregations_weight_valid_tokens_to_one(self, rng, mode):
+        m = rng.random((5, 8)) < 0.5
+        m[0] = False
+        hand, _, _ = grads("aggregate", 0, 1.0, rng.normal(size=(5, 8)), m, mode=mode)
+        close(hand["loss"].sum(), 1.0)
+        assert np.all(hand["loss"][~m] == 0)
