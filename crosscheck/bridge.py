@@ -67,6 +67,22 @@ def cotangent(outs: Sequence[np.ndarray], vec: np.ndarray, names: Sequence[str],
     return tuple(parts) if len(names) > 1 else parts[0]
 
 
+def backprop(outs, gs, leaves: Sequence[torch.Tensor]) -> List[Optional[np.ndarray]]:
+    """⟨g, outs⟩ differentiated by autograd wrt each leaf, in float64: a NumPy gradient per
+    leaf, or None where the outputs do not depend on it (or where nothing requires grad).
+
+    `outs` and `gs` are one tensor and its cotangent, or sequences of them (a float for a 0-d
+    output). The one place a vector-Jacobian product is taken through torch."""
+    outs = outs if isinstance(outs, (tuple, list)) else (outs,)
+    gs = gs if isinstance(gs, (tuple, list)) else (gs,)
+    total = sum((o.double() * torch.as_tensor(g, dtype=torch.float64)).sum()
+                for o, g in zip(outs, gs))
+    if not (isinstance(total, torch.Tensor) and total.requires_grad):
+        return [None] * len(leaves)
+    grads = torch.autograd.grad(total, list(leaves), allow_unused=True)
+    return [None if g is None else to_numpy(g) for g in grads]
+
+
 def autograd_vjp(torch_fn, arrays: Dict[str, object], params: Dict[str, object],
                  wrt: Sequence[str], g, keys: Optional[Sequence[str]] = None) -> Dict[str, np.ndarray]:
     """⟨g, torch_fn(arrays, params)⟩ differentiated by autograd wrt the inputs `wrt`, in float64.
@@ -76,17 +92,9 @@ def autograd_vjp(torch_fn, arrays: Dict[str, object], params: Dict[str, object],
     t = to_torch(arrays, requires_grad=wrt)
     outs = torch_fn(**t, **params)
     if isinstance(outs, dict):
-        outs, gs = [outs[k] for k in keys], [g[k] for k in keys]
-    else:
-        outs = outs if isinstance(outs, tuple) else (outs,)
-        gs = g if isinstance(g, tuple) else (g,)
-    total = sum((o * torch.as_tensor(gk, dtype=torch.float64)).sum() for o, gk in zip(outs, gs))
-    if total.requires_grad:
-        grads = torch.autograd.grad(total, [t[n] for n in wrt], allow_unused=True)
-    else:                       # the output does not depend on any input: its gradient is 0
-        grads = [None] * len(wrt)
-    return {n: (np.zeros(np.shape(arrays[n])) if gr is None else gr.numpy())
-            for n, gr in zip(wrt, grads)}
+        outs, g = [outs[k] for k in keys], [g[k] for k in keys]
+    grads = backprop(outs, g, [t[n] for n in wrt])
+    return {n: (np.zeros(np.shape(arrays[n])) if gr is None else gr) for n, gr in zip(wrt, grads)}
 
 
 def json_safe(v):

@@ -5,11 +5,10 @@ import io
 import os
 
 import numpy as np
-import torch
 
 import ref_numpy
 import ref_torch
-from crosscheck.bridge import tensor
+from crosscheck.bridge import backprop, tensor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))     # the repository
 EXAMPLES = os.path.join(ROOT, "examples")
@@ -31,13 +30,9 @@ def grads(name, wrt, g, *args, **kwargs):
     targs = [tensor(a) for a in args]
     targs[wrt] = targs[wrt].clone().requires_grad_(True)
     out = getattr(ref_torch, name)(*targs, **{k: tensor(v) for k, v in kwargs.items()})
-    outs = out if isinstance(out, tuple) else (out,)
-    gs = g if isinstance(g, tuple) else (g,)
-    total = sum((o * torch.as_tensor(np.asarray(gk, dtype=np.float64))).sum()
-                for o, gk in zip(outs, gs))
-    (auto,) = torch.autograd.grad(total, [targs[wrt]])
+    (auto,) = backprop(out, g, [targs[wrt]])
     key = list(hand)[0] if len(hand) == 1 else None
-    return hand, auto.numpy(), key
+    return hand, auto, key
 
 
 def close(actual, expected, atol=1e-12, rtol=1e-12):

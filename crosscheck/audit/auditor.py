@@ -145,16 +145,11 @@ class Auditor:
         outs = raw if isinstance(raw, tuple) else (raw,)
         if not all(isinstance(o, torch.Tensor) for o in outs):
             return [Outcome("grad", False, "backend='torch' but your function returned no tensor")]
-        total = sum((o.double() * torch.as_tensor(g, dtype=torch.float64)).sum()
-                    for o, g in zip(outs, gs))
         names = list(leaves)
-        if not isinstance(total, torch.Tensor) or not total.requires_grad:
-            grads = [None] * len(names)
-        else:
-            grads = torch.autograd.grad(total, [leaves[n] for n in names], allow_unused=True)
+        grads = bridge.backprop(outs, gs, [leaves[n] for n in names])
         results = []
         for n, gr in zip(names, grads):
-            auto = np.zeros(data[n].shape) if gr is None else bridge.to_numpy(gr)
+            auto = np.zeros(data[n].shape) if gr is None else gr
             valid = self.valid_of(data, auto.shape)
             if gr is None:
                 if self.mismatch(auto, hand[n], valid) is None:   # the reference gradient is 0 too

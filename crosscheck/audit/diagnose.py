@@ -17,6 +17,7 @@ from typing import Dict, List, Tuple
 import numpy as np
 import torch
 
+from .. import bridge
 from ..check import cases as cases_mod
 from .calls import as_trainer_batch, finite_padding, reference_args
 
@@ -58,15 +59,14 @@ def _user_grads(aud, probes):
             rng = np.random.default_rng(5)
             gs = [rng.normal(size=tuple(o.shape)) if o.dim() else float(rng.normal())
                   for o in outs]
-            total = sum((o.double() * torch.as_tensor(g, dtype=torch.float64)).sum()
-                        for o, g in zip(outs, gs))
-            if not total.requires_grad:
-                return None
-            grads = torch.autograd.grad(total, [leaves[n] for n in names], allow_unused=True)
+            grads = bridge.backprop(outs, gs, [leaves[n] for n in names])
         except Exception:          # the user's code raised on a probe: no diagnosis
             return None
+        if all(gr is None for gr in grads) and not any(
+                isinstance(o, torch.Tensor) and o.requires_grad for o in outs):
+            return None            # no gradient at all: nothing to diagnose
         got.append((data, tuple(gs) if len(gs) > 1 else gs[0],
-                    {n: (np.zeros(data[n].shape) if gr is None else gr.detach().numpy())
+                    {n: (np.zeros(data[n].shape) if gr is None else gr)
                      for n, gr in zip(names, grads)}))
     return got
 

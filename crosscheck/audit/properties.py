@@ -5,6 +5,7 @@ from typing import List, Optional
 import numpy as np
 import torch
 
+from .. import bridge
 from .auditor import Auditor
 from .model import Outcome
 
@@ -59,10 +60,9 @@ def microbatch_check(aud: Auditor, case) -> List[Outcome]:
                              n_sequences_global=int(m.any(axis=1).sum()))
                 raw, leaves = aud.call(part, grad_wrt=(wrt,), extra=extra)
                 weight = 1.0 / K if aud.accumulation == "mean" else 1.0
-                (gr,) = torch.autograd.grad(raw.double() * weight, [leaves[wrt]],
-                                            allow_unused=True)
+                (gr,) = bridge.backprop(raw, weight, [leaves[wrt]])
                 if gr is not None:
-                    total[rows] = gr.detach().numpy()
+                    total[rows] = gr
         except Exception as exc:
             out.append(Outcome("microbatch", False, f"{type(exc).__name__}: {exc}"))
             continue
@@ -95,13 +95,11 @@ def kl_direction_check(aud: Auditor, rng) -> Optional[Outcome]:
             per_token = aud.invoke(**{k: v for k, v in dict(logp=logp[None], ref_logp=ref_logp[None],
                                                         mask=torch.ones(1, V, dtype=torch.bool)
                                                         ).items() if aud.accepts(k)})
-            objective = (weights * per_token[0]).sum()
-            g = None                          # detached or grad-free output: no path to θ
-            if objective.requires_grad:
-                (g,) = torch.autograd.grad(objective, [theta], allow_unused=True)
+            # None: a detached or grad-free output has no path to θ
+            (g,) = bridge.backprop(per_token[0], weights, [theta])
         except Exception as exc:              # the user's code, or what it returned: report it
             return Outcome("kl_direction", False, f"{type(exc).__name__}: {exc}")
-        if g is None or float(g.abs().max()) < 1e-12:
+        if g is None or float(np.abs(g).max()) < 1e-12:
             return Outcome("kl_direction", True, warn=True,
                            message="your KL term has no expected gradient (k1 used as a loss?): "
                                    "it does not pull π toward the reference")
@@ -109,7 +107,8 @@ def kl_direction_check(aud: Auditor, rng) -> Optional[Outcome]:
             def sym_kl(t):
                 lp = torch.log_softmax(t, -1)
                 return float(((lp.exp() - ref_logp.exp()) * (lp - ref_logp)).sum())
-            before, after = sym_kl(theta), sym_kl(theta - 1e-3 * g / g.norm())
+            step = torch.from_numpy(g / np.linalg.norm(g))
+            before, after = sym_kl(theta), sym_kl(theta - 1e-3 * step)
         if after > before:
             worst = f"a small step on your KL term alone raises KL(π‖ref) + KL(ref‖π) " \
                     f"({before:.6g} → {after:.6g}): is its sign flipped?"
