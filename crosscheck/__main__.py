@@ -17,7 +17,7 @@ def check_parser():
                    help="cases per function (default 12)")
     p.add_argument("--only", metavar="NAME[,NAME]", help="check only these functions")
     p.add_argument("--list", action="store_true", help="list the registry and exit")
-    p.add_argument("--json", action="store_true", help="print one JSON object (SPEC §4)")
+    p.add_argument("--json", action="store_true", help="print one JSON object (see docs/check.md)")
     p.add_argument("-q", "--quiet", action="store_true", help="print failures and a summary only")
     p.add_argument("--scale", type=int, metavar="N",
                    help="instead: value, vjp and fd of policy_objective (each loss and "

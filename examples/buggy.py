@@ -1,5 +1,5 @@
-"""Deliberately buggy functions: each is a real bug class from bug_classes.md, and each audit
-must catch it.
+"""Deliberately buggy functions: each is a real bug class found in public trainers, and each
+audit must catch it.
 
     python -m crosscheck audit examples/buggy.py:cispo_without_detach --ref cispo_loss --profile minimind
     python -m crosscheck audit examples/buggy.py:grpo_by_reshape --ref group_advantages --profile minimind

@@ -1,5 +1,5 @@
-"""MiniMind-style GRPO pieces, written from scratch for this example from trainer_conventions.md
-§2.2 and §3.4: group advantages with the *biased* std + 1e-4 over consecutive groups, and the
+"""MiniMind-style GRPO pieces, written from scratch for this example from the conventions of
+MiniMind's trainer/train_grpo.py (docs/conventions.md): group advantages with the *biased* std + 1e-4 over consecutive groups, and the
 CISPO per-token loss with an absolute cap of 5.0 and a k3 KL term (β = 0.1), averaged per
 sequence and then over all rows.
 

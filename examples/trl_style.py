@@ -1,5 +1,6 @@
 """A TRL-style GRPO per-token loss with a k3 KL term and 'dapo' aggregation, written from
-scratch for this example from trainer_conventions.md §3.1, §4, §5. 'dapo' divides the
+scratch for this example from the conventions of TRL's GRPOTrainer._compute_loss
+(docs/conventions.md). 'dapo' divides the
 micro-batch's loss sum by the loss tokens of the whole generation batch (`num_items_in_batch`).
 
     python -m crosscheck audit examples/trl_style.py:adapter --ref policy_objective \

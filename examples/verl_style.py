@@ -1,7 +1,7 @@
 """A verl-style PPO actor loss, written from scratch for this example (not copied from verl).
 
-It follows verl's `compute_policy_loss_vanilla` conventions as trainer_conventions.md §3.1
-and §4 describe them: log-ratio clamped to ±20, clip 0.2/0.2, the dual clip c = 3 always on,
+It follows the conventions of verl's `compute_policy_loss_vanilla` and `agg_loss`
+(docs/conventions.md): log-ratio clamped to ±20, clip 0.2/0.2, the dual clip c = 3 always on,
 and a token mean over the *global* batch: the sum over this micro-batch divided by the number
 of valid tokens in the whole batch (verl's `batch_num_tokens`), micro-batch gradients summed.
 

@@ -51,7 +51,7 @@ def kl_penalty(logp, ref_logp, mask=None, *, kind="k3", clamp=None):
 
     Reference: J. Schulman, "Approximating KL Divergence" (2020), http://joschu.net/blog/kl-approx.html.
     Note: E_π[k1] = E_π[k3] = KL(π‖ref); k3 ≥ 0 always; k2 is biased (≈ KL to second order).
-    Their *gradients* as losses differ: see `estimators.py` and bug_classes.md (KL).
+    Their *gradients* as losses differ: see `estimators.py` (Tang and Munos, arXiv:2506.09477).
     `clamp=(input_bound, output_bound)` clips x to ±input_bound before the estimator and the
     result to ±output_bound after it (verl k3: (20, 10); OpenRLHF: (None, 10) on every kind).
     k3 uses expm1 so that small x loses no digits, and caps e^x at the largest float.
@@ -102,8 +102,8 @@ def approx_kl(logp, old_logp, mask=None, *, kind="k1"):
     With u = logp − old_logp at tokens sampled from π_old:
         k1 = −u,   k2 = ½u²,   k3 = e^u − 1 − u,   approx_kl = Σ m·k / Σ m
 
-    Reference: Schulman (2020); trainer_conventions.md §9: verl/OpenRLHF log k1 (`ppo_kl`),
-    MiniMind and TRL PPO k2, CleanRL k3 (`approx_kl`).
+    Reference: Schulman (2020). verl and OpenRLHF log k1 (`ppo_kl`), MiniMind and TRL PPO k2,
+    CleanRL k3 (`approx_kl`); docs/conventions.md names the code.
     Note: k1 can average negative on a batch although KL ≥ 0; k3 cannot. This is kl_penalty
     with the roles of the two policies swapped (samples from π_old). 0 when no token is valid.
 

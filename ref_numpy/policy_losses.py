@@ -273,7 +273,8 @@ def clip_fraction(logp, old_logp, advantages, mask=None, *, clip_low=0.2, clip_h
         "sign":  (r > 1 + ε_high and A > 0) or (r < 1 − ε_low and A < 0) (TRL's low/high)
         "ratio": r > 1 + ε_high or r < 1 − ε_low, whatever A (MiniMind, CleanRL |r − 1| > ε)
 
-    Reference: trainer_conventions.md §9; trl #3175 (a clip fraction defined backwards).
+    Reference: the trainers' logged metrics (docs/conventions.md); trl #3175 (a clip fraction
+    defined backwards).
     Note: "loss" and "sign" agree except at A = 0 and exact ties: both count where the gradient
     is zeroed. "ratio" also counts tokens the clip does not touch (A > 0 with r < 1 − ε).
     Not differentiable (a count).

@@ -36,7 +36,7 @@ def aggregate(loss, mask, *, mode="seq-mean-token-mean", norm=None, empty_rows="
         "seq-mean-token-sum":      mean over rows b of Σ_t m·l
         "seq-mean-token-sum-norm": Σ_bt m·l / norm   (norm = T, the padded length, by default)
 
-    Reference: verl `agg_loss` (trainer_conventions.md §4); Dr. GRPO, arXiv:2503.20783, §3.1 on
+    Reference: verl `agg_loss` (docs/conventions.md); Dr. GRPO, arXiv:2503.20783, §3.1 on
     the length bias of per-sequence means.
     Note: rows with no valid token: `empty_rows="exclude"` (verl, OpenRLHF) leaves them out of
     the row count; "include" (TRL `grpo`, MiniMind GRPO) counts them as rows contributing 0.

@@ -16,6 +16,7 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 
 import ref_numpy
+from ref_common.vocab import AGG_MODES
 
 MARGIN = 0.02         # distance kept from every kink, in the kinked variable (≫ FD_STEP)
 FD_STEP = 1e-3        # largest finite-difference stencil offset (scipy.differentiate)
@@ -302,8 +303,7 @@ def aggregate_case(rng, i):
     B, T = _shape(i, rng)
     kind = _mask_kind(i) if i % 4 else "ragged"
     m = _mask(rng, B, T, kind)
-    mode = _cycle(i, ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
-                      "seq-mean-token-sum-norm"])
+    mode = _cycle(i, AGG_MODES)
     params = dict(mode=mode, norm=None, empty_rows=_cycle(i // 4, ["exclude", "include"]))
     if mode == "seq-mean-token-sum-norm" and i % 8 >= 4:
         params["norm"] = 5.0
@@ -317,8 +317,7 @@ def policy_objective_case(rng, i):
     base = gspo_loss_case(rng, i // 3) if loss == "gspo" else _ratio_case(rng, i // 3, loss)
     B, T = base.shape()
     m = base.arrays["mask"]
-    agg = _cycle(i // 2, ["seq-mean-token-mean", "token-mean", "seq-mean-token-sum",
-                          "seq-mean-token-sum-norm"])
+    agg = _cycle(i // 2, (AGG_MODES[1], AGG_MODES[0]) + AGG_MODES[2:])   # per-sequence first
     beta = _cycle(i // 3, [0.0, 0.04, 0.1])
     kl_kind = _cycle(i, ["k3", "k1", "k2", "abs"])
     ref = _logps(rng, (B, T))

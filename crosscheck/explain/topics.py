@@ -15,6 +15,8 @@ from typing import Dict, List
 import numpy as np
 from wcwidth import wcswidth
 
+from ref_common.vocab import AGG_MODES
+
 from .. import bridge, tolerances
 from ..check import finite_diff, registry
 from ..check.cases import SEED_P, SEED_Q
@@ -258,7 +260,7 @@ def topic_ppo(lab: Lab) -> Section:
 # ============================================================ topic 4: GRPO
 GRPO_R = np.array([0.8, 0.4, 0.6, 0.2, 0.1, 0.3, 0.9, 0.5])
 LENGTHS = np.array([3, 1, 2, 4, 2, 2, 1, 3])
-MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+MODES = AGG_MODES
 
 
 def topic_grpo(lab: Lab) -> Section:

@@ -2,6 +2,7 @@
 import dataclasses
 import math
 import re
+import sys
 
 import numpy as np
 import pytest
@@ -12,6 +13,10 @@ import ref_torch
 from crosscheck import bridge
 from crosscheck.check import cases as cases_mod
 from crosscheck.check import finite_diff, registry, report, results, stages
+from tests.helpers import EXAMPLES
+
+sys.path.insert(0, EXAMPLES)
+import planted_twin  # noqa: E402
 
 
 SEED = 0
@@ -30,27 +35,6 @@ def assert_caught(results, name, stage, input_name):
     assert "shape (" in msg
     assert f"reproduce: python -m crosscheck --only {name} --seed {SEED}" in msg
     return msg
-
-
-def _cispo_without_detach(logp, old_logp, advantages, mask=None, *, clip_high=5.0, clip_low=None,
-                          bound="absolute", log_ratio_clamp=None):
-    """Same value as CISPO, but the weight w is differentiated: the classic missing .detach()."""
-    out = ref_torch.cispo_loss(logp, old_logp, advantages, mask, clip_high=clip_high,
-                               clip_low=clip_low, bound=bound, log_ratio_clamp=log_ratio_clamp)
-    m = torch.ones_like(logp, dtype=torch.bool) if mask is None else mask.bool()
-    A = advantages if advantages.shape == logp.shape else advantages[:, None].expand(logp.shape)
-    zero = torch.zeros((), dtype=logp.dtype)
-    lp, A = torch.where(m, logp, zero), torch.where(m, A, zero)
-    rho = torch.where(m, logp - old_logp, zero)
-    if log_ratio_clamp is not None:
-        rho = torch.clamp(rho, -log_ratio_clamp, log_ratio_clamp)
-    r = torch.exp(rho)
-    if bound == "absolute":
-        w = torch.clamp(r, max=clip_high)
-    else:
-        w = torch.clamp(r, min=0.0 if clip_low is None else max(1 - clip_low, 0.0),
-                        max=1 + clip_high)
-    return out + torch.where(m, -(w - w.detach()) * A * lp, zero)
 
 
 N = 8
@@ -114,7 +98,7 @@ def test_group_twin_with_the_wrong_ddof_fails_value():
 
 
 def test_missing_detach_is_caught_by_vjp_and_detach_stages():
-    results = run_with("cispo_loss", torch_fn=_cispo_without_detach)
+    results = run_with("cispo_loss", torch_fn=planted_twin.cispo_without_detach)
     assert results["value"].passed                           # the value cannot show it
     assert_caught(results, "cispo_loss", "vjp", "logp")
     msg = assert_caught(results, "cispo_loss", "detach", "logp")
@@ -134,7 +118,7 @@ def test_hand_vjp_differentiating_the_detached_weight_fails_fd():
              for k, v in dict(logp=logp, old_logp=old_logp, advantages=advantages,
                               mask=mask).items()}
         lp = t["logp"].clone().requires_grad_(True)
-        out = _cispo_without_detach(lp, t["old_logp"], t["advantages"], t["mask"], **kw)
+        out = planted_twin.cispo_without_detach(lp, t["old_logp"], t["advantages"], t["mask"], **kw)
         (gr,) = torch.autograd.grad((out * torch.as_tensor(g)).sum(), [lp])
         return {"logp": gr.numpy()}
 

@@ -1,6 +1,7 @@
 """`python -m crosscheck audit`: exit codes, JSON, usage errors, every option reaching the audit."""
 import json
 import os
+import re
 
 import pytest
 
@@ -38,11 +39,15 @@ def test_cli_usage_errors_exit_2_with_a_message(argv, message):
     assert code == 2 and message in err
 
 
-def test_cli_list_profiles():
+def test_cli_list_profiles_names_each_profile_and_the_source_of_every_value():
+    from crosscheck.audit.profiles import PROFILES
     code, out, _ = run(["audit", "--list-profiles"])
     assert code == 0
     for name in ("verl", "trl", "openrlhf", "minimind", "cleanrl"):
-        assert f"{name}:" in out
+        assert re.search(rf"^{name} \([\w/-]+ [0-9a-f]{{7,9}}\): ", out, re.M), name
+    for p in PROFILES.values():
+        for rule in p.rules.values():
+            assert f"from {rule.source}\n" in out + "\n"
 
 
 def test_the_cli_passes_every_option_to_the_audit(tmp_path):

@@ -1,124 +1,78 @@
-"""The README stays true to the command line: each subcommand's table in the README names every
-option its --help lists (and no other), the metavars agree, and every option explains itself."""
+"""The README and docs/ stay true: the README is a short front door, every relative link and
+every file they name exists, nothing in the repository points outside it, and every example
+output they print is what its command prints today (scripts/render_examples.py)."""
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 
-from tests.helpers import EXAMPLES, ROOT, run_cli
+from tests.helpers import ROOT
 
-README = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
-SECTIONS = {   # subcommand → the README heading whose command table documents it
-    "": "## What `python -m crosscheck` checks",
-    "audit": "## Auditing your trainer",
-    "explain": "## Learning the math",
-}
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import render_examples  # noqa: E402
+
+DOCS = render_examples.DOCS
 
 
-def readme_table(sub):
-    text = README[README.index(SECTIONS[sub]):]
-    text = text[:text.index("\n## ", 1)]
-    return "\n".join(line for line in text.splitlines() if line.startswith("| `"))
+def text(path):
+    return open(os.path.join(ROOT, path), encoding="utf-8").read()
 
 
-ALIASES = {}      # short option → long option, as --help lists them
+def test_the_readme_is_at_most_12_kb():
+    assert len(text("README.md").encode("utf-8")) <= 12 * 1024
 
 
-def help_entries(text):
-    """{option: (metavar, description)} from argparse's help, positionals included."""
-    out, current = {}, None
-    for line in text.split("\n\n", 2)[-1].splitlines():
-        m = re.match(r"  (-\w, )?(--?[\w-]+|\w+)( [^ ].*?)?(  +(.*))?$", line)
-        if m and not line.startswith("   "):
-            current = m[2]
-            out[current] = ((m[3] or "").strip(), (m[5] or "").strip())
-            if m[1]:
-                ALIASES[m[1][:2]] = current
-        elif current and line.startswith("    ") and line.strip():
-            metavar, desc = out[current]
-            out[current] = (metavar, (desc + " " + line.strip()).strip())
-    out.pop("-h", None)
-    out.pop("--help", None)
-    return out
+@pytest.mark.parametrize("path", DOCS)
+def test_every_relative_link_resolves(path):
+    base = os.path.dirname(os.path.join(ROOT, path))
+    for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text(path)):
+        if "://" in target:
+            continue
+        assert os.path.exists(os.path.join(base, target)), f"{path} links {target}"
 
 
-@pytest.mark.parametrize("sub", list(SECTIONS))
-def test_readme_and_help_name_the_same_options_and_each_is_explained(sub):
-    code, out, _ = run_cli(([sub] if sub else []) + ["--help"])
-    assert code == 0
-    entries = help_entries(out)
-    options = {o for o in entries if o.startswith("-")}
-    table = readme_table(sub)
-    documented = {ALIASES.get(o, o)                     # "-m", "-e": python's and pip's own
-                  for o in re.findall(r"(?<![\w-])(--[a-z][\w-]*|-[a-z])\b", table)
-                  if o.startswith("--") or o in ALIASES}
-    assert options == documented, (sub, options ^ documented)
-    for option, (metavar, desc) in entries.items():
-        assert desc, f"{sub or 'check'} {option} has no help text"
-    for option, placeholder in re.findall(r"(--[a-z][\w-]*) ([A-Z][A-Z_=]*)\b", table):
-        assert entries[option][0] == placeholder, (option, placeholder, entries[option][0])
+def test_every_file_the_readme_names_exists():
+    """A path the README names, in backticks or in its layout block (a name with a '/' or a file
+    suffix), is a file or folder of the repository: from the root, or within the folder it is
+    listed under."""
+    readme = text("README.md")
+    layout = readme[readme.index("## Layout"):]
+    layout = layout[layout.index("```") + 3:]
+    layout = layout[:layout.index("```")]
+    named = set(re.findall(r"`([\w./-]+\.(?:py|md|png|txt|cfg|toml)|[\w.-]+/[\w./-]*)`", readme))
+    named |= set(re.findall(r"(?<![\w./-])([\w.-]+/|[\w-]+\.py)(?![\w/])", layout))
+    assert len(named) >= 15, named
+    folders = ("", "crosscheck", "ref_torch", "ref_numpy", "ref_common", "docs", "tests",
+               "benchmarks", "scripts", "examples")
+    for name in sorted(named):
+        assert any(os.path.exists(os.path.join(ROOT, f, name.rstrip("/"))) for f in folders), \
+            f"README names {name}"
 
 
-@pytest.mark.parametrize("sub", list(SECTIONS))
-def test_usage_names_the_command_as_the_readme_writes_it(sub):
-    code, out, _ = run_cli(([sub] if sub else []) + ["--help"])
-    assert code == 0
-    assert out.startswith("usage: " + " ".join(["python -m crosscheck"] + ([sub] if sub else [])))
-    code, _, err = run_cli(([sub] if sub else []) + ["--no-such-option"])
-    assert code == 2 and err.startswith("usage: python -m crosscheck")
+def test_nothing_in_the_repository_refers_to_a_file_outside_it():
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True)
+    outside = re.compile(r"SPEC\.md|\.\./shared|trainer_conventions\.md|bug_classes\.md")
+    this = os.path.relpath(__file__, ROOT)
+    found = []
+    for path in tracked.stdout.split():
+        if path == this or not path.endswith((".py", ".md", ".cfg", ".toml", ".txt", ".yml")):
+            continue
+        full = os.path.join(ROOT, path)
+        if os.path.exists(full) and outside.search(open(full, encoding="utf-8").read()):
+            found.append(path)
+    assert found == []
 
 
-@pytest.mark.parametrize("backend", ["torch", "numpy"])
-def test_audit_accepts_each_backend_the_help_offers(backend):
-    """Each choice --help shows is accepted (a numpy-backend run of a torch adapter fails its
-    checks, exit 1, but is no usage error)."""
-    _, out, _ = run_cli(["audit", "--help"])
-    assert "--backend {torch,numpy}" in out
-    target = os.path.join(EXAMPLES, "verl_style.py:adapter")
-    code, out, err = run_cli(["audit", target, "--ref", "ppo_clip_loss", "--profile", "verl",
-                              "--cases", "3", "--backend", backend])
-    assert code in (0, 1) and err == "", err
-    assert out.startswith(f"audit against ppo_clip_loss (profile verl), backend {backend}, ")
+def test_every_example_output_is_what_its_command_prints_today():
+    stale = [(where, name) for where, name, _, _ in render_examples.stale()]
+    assert stale == [], f"run `python scripts/render_examples.py`; stale: {stale}"
 
 
-def _parsers():
-    from crosscheck import __main__ as cli
-    return {"": cli.check_parser(), "audit": cli.audit_parser(),
-            "explain": cli.explain_parser()}
-
-
-@pytest.mark.parametrize("sub", SECTIONS)
-def test_every_default_the_help_states_is_the_one_the_parser_uses(sub):
-    stated = 0
-    for action in _parsers()[sub]._actions:
-        m = re.search(r"\(default ([^)]+)\)", action.help or "")
-        if m:
-            stated += 1
-            value = action.default
-            assert (str(value) == m[1] or
-                    isinstance(value, float) and value == float(m[1])), (action.dest, value, m[1])
-    assert stated >= {"": 2, "audit": 5, "explain": 1}[sub]
-
-
-def test_the_command_lines_defaults_are_the_librarys():
-    """`python -m crosscheck` and `audit` run what crosscheck.harness.run and crosscheck.audit
-    run when called with no arguments."""
-    import inspect
-
-    from crosscheck import audit
-    from crosscheck.check import stages as harness
-    parsers = _parsers()
-    run = inspect.signature(harness.run).parameters
-    check = {a.dest: a.default for a in parsers[""]._actions}
-    assert (check["seed"], check["cases"]) == (run["seed"].default, run["n_cases"].default)
-    lib = inspect.signature(audit).parameters
-    cli = {a.dest: a.default for a in parsers["audit"]._actions}
-    for name in ("cases", "seed", "backend", "accumulation", "timeout"):
-        assert cli[name] == lib[name].default, name
-
-
-def test_main_reads_its_arguments_from_the_command_line(monkeypatch, capsys):
-    from crosscheck import __main__ as cli
-    monkeypatch.setattr("sys.argv", ["python -m crosscheck", "--list"])
-    assert cli.main() == 0
-    assert "policy_objective" in capsys.readouterr().out
+def test_every_marked_example_is_known_and_every_known_one_is_shown():
+    shown = {name for path in DOCS for name in render_examples.markdown_examples(path)}
+    known = set(render_examples.EXAMPLES)
+    files = {n for n, ex in render_examples.EXAMPLES.items() if ex.output}
+    assert shown <= known
+    assert known - files <= shown, known - files - shown

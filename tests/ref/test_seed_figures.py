@@ -1,4 +1,5 @@
-"""The seed's numbers (../shared/seed/rl_demo_output.txt), reproduced through the public API.
+"""The numbers the MiniMind teaching script this project grew from prints (its rl_demo output),
+reproduced through the public API.
 
 The seed computes in float32 and prints 4 decimals (or float32 reprs), so the comparisons are
 at its printed precision: half a unit of the last printed digit, or 1e-6 for float32 reprs.
