@@ -152,21 +152,26 @@ class Whiten(NamedTuple):
     eps: float
     eps_mode: str
     shift_mean: bool
+    restore_mean: bool
 
 
-def whiten(ops: Ops, x, mask_, ddof, eps, eps_mode, shift_mean) -> Whiten:
+def whiten(ops: Ops, x, mask_, ddof, eps, eps_mode, shift_mean, restore_mean=False) -> Whiten:
     xs, xa = token(ops, "x", x)
     m = mask(ops, mask_, xs, xa)
     ddof = checks.ddof(ddof)
     eps = checks.non_negative("eps", eps)
     eps_mode = checks.choice("eps_mode", eps_mode, vocab.EPS_MODES)
     checks.boolean("shift_mean", shift_mean)
+    checks.boolean("restore_mean", restore_mean)
+    if restore_mean and shift_mean:
+        raise ValueError("restore_mean is True but shift_mean is True; restore_mean re-adds the "
+                         "mean that shift_mean=False keeps (verl's and TRL's masked_whiten)")
     finite(ops, "x", xa, m)
     n = ops.count(m)
     if n - ddof <= 0:
         raise ValueError(f"mask has {n} valid entries; whiten with ddof={ddof} needs at least "
                          f"{ddof + 1}")
-    return Whiten(xa, m, n, ddof, eps, eps_mode, shift_mean)
+    return Whiten(xa, m, n, ddof, eps, eps_mode, shift_mean, restore_mean)
 
 
 def whiten_scale(scale_is_zero: bool, n_valid: int) -> None:
@@ -186,10 +191,11 @@ class Groups(NamedTuple):
     eps: float
     scale: str
     baseline: str
+    singleton: str
 
 
 def group_advantages(ops: Ops, rewards, group_size, group_ids, ddof, eps, scale, baseline,
-                     valid) -> Groups:
+                     valid, singleton="zero") -> Groups:
     s = ops.spec("rewards", rewards)
     checks.require_float(s)
     checks.require_sequence(s)
@@ -218,9 +224,17 @@ def group_advantages(ops: Ops, rewards, group_size, group_ids, ddof, eps, scale,
     if scale == "leave_one_out" and baseline != "leave_one_out":
         raise ValueError(f"scale is 'leave_one_out' but baseline is {baseline!r}; the others' "
                          f"std goes with the others' mean (baseline='leave_one_out', as NeMo)")
+    singleton = checks.choice("singleton", singleton, vocab.SINGLETONS)
     keep = mask(ops, valid, s, r, name="valid")
     finite(ops, "rewards", r, keep)
-    return Groups(r, group_size, group_ids, keep, ddof, eps, scale, baseline)
+    return Groups(r, group_size, group_ids, keep, ddof, eps, scale, baseline, singleton)
+
+
+def singleton_group(row) -> None:
+    """`row` is the first row alone in its group while singleton='error', or None."""
+    if row is not None:
+        raise ValueError(f"rewards of row {row} form a group of one and singleton='error': a "
+                         f"group needs at least 2 members (as OpenRLHF requires)")
 
 
 def group_spread(row) -> None:
@@ -406,6 +420,9 @@ def approx_kl(ops: Ops, logp, old_logp, mask_, kind) -> ApproxKl:
 
 
 # ====================================================================== aggregation, objective
+NORMED_MODES = ("seq-mean-token-sum", "seq-mean-token-sum-norm")   # the modes that take `norm`
+
+
 class Aggregate(NamedTuple):
     loss: Any
     mask: Any
@@ -420,11 +437,11 @@ def aggregate(ops: Ops, loss, mask_, mode, norm, empty_rows) -> Aggregate:
     m = mask(ops, mask_, ls, lo)
     mode = checks.choice("mode", mode, vocab.AGG_MODES)
     empty_rows = checks.choice("empty_rows", empty_rows, vocab.EMPTY_ROWS)
-    if norm is not None and mode != "seq-mean-token-sum-norm":
+    if norm is not None and mode not in NORMED_MODES:
         raise ValueError(f"norm is {norm!r} but mode is {mode!r}; norm only applies to "
-                         f"'seq-mean-token-sum-norm'")
+                         f"{' and '.join(repr(m) for m in NORMED_MODES)}")
     finite(ops, "loss", lo, m)
-    if mode == "seq-mean-token-sum-norm" and norm is not None:
+    if norm is not None:
         norm = checks.positive("norm", norm)
     return Aggregate(lo, m, mode, norm, empty_rows)
 

@@ -13,6 +13,7 @@ EMPTY_ROWS = ("exclude", "include")
 EPS_MODES = ("var", "clamp", "std")
 GROUP_SCALES = ("group", "batch", "leave_one_out", "none")
 GROUP_BASELINES = ("mean", "leave_one_out")
+SINGLETONS = ("zero", "keep", "error")         # a group of one: A = 0, baseline 0 and spread 1, refuse
 KL_KINDS = ("k1", "k2", "k3", "abs")          # kl_penalty (abs: |log ratio|)
 ESTIMATOR_KINDS = ("k1", "k2", "k3")          # approx_kl and the exact estimator analysis
 CISPO_BOUNDS = ("absolute", "relative")

@@ -189,8 +189,8 @@ def discounted_returns_vjp(g, rewards, mask=None, *, gamma):
 
 
 # ====================================================================== whitening
-def _whiten_inputs(x, mask, ddof, eps, eps_mode, shift_mean):
-    a = args.whiten(OPS, x, mask, ddof, eps, eps_mode, shift_mean)
+def _whiten_inputs(x, mask, ddof, eps, eps_mode, shift_mean, restore_mean):
+    a = args.whiten(OPS, x, mask, ddof, eps, eps_mode, shift_mean, restore_mean)
     return ar.zero_masked(a.x, a.mask), a.mask, a.ddof, a.eps, a.eps_mode
 
 
@@ -209,16 +209,20 @@ def _whiten_stats(xs, m, ddof, eps, eps_mode):
     return N, mu, dev, var, s
 
 
-def whiten(x, mask=None, *, ddof=0, eps=1e-8, eps_mode="var", shift_mean=True):
+def whiten(x, mask=None, *, ddof=0, eps=1e-8, eps_mode="var", shift_mean=True,
+           restore_mean=False):
     """Masked whitening over all valid entries of the batch.
 
         μ = Σ m·x / N,   var = Σ m·(x − μ)² / (N − ddof),   N = Σ m
         y = (x − μ) / s  (shift_mean=True)   or   y = x / s  (shift_mean=False)
+        y = (x − μ) / s + μ   (shift_mean=False, restore_mean=True)
         s = sqrt(var + eps) ("var"), sqrt(max(var, eps)) ("clamp"), sqrt(var) + eps ("std")
 
     Reference: the advantage normalisation of PPO implementations (e.g. verl `masked_whiten`,
     OpenRLHF, MiniMind `train_ppo.py`, CleanRL `norm_adv`).
-    Note: `shift_mean=False` scales by the centred spread without centring and adds nothing back.
+    Note: `shift_mean=False` means two things in trainers. Alone it scales by the centred spread
+    without centring and adds nothing back. With `restore_mean=True` it is verl's and TRL's
+    `masked_whiten(shift_mean=False)`: the centred values are scaled and the mean re-added.
     Library defaults differ (np.std ddof=0, torch.std ddof=1); here ddof is always explicit.
 
     Worked example: x = [1, 2, 3], ddof=0, eps=0: μ = 2, var = 2/3, y = [−1.2247, 0, 1.2247].
@@ -230,17 +234,22 @@ def whiten(x, mask=None, *, ddof=0, eps=1e-8, eps_mode="var", shift_mean=True):
       eps: float ≥ 0, placed as `eps_mode` says.
       eps_mode: "var" | "clamp" | "std".
       shift_mean: bool. Centre (True) or only scale (False).
+      restore_mean: bool. With shift_mean=False: scale the centred values, re-add the mean.
 
     Returns:
       [B, T] float64, 0 at masked positions.
     """
-    xs, m, ddof, eps, eps_mode = _whiten_inputs(x, mask, ddof, eps, eps_mode, shift_mean)
+    xs, m, ddof, eps, eps_mode = _whiten_inputs(x, mask, ddof, eps, eps_mode, shift_mean,
+                                                restore_mean)
     N, mu, dev, var, s = _whiten_stats(xs, m, ddof, eps, eps_mode)
+    if restore_mean:
+        return np.where(m, dev / s + mu, 0.0)
     num = dev if shift_mean else xs
     return np.where(m, num / s, 0.0)
 
 
-def whiten_vjp(g, x, mask=None, *, ddof=0, eps=1e-8, eps_mode="var", shift_mean=True):
+def whiten_vjp(g, x, mask=None, *, ddof=0, eps=1e-8, eps_mode="var", shift_mean=True,
+               restore_mean=False):
     """VJP of `whiten`.
 
     Gradient:
@@ -254,19 +263,26 @@ def whiten_vjp(g, x, mask=None, *, ddof=0, eps=1e-8, eps_mode="var", shift_mean=
       f'(var) = 1/(2s) for "var"; 1/(2s) if var ≥ eps else 0 for "clamp" (at var = eps the
       clamp passes the gradient, as torch.clamp does); 1/(2·sqrt(var)) for "std" (taken as 0
       when var = 0, where every deviation is 0 and the term vanishes anyway).
+      restore_mean: y_j = n_j/s + μ with n_j = x_j − μ: the first two terms as for shift_mean,
+      plus the direct path of μ, ∂/∂x_i Σ_j g_j·μ = ḡ.
       Masked positions get 0.
 
     Returns:
       {"x": [B, T]} float64.
     """
-    xs, m, ddof, eps, eps_mode = _whiten_inputs(x, mask, ddof, eps, eps_mode, shift_mean)
+    xs, m, ddof, eps, eps_mode = _whiten_inputs(x, mask, ddof, eps, eps_mode, shift_mean,
+                                                restore_mean)
     N, mu, dev, var, s = _whiten_stats(xs, m, ddof, eps, eps_mode)
     gm = ar.zero_masked(args.cotangent(OPS, g, "g", OPS.spec("x", xs)), m)
-    num = dev if shift_mean else xs
-    if shift_mean:
-        gx = (gm - m * (gm.sum() / N)) / s
+    centred = shift_mean or restore_mean
+    num = dev if centred else xs
+    g_bar = gm.sum() / N
+    if centred:
+        gx = (gm - m * g_bar) / s
     else:
         gx = gm / s
+    if restore_mean:
+        gx = gx + m * g_bar
     if eps_mode == "var":
         ds = 1.0 / (2.0 * s)
     elif eps_mode == "clamp":
@@ -278,9 +294,9 @@ def whiten_vjp(g, x, mask=None, *, ddof=0, eps=1e-8, eps_mode="var", shift_mean=
 
 
 # ====================================================================== group advantages
-def _group_inputs(rewards, group_size, group_ids, ddof, eps, scale, baseline, valid):
+def _group_inputs(rewards, group_size, group_ids, ddof, eps, scale, baseline, valid, singleton):
     a = args.group_advantages(OPS, rewards, group_size, group_ids, ddof, eps, scale, baseline,
-                              valid)
+                              valid, singleton)
     r, keep = a.rewards, a.keep
     if a.group_size is not None:
         gid = np.arange(r.shape[0]) // a.group_size
@@ -289,23 +305,26 @@ def _group_inputs(rewards, group_size, group_ids, ddof, eps, scale, baseline, va
         gid = gid.reshape(-1)
     _, gid_kept = np.unique(gid[keep], return_inverse=True)     # groups of the kept rows only
     return (np.where(keep, r, 0.0), keep, gid_kept.reshape(-1), a.ddof, a.eps, a.scale,
-            a.baseline)
+            a.baseline, a.singleton)
 
 
-def _group_parts(r, gid, ddof, eps, scale, baseline):
+def _group_parts(r, gid, ddof, eps, scale, baseline, singleton):
     """Centred rewards c, the scale denominator D per row, and what the VJP needs."""
     counts = np.bincount(gid).astype(np.float64)
     n = counts[gid]
     multi = n >= 2
+    if singleton == "error":
+        args.singleton_group(int(np.argmax(~multi)) if (~multi).any() else None)
+    single = ~multi & (singleton == "keep")      # alone in its group: baseline 0, spread 1
     mu = (np.bincount(gid, weights=r) / counts)[gid]
     k = np.ones_like(r) if baseline == "mean" else np.where(multi, n / np.maximum(n - 1, 1), 0)
     # leave-one-out: r_i − (S − r_i)/(n − 1) = n/(n − 1)·(r_i − μ): a rescaled mean baseline
-    c = np.where(multi, k * (r - mu), 0.0)
+    c = np.where(multi, k * (r - mu), np.where(single, r, 0.0))
     sigma = None
     if scale == "group":
         ss = np.bincount(gid, weights=(r - mu) ** 2)
         denom = np.maximum(counts - ddof, 1.0)
-        sigma = np.sqrt(ss / denom)[gid]
+        sigma = np.where(single, 1.0, np.sqrt(ss / denom)[gid])
         D = sigma + eps
     elif scale == "batch":
         B = r.shape[0]
@@ -334,12 +353,13 @@ def _group_parts(r, gid, ddof, eps, scale, baseline):
         D = np.ones_like(r)
     zero = multi & (D == 0.0)
     args.group_spread(int(np.argmax(zero)) if zero.any() else None)
-    D = np.where(multi, D, 1.0)      # singletons: A = 0 regardless; keep 0/0 out of the arithmetic
-    return counts, n, multi, mu, k, c, sigma, D
+    active = multi | single          # the rows that get an advantage
+    D = np.where(active, D, 1.0)     # singletons with A = 0: keep 0/0 out of the arithmetic
+    return counts, n, multi, single, mu, k, c, sigma, D
 
 
 def group_advantages(rewards, *, group_size=None, group_ids=None, ddof=0, eps=1e-4,
-                     scale="group", baseline="mean", valid=None):
+                     scale="group", baseline="mean", valid=None, singleton="zero"):
     """Group-relative advantages (GRPO, Dr. GRPO, RLOO).
 
         A_i = (r_i − b_i) / (σ + eps)
@@ -351,9 +371,12 @@ def group_advantages(rewards, *, group_size=None, group_ids=None, ddof=0, eps=1e
 
     Reference: Shao et al., DeepSeekMath (GRPO), arXiv:2402.03300, §4.1.2; Liu et al.,
     Dr. GRPO, arXiv:2503.20783; Ahmadian et al., RLOO, arXiv:2402.14740.
-    Note: a singleton group gets A = 0 (it has no baseline). With "leave_one_out" and "group"
-    scale, σ is the std of the whole group. eps is added to the std (σ + eps), as all of verl,
-    TRL, OpenRLHF, MiniMind do.
+    Note: a group of one has no baseline. `singleton="zero"` gives it A = 0 (TRL, MiniMind,
+    verl's `rloo_vectorized`); `"keep"` takes its baseline as 0 and its own spread as 1, so
+    A = r/(1 + eps) under "group" scale and r under "none" (verl's `grpo` and `rloo`);
+    `"error"` refuses it (OpenRLHF asserts groups of at least 2). With "leave_one_out" baseline
+    and "group" scale, σ is the std of the whole group. eps is added to the std (σ + eps), as
+    all of verl, TRL, OpenRLHF, MiniMind do.
 
     Worked example: rewards [1, 0, 0, 0], group_size 4, ddof 0: μ = 0.25, σ = 0.4330,
     A_0 = 0.75 / 0.4331 = 1.7317 (with ddof=1, σ = 0.5 and A_0 = 1.4997).
@@ -369,20 +392,22 @@ def group_advantages(rewards, *, group_size=None, group_ids=None, ddof=0, eps=1e
       valid: [B] bool or 0/1, or None. Rows with valid = 0 (unscorable, or a response with no
         tokens) leave the group statistics, may hold NaN, and get A = 0 (TRL; the OpenRLHF #1239
         bug kept them in the baseline).
+      singleton: "zero" | "keep" | "error", for a group of one (see the Note).
 
     Returns:
       [B] float64.
     """
-    r, keep, gid, ddof, eps, scale, baseline = _group_inputs(
-        rewards, group_size, group_ids, ddof, eps, scale, baseline, valid)
-    *_, multi, _mu, _k, c, _sigma, D = _group_parts(r[keep], gid, ddof, eps, scale, baseline)
+    r, keep, gid, ddof, eps, scale, baseline, singleton = _group_inputs(
+        rewards, group_size, group_ids, ddof, eps, scale, baseline, valid, singleton)
+    _, _, multi, single, _, _, c, _, D = _group_parts(r[keep], gid, ddof, eps, scale, baseline,
+                                                       singleton)
     out = np.zeros(r.shape)
-    out[keep] = np.where(multi, c / D, 0.0)
+    out[keep] = np.where(multi | single, c / D, 0.0)
     return out
 
 
 def group_advantages_vjp(g, rewards, *, group_size=None, group_ids=None, ddof=0, eps=1e-4,
-                         scale="group", baseline="mean", valid=None):
+                         scale="group", baseline="mean", valid=None, singleton="zero"):
     """VJP of `group_advantages`.
 
     Gradient:
@@ -396,6 +421,8 @@ def group_advantages_vjp(g, rewards, *, group_size=None, group_ids=None, ddof=0,
             ∂σ/∂r_i = (r_i − μ_σ) / ((n_σ − ddof)·σ)   (0 when σ = 0, where Σ g_j c_j = 0)
          with μ_σ, n_σ the mean and count σ is taken over. Singletons have c = 0 and no path 1,
          but in "batch" scale their reward still moves σ and so gets path 2.
+      3. singleton="keep": a group of one has c = r and, under "group" scale, σ = 1 (constant),
+         so path 1 is ∂A/∂r = 1/D; under "batch" scale it also moves σ (path 2, with c = r).
 
       Check (n = 2, r_0 > r_1, mean, ddof 0, eps 0): A = [+1, −1] whatever r is, so the
       gradient must be 0. Here c = [σ, −σ]; path 1 gives ∂r_0 = (g_0 − g_1)/(2σ); path 2 gives
@@ -412,20 +439,21 @@ def group_advantages_vjp(g, rewards, *, group_size=None, group_ids=None, ddof=0,
     Returns:
       {"rewards": [B]} float64.
     """
-    r_all, keep, gid, ddof, eps, scale, baseline = _group_inputs(
-        rewards, group_size, group_ids, ddof, eps, scale, baseline, valid)
+    r_all, keep, gid, ddof, eps, scale, baseline, singleton = _group_inputs(
+        rewards, group_size, group_ids, ddof, eps, scale, baseline, valid, singleton)
     gs = OPS.spec("g", g)
     checks.require_float(gs)
     checks.require_sequence(gs, r_all.shape[0])
     out = np.zeros(r_all.shape)
     out[keep] = _group_vjp_kept(OPS.floats(g)[keep], r_all[keep], gid, ddof,
-                                eps, scale, baseline)
+                                eps, scale, baseline, singleton)
     return {"rewards": out}
 
 
-def _group_vjp_kept(g, r, gid, ddof, eps, scale, baseline):
-    counts, n, multi, mu, k, c, sigma, D = _group_parts(r, gid, ddof, eps, scale, baseline)
-    g = np.where(multi, g, 0.0)
+def _group_vjp_kept(g, r, gid, ddof, eps, scale, baseline, singleton):
+    counts, n, multi, single, mu, k, c, sigma, D = _group_parts(r, gid, ddof, eps, scale,
+                                                                baseline, singleton)
+    g = np.where(multi | single, g, 0.0)
     if scale == "leave_one_out":
         m = np.maximum(n - 1, 1)
         mu_i = (np.bincount(gid, weights=r)[gid] - r) / m
@@ -435,10 +463,10 @@ def _group_vjp_kept(g, r, gid, ddof, eps, scale, baseline):
                      0.0)
         group_sum = lambda x: np.bincount(gid, weights=x)[gid]   # noqa: E731
         grad = g / D - (group_sum(e) - e) - r * (group_sum(h) - h) + (group_sum(h * mu_i) - h * mu_i)
-        return np.where(multi, grad, 0.0)
+        return np.where(multi | single, grad, 0.0)
     h = g / D
     h_mean = (np.bincount(gid, weights=h) / counts)[gid]
-    grad = np.where(multi, k * (h - h_mean), 0.0)
+    grad = np.where(multi, k * (h - h_mean), np.where(single, h, 0.0))
     if scale != "none":
         w = -g * c / D ** 2                                   # ∂L/∂σ contributions per row
         if scale == "group":

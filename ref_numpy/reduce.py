@@ -21,7 +21,7 @@ def _weights(loss, mask, mode, norm, empty_rows):
     elif mode == "seq-mean-token-mean":
         w = mf / np.maximum(L, 1.0)[:, None] / max(rows, 1.0)
     elif mode == "seq-mean-token-sum":
-        w = mf / max(rows, 1.0)
+        w = mf / max(rows, 1.0) / (1.0 if norm is None else norm)
     else:
         norm = float(m.shape[1]) if norm is None else norm
         w = mf / norm
@@ -33,7 +33,7 @@ def aggregate(loss, mask, *, mode="seq-mean-token-mean", norm=None, empty_rows="
 
         "token-mean":              Σ_bt m·l / Σ_bt m
         "seq-mean-token-mean":     mean over rows b of (Σ_t m·l / L_b)
-        "seq-mean-token-sum":      mean over rows b of Σ_t m·l
+        "seq-mean-token-sum":      mean over rows b of Σ_t m·l  (of Σ_t m·l / norm, norm given)
         "seq-mean-token-sum-norm": Σ_bt m·l / norm   (norm = T, the padded length, by default)
 
     Reference: verl `agg_loss` (docs/conventions.md); Dr. GRPO, arXiv:2503.20783, §3.1 on
@@ -41,7 +41,9 @@ def aggregate(loss, mask, *, mode="seq-mean-token-mean", norm=None, empty_rows="
     Note: rows with no valid token: `empty_rows="exclude"` (verl, OpenRLHF) leaves them out of
     the row count; "include" (TRL `grpo`, MiniMind GRPO) counts them as rows contributing 0.
     An all-masked batch aggregates to 0. `seq-mean-token-sum-norm` divides by `norm` only,
-    never by B (verl's Dr. GRPO form).
+    never by B (the Dr. GRPO form of verl at b178a3cd5). "seq-mean-token-sum" with a `norm`
+    divides by both: TRL's `dr_grpo` (norm = max_completion_length, empty rows included) and
+    verl 0.9's `seq-mean-token-sum-norm` (norm = its loss_scale_factor, empty rows excluded).
 
     Worked example, lengths 1 and 3, all losses 1: token-mean weights every token 1/4;
     seq-mean-token-mean gives the lone token 1/2 and each of the three 1/6 (length bias).
@@ -50,7 +52,8 @@ def aggregate(loss, mask, *, mode="seq-mean-token-mean", norm=None, empty_rows="
       loss: [B, T] float (or [T]). Per-token loss; masked positions may hold anything.
       mask: [B, T] bool or 0/1 (required).
       mode: one of the four above.
-      norm: float > 0 for "seq-mean-token-sum-norm", or None (T).
+      norm: float > 0, or None: for "seq-mean-token-sum-norm" (None: T) and
+        "seq-mean-token-sum" (None: no further division).
       empty_rows: "exclude" | "include".
 
     Returns:
@@ -65,7 +68,7 @@ def aggregate_vjp(g, loss, mask, *, mode="seq-mean-token-mean", norm=None, empty
 
     Gradient:
       Every mode is linear in loss, J = Σ_bt w_bt·l_bt, so ∂J/∂l = w: token-mean w = m/N;
-      seq-mean-token-mean w = m_bt/(L_b·B'); seq-mean-token-sum w = m/B';
+      seq-mean-token-mean w = m_bt/(L_b·B'); seq-mean-token-sum w = m/B' (m/(B'·norm));
       seq-mean-token-sum-norm w = m/norm; B' = the number of rows counted. The VJP is g·w.
       These weights are the length bias made visible: under seq-mean-token-mean a token of a
       short answer weighs more than a token of a long one.

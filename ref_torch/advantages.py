@@ -116,13 +116,15 @@ def discounted_returns(rewards, mask=None, *, gamma):
     return torch.where(m, G, zero)
 
 
-def whiten(x, mask=None, *, ddof=0, eps=1e-8, eps_mode="var", shift_mean=True):
-    """Masked whitening: (x − μ)/s (or x/s), μ and var over valid entries, var with N − ddof.
+def whiten(x, mask=None, *, ddof=0, eps=1e-8, eps_mode="var", shift_mean=True,
+           restore_mean=False):
+    """Masked whitening: (x − μ)/s (or x/s, or (x − μ)/s + μ with restore_mean), μ and var over
+    valid entries, var with N − ddof.
 
     s = sqrt(var + eps) | sqrt(max(var, eps)) | sqrt(var) + eps for eps_mode var | clamp | std.
     Args/Returns: as ref_numpy.whiten, with tensors.
     """
-    a = args.whiten(OPS, x, mask, ddof, eps, eps_mode, shift_mean)
+    a = args.whiten(OPS, x, mask, ddof, eps, eps_mode, shift_mean, restore_mean)
     x, m, n_valid, eps = a.x, a.mask, a.n_valid, a.eps
     zero = tt.zero(x)
     xm = torch.where(m, x, zero)
@@ -136,32 +138,37 @@ def whiten(x, mask=None, *, ddof=0, eps=1e-8, eps_mode="var", shift_mean=True):
     else:
         scale = tt.safe_sqrt(var) + eps
     args.whiten_scale(bool(scale == 0), n_valid)
-    out = (centred if a.shift_mean else xm) / scale
+    if a.restore_mean:
+        out = centred / scale + mean
+    else:
+        out = (centred if a.shift_mean else xm) / scale
     return torch.where(m, out, zero)
 
 
 def group_advantages(rewards, *, group_size=None, group_ids=None, ddof=0, eps=1e-4,
-                     scale="group", baseline="mean", valid=None):
+                     scale="group", baseline="mean", valid=None, singleton="zero"):
     """Group-relative advantages A_i = (r_i − b_i)/(σ + eps) (GRPO arXiv:2402.03300 §4.1.2).
 
     b_i: group mean, or the mean of the *other* members (leave_one_out, computed as
     (Σ_group r − r_i)/(n − 1)); σ: group std, batch std, the others' std (NeMo; no scaling
-    where it is 0), or none. Singleton groups get 0; rows with valid = 0 leave the statistics
-    and get 0. Args/Returns: as ref_numpy.group_advantages, with tensors.
+    where it is 0), or none. A group of one gets 0 ("zero"), its reward over (1 + eps) or
+    unscaled ("keep": baseline 0, spread 1), or is refused ("error"); rows with valid = 0 leave
+    the statistics and get 0. Args/Returns: as ref_numpy.group_advantages, with tensors.
     """
     a = args.group_advantages(OPS, rewards, group_size, group_ids, ddof, eps, scale, baseline,
-                              valid)
+                              valid, singleton)
     r, keep = a.rewards, a.keep
     if a.group_size is not None:
         ids = torch.arange(r.shape[0], device=r.device) // a.group_size
     else:
         ids = a.group_ids.to(r.device)
     out = torch.zeros_like(r)
-    kept = _group_advantages_of(r[keep], ids[keep], a.ddof, a.eps, a.scale, a.baseline)
+    kept = _group_advantages_of(r[keep], ids[keep], a.ddof, a.eps, a.scale, a.baseline,
+                                a.singleton)
     return out.masked_scatter(keep, kept)
 
 
-def _group_advantages_of(r, ids, ddof, eps, scale, baseline):
+def _group_advantages_of(r, ids, ddof, eps, scale, baseline, singleton):
     B = r.shape[0]
     if B == 0:
         return r
@@ -173,17 +180,20 @@ def _group_advantages_of(r, ids, ddof, eps, scale, baseline):
     sum_g = member @ r
     mean = member.T @ (sum_g / size_g)
     multi = size >= 2
+    if singleton == "error":
+        args.singleton_group(int(torch.nonzero(~multi)[0]) if bool((~multi).any()) else None)
+    alone = ~multi & (singleton == "keep")          # baseline 0 and spread 1
     if baseline == "mean":
         baseline_value = mean
     else:
         others = torch.where(multi, size - 1, torch.ones_like(size))
         baseline_value = (member.T @ sum_g - r) / others
     zero = torch.zeros((), dtype=r.dtype, device=r.device)
-    centred = torch.where(multi, r - baseline_value, zero)
+    centred = torch.where(multi, r - baseline_value, torch.where(alone, r, zero))
     if scale == "group":
         dof_g = torch.clamp(size_g - ddof, min=1)
         sigma = member.T @ tt.safe_sqrt(member @ (r - mean).pow(2) / dof_g)
-        denom = sigma + eps
+        denom = torch.where(alone, torch.ones_like(sigma), sigma) + eps
     elif scale == "batch":
         sigma = tt.safe_sqrt((r - r.mean()).pow(2).sum() / max(B - ddof, 1))
         denom = (sigma + eps).expand(B)
@@ -201,4 +211,5 @@ def _group_advantages_of(r, ids, ddof, eps, scale, baseline):
         denom = torch.ones_like(r)
     bad = multi & (denom == 0)
     args.group_spread(int(torch.nonzero(bad)[0]) if bool(bad.any()) else None)
-    return torch.where(multi, centred / torch.where(multi, denom, torch.ones_like(denom)), zero)
+    active = multi | alone
+    return torch.where(active, centred / torch.where(active, denom, torch.ones_like(denom)), zero)

@@ -27,5 +27,6 @@ def aggregate(loss, mask, *, mode="seq-mean-token-mean", norm=None, empty_rows="
         row_means = kept.sum(dim=-1) / torch.clamp(lengths, min=1).to(per_token.dtype)
         return row_means.sum() / n_rows
     if a.mode == "seq-mean-token-sum":
-        return kept.sum(dim=-1).sum() / n_rows
+        rows = kept.sum(dim=-1).sum() / n_rows
+        return rows if a.norm is None else rows / a.norm
     return kept.sum() / (per_token.shape[-1] if a.norm is None else a.norm)

@@ -154,15 +154,18 @@ def whiten_case(rng, i):
     ddof = _cycle(i, [0, 1])
     eps_mode = _cycle(i // 2, ["var", "clamp", "std"])
     shift = _cycle(i // 6, [True, False])
+    restore = not shift and i % 2 == 1            # verl's and TRL's shift_mean=False
     eps = _cycle(i, [1e-8, 1e-4, 0.1])
     x = rng.normal(size=(B, T)) * rng.uniform(0.5, 3.0) + rng.normal()
     step = FD_STEP
-    label = f"{kind} mask, ddof={ddof}, eps_mode={eps_mode}, shift_mean={shift}, eps={eps}"
+    label = f"{kind} mask, ddof={ddof}, eps_mode={eps_mode}, shift_mean={shift}, eps={eps}" + \
+        (", restore_mean" if restore else "")
     if i % 7 == 6:                                 # spread far below eps: the clamp binds
         x, eps, eps_mode, step = x * 1e-6, 1e-4, "clamp", 1e-10
         label += " (var ≪ eps: clamp binding)"
     return Case(label, dict(x=_garbage(x, m, rng), mask=m),
-                dict(ddof=ddof, eps=eps, eps_mode=eps_mode, shift_mean=shift), fd_step=step)
+                dict(ddof=ddof, eps=eps, eps_mode=eps_mode, shift_mean=shift,
+                     restore_mean=restore), fd_step=step)
 
 
 def group_advantages_case(rng, i):
@@ -174,10 +177,12 @@ def group_advantages_case(rng, i):
         _cycle(i // 3, ["mean", "leave_one_out"])
     ddof = _cycle(i // 2, [0, 1])
     eps = _cycle(i, [1e-4, 1e-6, 1e-2])
+    singleton = _cycle(i // 4, ["zero", "keep", "keep"])
     r = rng.normal(size=B)
-    params = dict(ddof=ddof, eps=eps, scale=scale, baseline=baseline)
+    params = dict(ddof=ddof, eps=eps, scale=scale, baseline=baseline, singleton=singleton)
     stages = ALL_STAGES
-    label = f"B={B}, scale={scale}, baseline={baseline}, ddof={ddof}, eps={eps}"
+    label = f"B={B}, scale={scale}, baseline={baseline}, ddof={ddof}, eps={eps}, " \
+        f"singleton={singleton}"
     if i % 2 == 0:
         params["group_size"] = G
         label = f"group_size={G}, " + label
@@ -307,6 +312,8 @@ def aggregate_case(rng, i):
     params = dict(mode=mode, norm=None, empty_rows=_cycle(i // 4, ["exclude", "include"]))
     if mode == "seq-mean-token-sum-norm" and i % 8 >= 4:
         params["norm"] = 5.0
+    if mode == "seq-mean-token-sum" and i % 8 >= 4:       # TRL's dr_grpo, verl 0.9's -norm
+        params["norm"] = 3.0
     arrays = dict(loss=_garbage(rng.normal(size=(B, T)), m, rng), mask=m)
     return Case(f"{kind} mask, " + ", ".join(f"{k}={v}" for k, v in params.items()), arrays,
                 params)

@@ -17,6 +17,7 @@ import ref_torch
 from tests.helpers import both, close, grads
 
 
+SQRT2 = math.sqrt(2.0)
 SQRT3 = math.sqrt(3.0)
 
 
@@ -199,6 +200,30 @@ class TestWhiten:
                 close(y[m].mean(), 0.0, atol=1e-14)
                 close(((y[m] - y[m].mean()) ** 2).sum() / (m.sum() - ddof), 1.0, atol=1e-13)
 
+    def test_restore_mean_is_verls_shift_mean_false(self):
+        # x = [1, 2, 3], ddof 1, eps 1e-8: μ = 2, var = 1, s = √(1 + 1e-8);
+        # verl's masked_whiten(shift_mean=False) re-adds μ: y = (x − 2)/s + 2
+        s = math.sqrt(1 + 1e-8)
+        for y in both("whiten", np.array([1.0, 2.0, 3.0]), ddof=1, shift_mean=False,
+                      restore_mean=True):
+            close(y, [-1 / s + 2, 2.0, 1 / s + 2])
+        # its gradient, for g = e_0: with n = x − μ = [−1, 0, 1], s' = ∂s/∂x_i = n_i/(s·(N − 1)),
+        # ∂y_0/∂x_i = (δ_0i − 1/N)/s − n_0·n_i/(s³·(N − 1)) + 1/N   (the last: μ re-added)
+        #           = (δ_0i − 1/3)/s + n_i/(2s³) + 1/3
+        g = np.array([1.0, 0.0, 0.0])
+        n = np.array([-1.0, 0.0, 1.0])
+        expected = (g - 1 / 3) / s + n / (2 * s ** 3) + 1 / 3
+        hand, auto, _ = grads("whiten", 0, g, np.array([1.0, 2.0, 3.0]), ddof=1, shift_mean=False,
+                              restore_mean=True)
+        close(hand["x"], expected)
+        close(auto, expected)
+
+    def test_restore_mean_needs_shift_mean_false(self):
+        with pytest.raises(ValueError, match="restore_mean is True but shift_mean is True"):
+            ref_numpy.whiten(np.ones((2, 3)), restore_mean=True)
+        with pytest.raises(ValueError, match="restore_mean is True but shift_mean is True"):
+            ref_torch.whiten(torch.ones(2, 3), restore_mean=True)
+
 
 class TestGroupAdvantages:
     """group_advantages: GRPO, Dr. GRPO, RLOO, the leave-one-out std, valid rows."""
@@ -320,3 +345,37 @@ class TestGroupAdvantages:
         rt = torch.tensor(r, requires_grad=True)
         (ref_torch.group_advantages(rt, **kw) * torch.tensor(g)).sum().backward()
         assert hand == pytest.approx(rt.grad.numpy(), abs=1e-12)
+
+    def test_a_singleton_kept_has_baseline_0_and_spread_1(self):
+        # rewards [1, 3 | 5]: the pair is (±1)/(σ + eps) with σ = √2 (ddof 1); the single 5 keeps
+        # μ = 0, σ = 1 (verl's grpo): 5/(1 + eps), with eps = 1e-6 as verl's
+        r, ids = np.array([1.0, 3.0, 5.0]), np.array([0, 0, 1])
+        for a in both("group_advantages", r, group_ids=ids, ddof=1, eps=1e-6, singleton="keep"):
+            close(a, [-1 / (SQRT2 + 1e-6), 1 / (SQRT2 + 1e-6), 5 / (1 + 1e-6)])
+        for a in both("group_advantages", r, group_ids=ids, scale="none", singleton="keep"):
+            close(a, [-1.0, 1.0, 5.0])                       # verl's rloo: A = s for a group of one
+        for a in both("group_advantages", r, group_ids=ids, scale="none"):
+            close(a, [-1.0, 1.0, 0.0])                       # the default: a group of one gets 0
+        # its gradient: ∂A_2/∂r_2 = 1/(1 + eps), nothing from the others
+        hand, auto, _ = grads("group_advantages", 0, np.array([0.0, 0.0, 1.0]), r, group_ids=ids,
+                              ddof=1, eps=1e-6, singleton="keep")
+        close(hand["rewards"], [0.0, 0.0, 1 / (1 + 1e-6)])
+        close(auto, [0.0, 0.0, 1 / (1 + 1e-6)])
+
+    def test_a_singleton_moves_the_batch_std_when_kept(self):
+        # scale "batch", singleton kept: rows [1, 3 | 5] keep c = [−1, 1, 5] and share the batch σ
+        # of the rewards themselves (ddof 0): σ_b = std([1, 3, 5]) = √(8/3)
+        r, ids = np.array([1.0, 3.0, 5.0]), np.array([0, 0, 1])
+        sb = math.sqrt(8 / 3)
+        for a in both("group_advantages", r, group_ids=ids, scale="batch", eps=0.0,
+                      singleton="keep"):
+            close(a, np.array([-1.0, 1.0, 5.0]) / sb)
+
+    def test_a_singleton_is_refused_when_asked(self):
+        r, ids = np.array([1.0, 3.0, 5.0]), np.array([0, 0, 1])
+        for fn, args in ((ref_numpy.group_advantages, (r,)),
+                         (ref_torch.group_advantages, (torch.tensor(r),))):
+            with pytest.raises(ValueError, match="row 2 form a group of one and singleton='error'"):
+                fn(*args, group_ids=ids if fn is ref_numpy.group_advantages else torch.tensor(ids),
+                   singleton="error")
+        assert ref_numpy.group_advantages(r[:2], group_size=2, singleton="error").shape == (2,)

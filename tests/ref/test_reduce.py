@@ -44,3 +44,15 @@ class TestAggregate:
         hand, _, _ = grads("aggregate", 0, 1.0, rng.normal(size=(5, 8)), m, mode=mode)
         close(hand["loss"].sum(), 1.0)
         assert np.all(hand["loss"][~m] == 0)
+
+    def test_seq_mean_token_sum_with_a_norm_divides_by_rows_and_norm(self):
+        # LOSS/MASK: row sums 4, 6 and an empty row. TRL's dr_grpo: Σ/(B·norm) with the empty row
+        # counted, (4 + 6)/(3·5); verl 0.9's -norm: the empty row excluded, (4 + 6)/(2·5)
+        for got in both("aggregate", LOSS, MASK, mode="seq-mean-token-sum", norm=5.0,
+                        empty_rows="include"):
+            close(got, 10 / 15)
+        for got in both("aggregate", LOSS, MASK, mode="seq-mean-token-sum", norm=5.0):
+            close(got, 10 / 10)
+        hand, auto, _ = grads("aggregate", 0, 1.0, LOSS, MASK, mode="seq-mean-token-sum", norm=5.0)
+        close(hand["loss"], MASK / 10.0)
+        close(auto, MASK / 10.0)
