@@ -1,17 +1,32 @@
-"""`python -m crosscheck`: cross-check every reference function (exit 0 pass, 1 fail, 2 usage)."""
+"""`python -m crosscheck`: cross-check every reference function (exit 0 pass, 1 fail, 2 usage),
+and the `audit` and `explain` subcommands.
+
+Arguments are parsed before anything heavy is imported, so that --help is instant.
+"""
 import argparse
 import math
+import os
 import sys
 import time
 
 EXIT_PASS, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
 
+def _prog(sub: str = "") -> str:
+    """The command as the user typed it: `crosscheck` (the console script) or
+    `python -m crosscheck`."""
+    base = "crosscheck" if os.path.basename(sys.argv[0] or "") == "crosscheck" else \
+        "python -m crosscheck"
+    return f"{base} {sub}".strip()
+
+
 def check_parser():
     p = argparse.ArgumentParser(
-        prog="python -m crosscheck",
+        prog=_prog(),
         description="Cross-check the NumPy reference (hand VJPs) against the independent torch "
-                    "twin (autograd) and scipy finite differences, on seeded cases in float64.")
+                    "twin (autograd) and scipy finite differences, on seeded cases in float64.",
+        epilog=f"subcommands: '{_prog('audit')}' audits your own function against a reference; "
+               f"'{_prog('explain')}' walks through the math. Each has its own --help.")
     p.add_argument("--seed", type=int, default=0, help="case seed (default 0)")
     p.add_argument("--cases", type=int, default=12, metavar="N",
                    help="cases per function (default 12)")
@@ -26,11 +41,16 @@ def check_parser():
 
 
 def _list(entries) -> str:
-    lines = []
+    """The registry as a table: every column filled ("-" where a fact does not apply)."""
+    rows = [("function", "differentiable wrt", "trainers use it as", "stop-gradient",
+             "audit property checks")]
     for e in entries.values():
-        det = f"; detached: {e.detached}" if e.detached else ""
-        lines.append(f"{e.name:<22} differentiable wrt {', '.join(e.diff)}{det}")
-    return "\n".join(lines)
+        rows.append((e.name, ", ".join(e.diff) or "- (a count)",
+                     "a loss (differentiated)" if e.trainer_grad else "computed without grad",
+                     e.detached or "-", ", ".join(e.checks) or "-"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1]
+                     for r in rows)
 
 
 def check_main(argv) -> int:
@@ -88,13 +108,14 @@ def explain_parser():
     from .explain import TOPICS
 
     p = argparse.ArgumentParser(
-        prog="python -m crosscheck explain",
+        prog=_prog("explain"),
         description="A guided walkthrough of the RL math and its gradients, every number "
                     "computed by ref_numpy and confirmed by ref_torch.")
     p.add_argument("--lang", choices=("en", "zh"), default="en", help="language (default en)")
     p.add_argument("--topic", choices=TOPICS, help="show one topic")
     p.add_argument("--json", action="store_true", help="the numbers, for programs")
-    p.add_argument("--plot", metavar="DIR", help="write PNG figures to DIR (needs matplotlib)")
+    p.add_argument("--plot", metavar="DIR",
+                   help="write the topics' PNG figures to DIR (needs matplotlib)")
     return p
 
 
@@ -105,6 +126,18 @@ def explain_main(argv) -> int:
     from .explain import TOPICS
     from .explain import topics as explain
     topics = (args.topic,) if args.topic else TOPICS
+    plots = None
+    if args.plot:                        # refuse an unusable DIR before printing anything
+        from .explain import plots
+        try:
+            plots.ready(args.plot)
+        except plots.PlotUnavailable as exc:
+            print(str(exc), file=sys.stderr)
+            return EXIT_USAGE
+        except OSError as exc:
+            print(f"--plot {args.plot}: cannot write there ({exc.strerror or exc})",
+                  file=sys.stderr)
+            return EXIT_USAGE
     try:
         sections = explain.walkthrough(topics)
     except explain.WalkthroughError as exc:
@@ -114,25 +147,16 @@ def explain_main(argv) -> int:
         print(json.dumps(explain.to_json_doc(sections), indent=2, ensure_ascii=False))
     else:
         print(explain.to_text(sections, args.lang), end="")
-    if args.plot:
-        from .explain import plots
-        try:
-            paths = plots.write_figures(args.plot)
-        except plots.PlotUnavailable as exc:
-            print(str(exc), file=sys.stderr)
-            return EXIT_USAGE
-        except OSError as exc:
-            print(f"--plot {args.plot}: cannot write there ({exc.strerror or exc})",
-                  file=sys.stderr)
-            return EXIT_USAGE
-        print("\n".join(f"wrote {path}" for path in paths), file=sys.stderr)
+    if plots is not None:
+        paths = plots.write_figures(args.plot, topics)
+        print("\n".join(f"wrote {path}" for path in paths) or
+              f"no figure belongs to topic {args.topic}", file=sys.stderr)
     return EXIT_PASS
 
 
 def _load_target(target):
     """'path/to/file.py:function' → the function; raises ValueError with a usage message."""
     import importlib.util
-    import os
 
     path, sep, name = target.rpartition(":")
     if not sep or not path or not name:
@@ -152,17 +176,22 @@ def _load_target(target):
     return fn
 
 
-def _parse_set(items):
+def _pairs(items, option, example):
+    """`--set key=value` / `--map name=input` items as a dict (values as Python literals for
+    --set, as text for --map)."""
     import ast
 
     out = {}
     for item in items or []:
         key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"--set {item!r}; expected key=value, e.g. --set ddof=1")
-        try:
-            out[key.strip()] = ast.literal_eval(value.strip())
-        except (ValueError, SyntaxError):
+        if not sep or not key.strip() or not value.strip():
+            raise ValueError(f"{option} {item!r}; expected key=value, e.g. {option} {example}")
+        if option == "--set":
+            try:
+                out[key.strip()] = ast.literal_eval(value.strip())
+            except (ValueError, SyntaxError):
+                out[key.strip()] = value.strip()
+        else:
             out[key.strip()] = value.strip()
     return out
 
@@ -171,24 +200,33 @@ def audit_parser():
     from .audit import profiles
 
     p = argparse.ArgumentParser(
-        prog="python -m crosscheck audit",
+        prog=_prog("audit"),
         description="Audit your own function against a reference: values, gradients, masks, "
-                    "group permutations, micro-batch accumulation, KL direction.")
+                    "group permutations, micro-batch accumulation, KL direction. Exit 0 when it "
+                    "conforms, 1 when it does not, 2 on a usage error or an inconclusive audit.")
     p.add_argument("target", nargs="?", help="path/to/file.py:function (your adapter)")
     p.add_argument("--ref", metavar="NAME", help="the reference function, e.g. group_advantages")
     p.add_argument("--profile", choices=sorted(profiles.PROFILES), help="a trainer's conventions")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="a reference convention (repeatable), e.g. --set ddof=1")
+    p.add_argument("--map", action="append", metavar="YOURS=INPUT",
+                   help="pass the reference's INPUT as your parameter YOURS (repeatable), e.g. "
+                        "--map log_prob=logp")
     p.add_argument("--cases", type=int, default=200, help="cases (default 200)")
     p.add_argument("--seed", type=int, default=0, help="case seed (default 0)")
     p.add_argument("--backend", choices=("torch", "numpy"), default="torch",
                    help="what your function takes and returns (default torch)")
-    p.add_argument("--accumulation", choices=("mean", "sum"), default="mean",
-                   help="how your trainer combines micro-batch gradients (default mean)")
+    p.add_argument("--precision", choices=("float64", "float32"),
+                   help="the precision your function computes in (default: its outputs' dtype)")
+    p.add_argument("--accumulation", choices=("mean", "sum"),
+                   help="how your trainer combines micro-batch gradients (default: the "
+                        "profile's, else mean)")
+    p.add_argument("--kl-use", choices=("loss", "reward"),
+                   help="how your trainer uses a KL term (default: the profile's, else loss)")
     p.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
                    help="per call of your function (default 60); a call past it fails the "
                         "audit (exit 1)")
-    p.add_argument("--json", action="store_true", help="the report as one JSON object")
+    p.add_argument("--json", action="store_true", help="the report (or the profiles) as JSON")
     p.add_argument("--list-profiles", action="store_true", help="show the trainer profiles")
     return p
 
@@ -201,7 +239,8 @@ def audit_main(argv) -> int:
     from .audit import audit as run_audit
     from .audit import profiles
     if args.list_profiles:
-        print(profiles.describe())
+        print(json.dumps(profiles.to_dict(), indent=2, ensure_ascii=False) if args.json else
+              profiles.describe())
         return EXIT_PASS
     if not args.target or not args.ref:
         p.error("give a target path/to/file.py:function and --ref NAME (or --list-profiles)")
@@ -213,18 +252,21 @@ def audit_main(argv) -> int:
         p.error(f"--timeout is {args.timeout}; expected a positive number of seconds")
     try:
         fn = _load_target(args.target)
-        conventions = _parse_set(args.set)
+        conventions = _pairs(args.set, "--set", "ddof=1")
+        rename = _pairs(args.map, "--map", "log_prob=logp") or None
         report = run_audit(fn, args.ref, backend=args.backend, profile=args.profile,
-                                 cases=args.cases, seed=args.seed,
-                                 accumulation=args.accumulation, timeout=args.timeout,
-                                 **conventions)
+                           cases=args.cases, seed=args.seed, accumulation=args.accumulation,
+                           precision=args.precision, kl_use=args.kl_use, rename=rename,
+                           timeout=args.timeout, **conventions)
     except (ValueError, TypeError) as exc:
-        print(f"python -m crosscheck audit: error: {exc}", file=sys.stderr)
+        print(f"{_prog('audit')}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     if args.json:
         print(json.dumps(report.to_dict(), indent=2, ensure_ascii=False))
     else:
         print(report)
+    if report.verdict == "INCONCLUSIVE":
+        return EXIT_USAGE
     return EXIT_PASS if report.ok else EXIT_FAIL
 
 
@@ -238,7 +280,6 @@ def main(argv=None) -> int:
             return SUBCOMMANDS[argv[0]](argv[1:])
         return check_main(argv)
     except BrokenPipeError:            # `... | head` closed stdout: stop quietly
-        import os
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_FAIL
 

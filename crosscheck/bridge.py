@@ -4,11 +4,14 @@ the walkthrough and the tests all use these; nothing else converts or compares.
 
 The closeness rule (`within`, `compare`): an entry passes where
 
-    |got − expected| ≤ atol·scale + rtol·max(|got|, |expected|) + extra,
+    |got − expected| ≤ (atol·scale + rtol·max(|got|, |expected|))·κ + extra,
 
 equal infinities match, and a NaN, or an inf against anything else, never does. `scale` is 1
 except for finite differences (the size of what is differentiated); `extra` is their round-off
-bound. The tolerances themselves come from `crosscheck.tolerances`.
+bound; κ ≥ 1 is the condition number of the output where the registry declares one (a
+normalisation of values on a large common offset, 1000 ± 0.1, cannot be computed more
+accurately than the rounding of its inputs times max|x|/spread). The tolerances themselves
+come from `crosscheck.tolerances`.
 """
 import dataclasses
 import math
@@ -128,40 +131,42 @@ class Comparison:
     allowed: float
 
 
-def _elementwise(got, expected, tol, scale, extra):
+def _elementwise(got, expected, tol, scale, extra, cond=1.0):
     """(diff, mag, allowed, badness) per entry under the closeness rule."""
     same_inf = np.isinf(got) & np.isinf(expected) & (np.sign(got) == np.sign(expected))
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         diff = np.where(same_inf, 0.0, np.abs(got - expected))
         mag = np.where(same_inf, 0.0, np.maximum(np.abs(got), np.abs(expected)))
-        allowed = tol.atol * scale + tol.rtol * mag + extra
+        allowed = (tol.atol * scale + tol.rtol * mag) * cond + extra
         diff = np.where(np.isnan(diff), np.inf, diff)
         badness = np.where(diff == 0, 0.0, diff / allowed)
         badness = np.where(np.isnan(badness), np.inf, badness)    # NaN anywhere is the worst
     return diff, mag, allowed, badness
 
 
-def within(got, expected, tol, scale: float = 1.0, extra: float = 0.0) -> np.ndarray:
+def within(got, expected, tol, scale: float = 1.0, extra: float = 0.0,
+           cond=1.0) -> np.ndarray:
     """Per entry: does `got` match `expected` under the closeness rule? (Same shapes.)"""
     got = np.asarray(got, dtype=np.float64)
     expected = np.asarray(expected, dtype=np.float64)
-    return _elementwise(got, expected, tol, scale, extra)[3] <= 1.0
+    return _elementwise(got, expected, tol, scale, extra, cond)[3] <= 1.0
 
 
-def first_mismatch(got, expected, tol, valid) -> Optional[tuple]:
+def first_mismatch(got, expected, tol, valid, cond=1.0) -> Optional[tuple]:
     """The first index (row-major) where `valid` holds and `got` does not match, or None."""
-    bad = np.asarray(valid, dtype=bool) & ~within(got, expected, tol)
+    bad = np.asarray(valid, dtype=bool) & ~within(got, expected, tol, cond=cond)
     return tuple(int(k) for k in np.argwhere(bad)[0]) if bad.any() else None
 
 
-def compare(got, expected, tol, scale: float = 1.0, extra: float = 0.0) -> Comparison:
+def compare(got, expected, tol, scale: float = 1.0, extra: float = 0.0,
+            cond=1.0) -> Comparison:
     """The closeness rule over whole arrays: the verdict, the worst entry and the largest
     absolute and relative errors. Different shapes never match; empty arrays always do."""
     got = np.asarray(got, dtype=np.float64)
     expected = np.asarray(expected, dtype=np.float64)
     if got.shape != expected.shape:
         return Comparison(False, math.inf, math.inf, math.inf, (), math.nan, math.nan, 0.0)
-    diff, mag, allowed, badness = _elementwise(got, expected, tol, scale, extra)
+    diff, mag, allowed, badness = _elementwise(got, expected, tol, scale, extra, cond)
     floor = tol.atol * scale / tol.rtol if tol.rtol > 0 else 0.0
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         # relative error where it means something: below atol·scale/rtol the absolute term rules

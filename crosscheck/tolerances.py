@@ -46,6 +46,12 @@ TOLERANCES = {
         why="a user's float64 code against the reference: conventions differ by ≥ 1e-4 "
             "relative (eps 1e-4 vs 1e-6 on a unit std), a reordered float64 formula by "
             "≤ 1e-12; 1e-6 separates the two by 100× either way"),
+    ("audit", "float32"): Tolerance(
+        rtol=2.0 ** -16, atol=2.0 ** -16,
+        why="a user's float32 code (inputs cast down, or outputs in float32): each rounding "
+            "errs by u = 2^-24 ≈ 6e-8, and a formula of a few dozen of them, amplified up to "
+            "~10× by exp, expm1 and the divisions, by ≤ 256·u ≈ 1.5e-5; conventions differ by "
+            "≥ 1e-4 relative, so 2^-16 still tells them apart"),
 }
 
 

@@ -1,27 +1,32 @@
 """Audit a trainer's own function against a reference: `audit(fn, ref, ...)`.
 
-The adapter contract: `fn` receives the reference's *data* inputs by keyword (arrays such as
-`logp=, old_logp=, advantages=, mask=`, and structural ones such as `group_size=` or
-`group_ids=`), as torch float64 tensors (backend="torch") or NumPy arrays (backend="numpy"), and
-returns what the reference returns (a [B, T] array, a [B] array, a scalar, or gae's pair). The
-user binds their own hyper-parameters inside the adapter; the reference takes its conventions
-from `profile` and `**conventions`. An input the adapter does not accept (by name or **kwargs)
-is not passed, and the cases that need it are skipped and counted.
+The adapter contract (crosscheck.audit.calls has it in full): `fn` receives the reference's
+*data* inputs by keyword, under the reference's names or under its own where `rename` maps them,
+as torch float64 tensors (backend="torch") or NumPy arrays (backend="numpy"), and returns what
+the reference returns (a [B, T] array, a [B] array, a scalar, gae's pair, a dict for the
+estimator analysis). The user binds their own hyper-parameters inside the adapter; the reference
+takes its conventions from `profile` and `**conventions`, which are validated against the
+reference before the first case.
 
 Checks (each case; a failure is shrunk to a minimal counterexample):
-  raises, shape, finite   the function runs, returns the reference's shape, and is finite on
-                          valid positions wherever the reference is
+  raises, shape, finite   the function runs, returns the reference's shape, is finite on valid
+                          positions wherever the reference is, and finite at padding
   value                   outputs equal the reference on valid positions
   grad                    (torch) autograd through fn equals the reference VJP on valid positions
-                          and is 0 on padding
+                          and is 0 on padding; for a function trainers compute without gradients
+                          (advantages, metrics), a gradient-free output is reported as such
   detach                  a grad failure explained by a factor that must be stop-gradient
-  mask                    finite garbage (±1e4) at masked positions changes nothing (a failure);
-                          NaN there that leaks into valid outputs is a warning
+  mask                    finite garbage (±1e4, a different value per input) at masked positions
+                          changes nothing (a failure); NaN there that leaks is a warning
   permutation             group advantages: shuffling rows with their ids permutes the outputs
-  microbatch              the gradient accumulated over 2 and 4 micro-batches / simulated ranks
+  microbatch              the gradient accumulated over 2 and 4 micro-batches, the trainer's way,
                           equals the full-batch gradient of the declared aggregation
-  kl_direction            a small step on the KL term alone moves π toward the reference
-A failing check names the known variant that reproduces it, when one does.
+  kl_direction            a small step on the KL term alone, used as declared (loss or reward),
+                          moves π toward the reference
+
+Values and gradients are judged at the precision the function computes in: the tolerance
+table's float64 or float32 row, chosen from the dtype of its outputs or declared with
+`precision=`. A verdict is given only on what was checked (see crosscheck.audit.model).
 
 Every call of `fn` runs under a deadline (`timeout`, seconds): a function that does not return
 fails the `raises` check and stops the audit. Python cannot kill a thread, so that call is
@@ -30,21 +35,44 @@ abandoned in a daemon thread (it ends with the process).
 This module imports torch only when an audit runs, so that `import crosscheck` and the command
 line's --help stay quick.
 """
+import inspect
 import math
+import numbers
 from typing import Dict, Optional
 
 from .. import tolerances
 from . import profiles as profiles_mod
-from .model import CHECKS, AuditReport, AuditUsageError, Finding
+from .model import CHECKS, AuditReport, AuditUsageError, Finding, plural
 
 TIMEOUT = 60.0                   # seconds per call of the audited function (cases are small)
-_AUDIT_TOL = tolerances.get("audit")
-RTOL, ATOL = _AUDIT_TOL.rtol, _AUDIT_TOL.atol
+PRECISIONS = ("float64", "float32")
+NEUTRAL = ("dones", "last_value", "valid", "sample_logits")     # optional inputs with a "none"
+KL_USES = ("loss", "reward")
+
+
+def _number(name, v, lo=0.0):
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or v < lo:
+        raise AuditUsageError(f"{name} is {v!r}; expected a finite number ≥ {lo:g}")
+    return float(v)
+
+
+def _integer(name, v, lo):
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < lo:
+        raise AuditUsageError(f"{name} is {v!r}; expected an integer ≥ {lo}")
+    return int(v)
+
+
+def _choice(name, v, options):
+    if v is not None and v not in options:
+        raise AuditUsageError(f"{name} is {v!r}; expected one of "
+                              f"{', '.join(repr(o) for o in options)} (or None)")
+    return v
 
 
 def resolve_conventions(ref: str, profile: Optional[str], conventions: Dict[str, object]):
-    """(registry entry, reference conventions) for an audit of `ref` under `profile`, with
-    `conventions` overriding; a usage error for anything unknown or missing."""
+    """(registry entry, reference conventions, the profile's rule or None) for an audit of
+    `ref` under `profile`, with `conventions` overriding; a usage error for anything unknown or
+    missing. For policy_objective the profile supplies the keys of the chosen loss only."""
     from ..check import registry as registry_mod
 
     entries = registry_mod.build()
@@ -52,11 +80,13 @@ def resolve_conventions(ref: str, profile: Optional[str], conventions: Dict[str,
         raise AuditUsageError(f"ref is {ref!r}; expected one of {', '.join(entries)}")
     entry = entries[ref]
     params = dict(entry.defaults)
+    rule = None
     if profile is not None:
         try:
-            params.update(profiles_mod.conventions(profile, ref))
+            rule = profiles_mod.rule(profile, ref, conventions.get("loss"))
         except profiles_mod.ProfileError as exc:
             raise AuditUsageError(str(exc)) from None
+        params.update(rule.conventions)
     for k, v in conventions.items():
         if k in entry.data_keywords:
             raise AuditUsageError(f"{k!r} is data, passed to your function by the audit's cases")
@@ -68,11 +98,70 @@ def resolve_conventions(ref: str, profile: Optional[str], conventions: Dict[str,
     if missing:
         raise AuditUsageError(f"{ref} needs {', '.join(missing)}: pass e.g. "
                               f"{missing[0]}=... (or --set {missing[0]}=...) or a profile")
-    return entry, params
+    return entry, params, rule
 
 
-def audit(fn, ref, *, backend="torch", profile=None, cases=200, seed=0, rtol=RTOL, atol=ATOL,
-          accumulation="mean", timeout=TIMEOUT, **conventions) -> AuditReport:
+def _case_data(case):
+    data = {k: v for k, v in case.arrays.items() if v is not None}
+    data.update(case.params)
+    return data
+
+
+def check_conventions(entry, params, seed):
+    """The reference must accept the conventions: tried on the first cases, a convention it
+    refuses on every one of them is a usage error quoting its message (which names the key)."""
+    from ..check import cases as cases_mod
+    from .calls import as_trainer_batch, finite_padding, reference_args
+
+    errors = []
+    for i in range(6):
+        case = as_trainer_batch(finite_padding(entry.case(cases_mod.rng_for(seed, entry.name, i),
+                                                          i)))
+        try:
+            entry.numpy_fn(**reference_args(_case_data(case)), **params)
+            return
+        except (ValueError, TypeError) as exc:
+            errors.append(str(exc))
+    conv = ", ".join(f"{k}={v!r}" for k, v in params.items())
+    raise AuditUsageError(f"the reference {entry.name} refuses these conventions ({conv}): "
+                          f"{errors[0]}")
+
+
+def _inputs(entry):
+    sig = inspect.signature(entry.numpy_fn).parameters
+    return tuple(n for n, p in sig.items() if p.kind is p.POSITIONAL_OR_KEYWORD) + \
+        entry.data_keywords
+
+
+def outside_domain(rule, case) -> Optional[str]:
+    """Why a case lies outside the profile's domain for this function, or None."""
+    import numpy as np
+
+    if rule is None or not rule.domain:
+        return None
+    a = case.arrays
+    m = a.get("mask")
+    for tag in rule.domain:
+        if tag == "right_padded" and m is not None and np.ndim(m) == 2:
+            mm = np.asarray(m, dtype=bool)
+            if (mm[:, 1:] & ~mm[:, :-1]).any():
+                return profiles_mod.DOMAINS[tag]
+        if tag == "per_sequence_advantages" and a.get("advantages") is not None and \
+                np.ndim(a["advantages"]) == 2:
+            return profiles_mod.DOMAINS[tag]
+        if tag == "groups_of_two":
+            ids = a.get("group_ids")
+            size = case.params.get("group_size")
+            alone = (size == 1) if ids is None else \
+                bool((np.unique(np.asarray(ids), return_counts=True)[1] < 2).any())
+            if alone:
+                return profiles_mod.DOMAINS[tag]
+    return None
+
+
+def audit(fn, ref, *, backend="torch", profile=None, cases=200, seed=0, rtol=None, atol=None,
+          precision=None, rename=None, accumulation=None, kl_use=None, timeout=TIMEOUT,
+          **conventions) -> AuditReport:
     """Audit `fn` (a thin adapter around a trainer's function) against reference `ref`.
 
     Args:
@@ -80,46 +169,128 @@ def audit(fn, ref, *, backend="torch", profile=None, cases=200, seed=0, rtol=RTO
       ref: a registry name, e.g. "group_advantages", "ppo_clip_loss", "policy_objective".
       backend: "torch" (tensors in, gradients audited too) or "numpy".
       profile: "verl" | "trl" | "openrlhf" | "minimind" | "cleanrl" | None (the reference
-        defaults, MiniMind's where trainers differ).
-      cases: how many seeded cases; seed: their seed.
-      rtol, atol: value and gradient tolerance (defaults: the tolerance table's "audit" row).
-      accumulation: how micro-batch gradients are combined in the microbatch check: "mean"
-        (loss / n_micro, and DDP's average over ranks) or "sum" (your function normalises by the
-        global counts `n_tokens_global` / `n_sequences_global`, which it receives if it accepts
-        them).
+        defaults). A profile also sets the function's domain, the micro-batch accumulation and
+        the KL term's use.
+      cases: how many seeded cases (an integer ≥ 1); seed: their seed (an integer ≥ 0).
+      rtol, atol: the tolerance (finite, ≥ 0), overriding the table's row for the precision.
+      precision: "float64" | "float32" | None: the precision the function computes in (None:
+        the dtype of its outputs; declare it when the outputs are cast back to float64).
+      rename: {your parameter: the reference's input}, e.g. {"log_prob": "logp"}.
+      accumulation: how micro-batch gradients are combined: "mean" (loss / n_micro, and DDP's
+        average over ranks) or "sum" (your function normalises by the global counts
+        `n_tokens_global` / `n_sequences_global`, which it receives if it names them); None:
+        the profile's, else "mean".
+      kl_use: "loss" | "reward" | None (the profile's, else "loss"): how your trainer uses a KL
+        term, which the kl_direction check judges.
       timeout: seconds each call of `fn` may take (None: no limit). A call past it fails the
         `raises` check and ends the audit; the call itself is abandoned, still running.
       **conventions: reference conventions overriding the profile, e.g. ddof=1, eps=1e-6.
 
     Returns:
-      AuditReport: `.ok`, `.findings` (check, status, cases, message, counterexample,
-      diagnosis), printable.
+      AuditReport: `.ok`, `.verdict`, `.findings` (check, status, cases, message,
+      counterexample, diagnosis), printable.
     """
     if backend not in ("torch", "numpy"):
         raise AuditUsageError(f"backend is {backend!r}; expected 'torch' or 'numpy'")
-    if accumulation not in ("mean", "sum"):
-        raise AuditUsageError(f"accumulation is {accumulation!r}; expected 'mean' or 'sum'")
+    _choice("accumulation", accumulation, ("mean", "sum"))
+    _choice("precision", precision, PRECISIONS)
+    _choice("kl_use", kl_use, KL_USES)
     if not callable(fn):
         raise AuditUsageError(f"fn is {fn!r}; expected a callable")
+    cases = _integer("cases", cases, 1)
+    seed = _integer("seed", seed, 0)
+    rtol = None if rtol is None else _number("rtol", rtol)
+    atol = None if atol is None else _number("atol", atol)
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
                                 or not timeout > 0 or not math.isfinite(timeout)):
         raise AuditUsageError(f"timeout is {timeout!r}; expected a positive number of seconds "
                               "or None")
-    from .auditor import Auditor
-    from .calls import AuditTimeout
+    entry, params, rule = resolve_conventions(ref, profile, conventions)
+    check_conventions(entry, params, seed)
 
-    entry, params = resolve_conventions(ref, profile, conventions)
-    tol = tolerances.Tolerance(rtol, atol, why="the audit's tolerance")
-    aud = Auditor(fn, entry, params, backend, tol, accumulation, timeout)
+    from .auditor import Auditor
+    from .calls import GLOBAL_KW, STRUCTURAL, Adapter, AuditTimeout
+
+    inputs = _inputs(entry)
+    if rename is not None:
+        if not isinstance(rename, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                   for k, v in rename.items()):
+            raise AuditUsageError(f"rename is {rename!r}; expected a dict of your parameter "
+                                  f"names to the reference's input names")
+        for own, theirs in rename.items():
+            if theirs not in inputs + GLOBAL_KW:
+                raise AuditUsageError(f"rename maps {own!r} to {theirs!r}, which {ref} does not "
+                                      f"pass; it passes {', '.join(inputs + GLOBAL_KW)}")
+    adapter = Adapter(fn, inputs, STRUCTURAL + entry.data_keywords, rename)
+    if rename:
+        unknown = [own for own in rename if own not in adapter.named and not adapter.var_kw]
+        if unknown:
+            raise AuditUsageError(f"rename names {', '.join(map(repr, unknown))}, which your "
+                                  f"function does not take; it takes {', '.join(adapter.params)}")
+    prof = None if profile is None else profiles_mod.get(profile)
+    notes = []
+    if "microbatch" in entry.checks and backend == "torch":
+        if accumulation is None and prof is not None:
+            accumulation = prof.accumulation[0]
+            notes.append(f"micro-batches: {accumulation} of micro-batch gradients, as "
+                         f"{profile} accumulates ({prof.accumulation[1]})")
+        elif accumulation is None:
+            accumulation = "mean"
+            notes.append("micro-batches: the mean of micro-batch gradients (assumed without a "
+                         "profile; pass accumulation='sum' if your trainer adds up losses "
+                         "normalised by global counts)")
+        else:
+            notes.append(f"micro-batches: {accumulation} of micro-batch gradients (as given)")
+        if accumulation == "sum":
+            named = [k for k in GLOBAL_KW if adapter.accepts(k)]
+            notes.append("global counts: " + (f"your function receives {', '.join(named)}"
+                                              if named else
+                         f"your function names neither {' nor '.join(GLOBAL_KW)}, so each "
+                         f"micro-batch can only normalise by its own counts"))
+    if kl_use is None:
+        kl_use = prof.kl_use[0] if prof is not None else "loss"
+    if "kl_direction" in entry.checks:
+        notes.append("KL term: " + (f"judged as a {kl_use}" if kl_use else "not judged")
+                     + (f" ({profile}: {prof.kl_use[1]})" if prof is not None else ""))
+    for k in entry.data_keywords:
+        if adapter.requires(k) and k in NEUTRAL:
+            notes.append(f"your function requires {adapter.own(k)}=: cases without it pass its "
+                         f"neutral value (no dones, a zero last_value, every row valid)")
+    tol = None
+    if rtol is not None or atol is not None:
+        default = tolerances.get("audit", precision or "float64")
+        tol = tolerances.Tolerance(default.rtol if rtol is None else rtol,
+                                   default.atol if atol is None else atol, "as given")
+    aud = Auditor(adapter, entry, params, backend, tol, accumulation, timeout, precision, kl_use)
     try:
-        return _run_audit(aud, profile, cases, seed)
+        report = _run_audit(aud, profile, rule, cases, seed)
     except AuditTimeout as exc:
         stopped = Finding("raises", status="fail", cases=1,
                           message=f"{exc}; the audit stopped there (the call was abandoned)")
-        return AuditReport(entry.name, profile, params, backend, 0, seed, [stopped], {})
+        report = AuditReport(entry.name, profile, params, backend, 0, seed, [stopped], {},
+                             n_drawn=cases)
+    report.notes = notes + report.notes
+    return report
 
 
-def _run_audit(aud, profile, cases, seed) -> AuditReport:
+_RANK = {"pass": 0, "info": 1, "warn": 2, "fail": 3}
+
+
+def _fold(f: Finding, o) -> None:
+    status = "fail" if not o.ok else "warn" if o.warn else "info" if o.info else "pass"
+    if o.exception is not None:
+        e = o.exception
+        same = next((x for x in f.exceptions if (x["type"], x["where"]) ==
+                     (e["type"], e["where"])), None)      # one line of code, one entry
+        if same is None:
+            f.exceptions.append(dict(e, cases=1))
+        else:
+            same["cases"] += 1
+    if _RANK[status] > _RANK[f.status]:
+        f.status, f.message = status, o.message
+
+
+def _run_audit(aud, profile, rule, n_cases, seed) -> AuditReport:
     import numpy as np
 
     from ..check import cases as cases_mod
@@ -134,12 +305,15 @@ def _run_audit(aud, profile, cases, seed) -> AuditReport:
     skipped: Dict[str, int] = {}
     rng = np.random.default_rng([seed, 7])
     n_run = 0
-    for i in range(cases):
-        case = finite_padding(entry.case(cases_mod.rng_for(seed, entry.name, i), i))
-        case = as_trainer_batch(case)
-        outcomes = aud.run_case(case)
-        if outcomes and outcomes[0].check == "skip":
-            skipped[outcomes[0].message] = skipped.get(outcomes[0].message, 0) + 1
+    for i in range(n_cases):
+        case = as_trainer_batch(finite_padding(entry.case(cases_mod.rng_for(seed, entry.name, i),
+                                                          i)))
+        why = outside_domain(rule, case)
+        outcomes = [] if why else aud.run_case(case)
+        if why or (outcomes and outcomes[0].check == "skip"):
+            why = why and f"outside the {profile} profile's domain: {why}"
+            why = why or outcomes[0].message
+            skipped[why] = skipped.get(why, 0) + 1
             continue
         n_run += 1
         extra = [permutation_check(aud, case, rng)] + microbatch_check(aud, case)
@@ -150,36 +324,64 @@ def _run_audit(aud, profile, cases, seed) -> AuditReport:
             if o.check not in seen:
                 f.cases += 1
                 seen.add(o.check)
-            if not o.ok and f.status != "fail":
-                f.status, f.message = "fail", o.message
+            if not o.ok and o.check not in first_fail:
                 first_fail[o.check] = (case, o)
-            elif o.warn and f.status == "pass":
-                f.status, f.message = "warn", o.message
+            _fold(f, o)
+    if aud.tol is None:                    # no call returned: judge at float64
+        aud.tol = tolerances.get("audit", aud.precision or "float64")
     kl = kl_direction_check(aud, rng)
     if kl is not None:
         f = tally["kl_direction"]
         f.cases = 4
-        f.status = "fail" if not kl.ok else ("warn" if kl.warn else "pass")
-        f.message = kl.message
+        _fold(f, kl)
     for check, (case, outcome) in first_fail.items():
         f = tally[check]
         if check in ("value", "grad", "finite", "shape", "raises", "mask"):
             small = shrink(aud, case, check)
             f.counterexample = describe(aud, small, outcome)
-            f.diagnosis, detach = diagnose(aud, small, check)
+            f.diagnosis, detach = diagnose(aud, small, check, profile)
             if detach and check == "grad":
                 f.check = "detach"
     findings = [f for f in tally.values() if f.cases > 0]
-    return AuditReport(entry.name, profile, params, backend, n_run, seed, findings, skipped)
+    report = AuditReport(entry.name, profile, params, backend, n_run, seed, findings, skipped,
+                         n_drawn=n_cases)
+    if aud.tol is not None:
+        report.tolerance = dict(rtol=aud.tol.rtol, atol=aud.tol.atol,
+                                why=aud.tolerance_why or aud.tol.why)
+    report.inconclusive = _inconclusive(aud, tally, skipped)
+    return report
+
+
+def _inconclusive(aud, tally, skipped):
+    """Why nothing can be concluded, or []: the value check (or, for a function trainers
+    differentiate, the gradient check) ran on no case."""
+    reasons = []
+    grad_needed = aud.entry.numpy_vjp is not None and aud.entry.trainer_grad
+    if tally["value"].cases == 0:
+        reasons.append("the value check ran on no case")
+    if grad_needed and aud.backend == "numpy":
+        reasons.append(f"{aud.entry.name} is a loss trainers differentiate, and the numpy "
+                       f"backend has no gradients: audit it with backend='torch'")
+    elif grad_needed and tally["grad"].cases == 0 and tally["value"].cases > 0 and \
+            tally["raises"].status != "fail":
+        reasons.append("the gradient check ran on no case")
+    if reasons and skipped:
+        top = max(skipped, key=skipped.get)
+        reasons.append(f"{plural(sum(skipped.values()), 'case')} skipped, "
+                       f"{skipped[top]} because {top}")
+        if any("requires" in why or "does not accept" in why for why in skipped):
+            reasons.append(aud.adapter.mapping_help())
+    return reasons
 
 
 def assert_conforms(fn, ref, **kwargs) -> AuditReport:
-    """pytest helper: audit `fn` and raise AssertionError with the readable report if it fails.
+    """pytest helper: audit `fn` and raise AssertionError with the readable report unless it
+    conforms. The message's first line is the verdict (pytest's short summary shows it).
 
         def test_my_grpo_advantages():
             assert_conforms(my_adapter, "group_advantages", profile="verl")
     """
     report = audit(fn, ref, **kwargs)
     if not report.ok:
-        raise AssertionError("\n" + str(report))
+        raise AssertionError(report.verdict_line() + "\n" + str(report))
     return report

@@ -1,30 +1,40 @@
 """The checks of one case: run the user's function and the reference on the same data, and
 compare outputs, gradients and what padding does."""
-from typing import List
+from typing import Dict, List
 
 import numpy as np
 import torch
 
-from .. import bridge
+from .. import bridge, tolerances
 from ..check import cases as cases_mod
-from .calls import STRUCTURAL, TIMEOUT, accepts, call_with_deadline, reference_args
-from .model import Outcome
+from .calls import (GLOBAL_KW, STRUCTURAL, TIMEOUT, Adapter, call_with_deadline, degenerate,
+                    neutral, pad_value, reference_args, where_raised)
+from .model import AuditUsageError, Outcome
+
+# what a trainer's non-differentiable output is, for the report
+NO_GRADIENT = ("not checked: your output carries no gradient, as trainers compute it (this "
+               "reference is not differentiated by trainers)")
 
 
 class Auditor:
-    """One audit's fixed parts: the user's function, the registry entry, the reference
-    conventions (`params`), the backend, the tolerance, the micro-batch accumulation and the
-    per-call deadline."""
+    """One audit's fixed parts: the user's function (through its Adapter), the registry entry,
+    the reference conventions (`params`), the backend, the tolerance (None: chosen from the
+    precision of the function's first output), the micro-batch accumulation, the declared use
+    of a KL term, and the per-call deadline."""
 
-    def __init__(self, fn, entry, params, backend, tol, accumulation, timeout=TIMEOUT):
-        self.fn, self.entry, self.params = fn, entry, params
-        self.backend, self.tol = backend, tol
-        self.accumulation, self.timeout = accumulation, timeout
-        self.accepts = accepts(fn, STRUCTURAL + entry.data_keywords)
+    def __init__(self, adapter: Adapter, entry, params, backend, tol, accumulation,
+                 timeout=TIMEOUT, precision=None, kl_use="loss"):
+        self.adapter, self.entry, self.params = adapter, entry, params
+        self.backend, self.tol, self.precision = backend, tol, precision
+        self.accumulation, self.timeout, self.kl_use = accumulation, timeout, kl_use
+        self.tolerance_why = ""
+
+    def accepts(self, name):
+        return self.adapter.accepts(name)
 
     def invoke(self, **kwargs):
-        """The one place the audited function is called."""
-        return call_with_deadline(self.fn, kwargs, self.timeout)
+        """The one place the audited function is called (under the function's own names)."""
+        return call_with_deadline(self.adapter.fn, self.adapter.call_kwargs(kwargs), self.timeout)
 
     # -------------------------------------------------------------- calling
     def inputs_for(self, case):
@@ -43,7 +53,30 @@ class Auditor:
         if "group_size" in case.params and self.accepts("group_ids") and "group_ids" not in data:
             B = case.arrays["rewards"].shape[0]
             data["group_ids"] = np.arange(B) // case.params["group_size"]
+        for k in self.entry.data_keywords:          # required but absent here: its neutral value
+            if k not in data and self.adapter.requires(k):
+                v = neutral(k, data)
+                if v is not None:
+                    data[k] = v
+        missing = [k for k in self.adapter.inputs if self.adapter.requires(k) and k not in data
+                   and k not in GLOBAL_KW]
+        if missing:
+            return None, (f"your function requires "
+                          f"{', '.join(self.adapter.own(k) + '=' for k in missing)} and this "
+                          f"case has no {', '.join(missing)}")
+        unmet = self.adapter.unmet()
+        if unmet:
+            return None, (f"your function requires {', '.join(n + '=' for n in unmet)}, which the "
+                          f"reference does not pass")
         return data, ""
+
+    def global_counts(self, data) -> Dict[str, int]:
+        m = data.get("mask")
+        if m is None:
+            return {}
+        m = np.asarray(m, dtype=bool)
+        return dict(n_tokens_global=int(m.sum()),
+                    n_sequences_global=int(m.any(axis=-1).sum()) if m.ndim == 2 else int(m.any()))
 
     def reference(self, data):
         return self.entry.numpy_fn(**reference_args(data), **self.params)
@@ -51,23 +84,62 @@ class Auditor:
     def reference_vjp(self, data, g):
         return self.entry.numpy_vjp(g, **reference_args(data), **self.params)
 
+    def reference_outputs(self, data) -> List[np.ndarray]:
+        out = self.reference(data)
+        return [np.asarray(r, dtype=np.float64) for r in
+                bridge.outputs(out, self.entry.outputs if self.entry.dict_output else None)]
+
     def call(self, data, grad_wrt=(), extra=None):
         """Run the user's function on `data` (tensors for the torch backend, the inputs in
-        `grad_wrt` as leaves); returns (its raw output, the leaves by name)."""
+        `grad_wrt` as leaves), with the global counts it names; returns (its raw output, the
+        leaves by name)."""
         if self.backend == "torch":
             kwargs = bridge.to_torch(data, requires_grad=grad_wrt)
             leaves = {k: kwargs[k] for k in grad_wrt if k in kwargs}
         else:
             kwargs = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in data.items()}
             leaves = {}
-        for k, v in (extra or {}).items():
+        for k, v in dict(self.global_counts(data), **(extra or {})).items():
             if self.accepts(k):
                 kwargs[k] = v
         return self.invoke(**kwargs), leaves
 
-    @staticmethod
-    def to_numpy(raw):
-        return [bridge.to_numpy(o) for o in (raw if isinstance(raw, tuple) else (raw,))]
+    def outputs_of(self, raw) -> list:
+        """The function's outputs in the reference's order (a dict by the entry's keys)."""
+        if raw is None:
+            raise TypeError("your function returned None")
+        if isinstance(raw, dict):
+            missing = [k for k in self.entry.outputs if k not in raw]
+            if missing:
+                raise TypeError(f"your function returned a dict without {', '.join(missing)}")
+            return [raw[k] for k in self.entry.outputs]
+        return list(raw) if isinstance(raw, (tuple, list)) else [raw]
+
+    def to_numpy(self, raw):
+        return [bridge.to_numpy(o) for o in self.outputs_of(raw)]
+
+    # -------------------------------------------------------------- tolerance
+    def judge(self, raw) -> None:
+        """Choose the tolerance from the precision the function computes in (once): the
+        declared precision, else the dtype of its outputs (float32 → the float32 row)."""
+        if self.tol is not None:
+            return
+        dtypes = [o.dtype for o in self.outputs_of(raw) if isinstance(o, (torch.Tensor,
+                                                                          np.ndarray))]
+        names = {str(d).replace("torch.", "") for d in dtypes}
+        if self.precision is not None:
+            precision, why = self.precision, f"precision={self.precision!r} declared"
+        elif names & {"float16", "bfloat16"}:
+            raise AuditUsageError(f"your function returns {', '.join(sorted(names))}: the audit "
+                                  f"judges float64 and float32 code; cast its outputs to "
+                                  f"float32 and pass precision='float32'")
+        elif "float32" in names:
+            precision, why = "float32", "your function returns float32"
+        else:
+            precision, why = "float64", "your function returns float64"
+        self.tol = tolerances.get("audit", precision)
+        self.precision = precision
+        self.tolerance_why = f"the {precision} row of the tolerance table: {why}"
 
     # -------------------------------------------------------------- comparisons
     @staticmethod
@@ -80,29 +152,57 @@ class Auditor:
             return v.astype(bool)
         return np.ones(shape, dtype=bool)
 
-    def mismatch(self, yours, ref, valid):
+    def mismatch(self, yours, ref, valid, cond=1.0):
         """The first valid index where `yours` and `ref` differ beyond the audit's tolerance
-        (the closeness rule of crosscheck.bridge), or None."""
-        return bridge.first_mismatch(yours, ref, self.tol, valid)
+        (the closeness rule of crosscheck.bridge, widened by the condition number κ), or None."""
+        return bridge.first_mismatch(yours, ref, self.tol, valid, cond)
+
+    def condition(self, data) -> list:
+        """κ ≥ 1 per output where the registry declares a condition number, else 1s."""
+        if self.entry.condition is None:
+            return [1.0] * len(self.entry.outputs)
+        args = reference_args(data)
+        return self.entry.condition(args, dict(self.params, **args))
+
+    def label(self, k, i):
+        """'output[...]' for a one-output function, 'returns[...]' for gae's second output."""
+        name = self.entry.outputs[k] if len(self.entry.outputs) > 1 else "output"
+        return name + (str(list(i)) if i else "")
 
     # -------------------------------------------------------------- the checks of one case
+    def raised(self, exc, data) -> Outcome:
+        """A call that raised: a failure, or a warning where a trainer rightly refuses a
+        degenerate batch with a clear ValueError (one valid token, a group of one)."""
+        original = getattr(exc, "original", exc)
+        info = dict(type=type(original).__name__, message=str(original)[:300],
+                    where=where_raised(exc), degenerate=None)
+        why = degenerate(data)
+        if why and isinstance(original, (ValueError, AssertionError)):
+            info["degenerate"] = why
+            return Outcome("raises", True, warn=True, exception=info,
+                           message=f"your function refuses degenerate batches ({why}): "
+                                   f"{info['type']}: {info['message']}")
+        return Outcome("raises", False, f"{info['type']}: {info['message']} at {info['where']}",
+                       exception=info)
+
     def run_case(self, case) -> List[Outcome]:
         data, why = self.inputs_for(case)
         if data is None:
             return [Outcome("skip", True, why)]
         try:
-            ref_out = self.reference(data)
+            refs = self.reference_outputs(data)
         except ValueError as exc:           # e.g. eps = 0 on an all-equal group: 0/0
             return [Outcome("skip", True, f"the reference is undefined there ({exc})")]
-        refs = [np.asarray(r, dtype=np.float64) for r in (ref_out if isinstance(ref_out, tuple)
-                                                           else (ref_out,))]
         diff_inputs = [d for d in self.entry.diff if d in data]
         want_grad = self.backend == "torch" and self.entry.numpy_vjp is not None and diff_inputs
         try:
             raw, leaves = self.call(data, grad_wrt=diff_inputs if want_grad else ())
             yours = self.to_numpy(raw)
+            self.judge(raw)
+        except AuditUsageError:
+            raise
         except Exception as exc:  # the user's code: report, never crash
-            return [Outcome("raises", False, f"{type(exc).__name__}: {exc}")]
+            return [self.raised(exc, data)]
         out = [Outcome("raises", True)]
         if len(yours) != len(refs) or any(y.shape != r.shape for y, r in zip(yours, refs)):
             got = [tuple(y.shape) for y in yours]
@@ -111,53 +211,71 @@ class Auditor:
                                   f", expected {exp[0] if len(exp) == 1 else exp}")]
         out.append(Outcome("shape", True))
         finite_ok, value_ok = True, True
+        kappas = self.condition(data)
         for k, (y, r) in enumerate(zip(yours, refs)):
             valid = self.valid_of(data, r.shape)
             bad = valid & np.isfinite(r) & ~np.isfinite(y)
-            if bad.any():
-                i = tuple(int(j) for j in np.argwhere(bad)[0])
+            padding = ~valid & ~np.isfinite(y)
+            if bad.any() or padding.any():
+                i = tuple(int(j) for j in np.argwhere(bad if bad.any() else padding)[0])
                 finite_ok = False
-                out.append(Outcome("finite", False, f"output{_at(k, i)} is {y[i]} where the "
-                                                    f"reference is {r[i]:.6g}"))
+                where = (f"where the reference is {r[i]:.6g}" if bad.any() else
+                         "at a masked position: masking by multiplication ((loss * mask).sum())"
+                         " would turn the sum into NaN; padding may hold finite values only")
+                out.append(Outcome("finite", False, f"{self.label(k, i)} is {y[i]} {where}"))
                 continue
-            i = self.mismatch(y, r, valid)
+            i = self.mismatch(y, r, valid, kappas[k])
             if i is not None:
                 value_ok = False
-                out.append(Outcome("value", False, f"output{_at(k, i)}: yours {y[i]:.10g}, "
+                out.append(Outcome("value", False, f"{self.label(k, i)}: yours {y[i]:.10g}, "
                                                    f"reference {r[i]:.10g}"))
         if finite_ok:
             out.append(Outcome("finite", True))
         if value_ok and finite_ok:
             out.append(Outcome("value", True))
         if want_grad:
-            out.extend(self.grad_check(data, raw, leaves, refs))
-        out.extend(self.mask_check(data, yours))
+            out.extend(self.grad_check(data, raw, leaves, refs, kappas))
+        out.extend(self.mask_check(data, yours, kappas))
         return out
 
-    def grad_check(self, data, raw, leaves, refs):
+    def grad_check(self, data, raw, leaves, refs, kappas):
+        outs = self.outputs_of(raw)
+        tensors = [o for o in outs if isinstance(o, torch.Tensor)]
+        carries = any(o.requires_grad for o in tensors)
+        if not carries and not self.entry.trainer_grad:
+            return [Outcome("grad", True, info=True, message=NO_GRADIENT)]
+        if len(tensors) != len(outs):
+            return [Outcome("grad", False, "backend='torch' but your function returned no tensor")]
         rng = cases_mod.rng_for(0, "audit-grad", int(sum(r.size for r in refs)))
         gs = [rng.normal(size=r.shape) if r.ndim else float(rng.normal()) for r in refs]
         for g, r in zip(gs, refs):
             if r.ndim:
                 g *= self.valid_of(data, r.shape)
-        g_ref = tuple(gs) if len(gs) > 1 else gs[0]
+        if self.entry.dict_output:
+            g_ref = dict(zip(self.entry.outputs, gs))
+        else:
+            g_ref = tuple(gs) if len(gs) > 1 else gs[0]
         hand = self.reference_vjp(data, g_ref)
-        outs = raw if isinstance(raw, tuple) else (raw,)
-        if not all(isinstance(o, torch.Tensor) for o in outs):
-            return [Outcome("grad", False, "backend='torch' but your function returned no tensor")]
         names = list(leaves)
         grads = bridge.backprop(outs, gs, [leaves[n] for n in names])
+        kinks = {} if self.entry.kinks is None else self.entry.kinks(reference_args(data),
+                                                                      self.params)
+        kappa = max(float(np.max(k)) for k in kappas)
         results = []
         for n, gr in zip(names, grads):
             auto = np.zeros(data[n].shape) if gr is None else gr
+            ref = np.asarray(hand[n], dtype=np.float64)
             valid = self.valid_of(data, auto.shape)
+            kink = kinks.get(n)
+            if kink is not None:            # the reference is not differentiable there
+                auto, ref = np.where(kink, 0.0, auto), np.where(kink, 0.0, ref)
             if gr is None:
-                if self.mismatch(auto, hand[n], valid) is None:   # the reference gradient is 0 too
+                if self.mismatch(auto, ref, valid, kappa) is None:   # the reference's is 0 too
                     results.append(Outcome("grad", True))
                 else:
                     results.append(Outcome("grad", False, f"your output does not depend on {n} "
                                                           f"(detached, or computed without grad)",
-                                           yours=auto, reference=hand[n]))
+                                           yours=auto, reference=ref))
                 continue
             leak = ~valid & (auto != 0)
             if leak.any():
@@ -165,25 +283,30 @@ class Auditor:
                 results.append(Outcome("grad", False, f"gradient wrt {n} reaches padding: "
                                                       f"{auto[i]:.6g} at masked {i}"))
                 continue
-            i = self.mismatch(auto, hand[n], valid)
+            i = self.mismatch(auto, ref, valid, kappa)
             if i is not None:
                 results.append(Outcome("grad", False, f"d/d{n}{list(i)}: yours {auto[i]:.10g}, "
-                                                      f"reference {hand[n][i]:.10g}",
-                                       yours=auto, reference=hand[n]))
+                                                      f"reference {ref[i]:.10g}",
+                                       yours=auto, reference=ref))
             else:
                 results.append(Outcome("grad", True))
         return results
 
-    def mask_check(self, data, yours):
+    def padded(self, data, base):
+        """`data` with every masked entry of each token input set to its own value (base·k)."""
+        m = data["mask"]
+        return {k: (np.where(m, v, base if np.isnan(base) else pad_value(k, base))
+                    if isinstance(v, np.ndarray) and v.dtype.kind == "f" and v.shape == m.shape
+                    else v) for k, v in data.items()}
+
+    def mask_check(self, data, yours, kappas):
         m = data.get("mask")
         if m is None or m.all():
             return []
         out = []
         for fill, label in ((1e4, "1e4"), (-1e4, "-1e4"), (np.nan, "NaN")):
-            garbage = {k: (np.where(m, v, fill) if isinstance(v, np.ndarray) and v.dtype.kind == "f"
-                           and v.shape == m.shape else v) for k, v in data.items()}
             try:
-                other = self.to_numpy(self.call(garbage)[0])
+                other = self.to_numpy(self.call(self.padded(data, fill))[0])
             except Exception as exc:
                 if label == "NaN":
                     out.append(Outcome("mask", True, warn=True,
@@ -195,9 +318,13 @@ class Auditor:
                 continue
             changed = None
             for k, (a, b) in enumerate(zip(yours, other)):
-                i = self.mismatch(b, a, self.valid_of(data, a.shape))
-                if i is not None:
-                    changed = f"output{_at(k, i)} {a[i]:.6g} → {b[i]:.6g}"
+                valid = self.valid_of(data, a.shape)
+                same = bridge.within(b, a, self.tol, cond=kappas[k]) | \
+                    (np.isnan(a) & np.isnan(b))
+                bad = valid & ~same
+                if bad.any():
+                    i = tuple(int(j) for j in np.argwhere(bad)[0])
+                    changed = f"{self.label(k, i)} {a[i]:.6g} → {b[i]:.6g}"
                     break
             if changed and label == "NaN":
                 out.append(Outcome("mask", True, warn=True,
@@ -210,6 +337,3 @@ class Auditor:
                 out.append(Outcome("mask", True))
         return out
 
-
-def _at(k, i):
-    return (f"[{k}]" if k else "") + (str(list(i)) if i else "")

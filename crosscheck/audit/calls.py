@@ -1,8 +1,23 @@
-"""Calling the audited function: under a deadline, with the inputs it accepts, on cases padded
-the way trainers pad them."""
+"""Calling the audited function: which inputs it takes (and under which names), under a
+deadline, on cases padded the way trainers pad them.
+
+The adapter contract, as the audit applies it:
+- the reference's data inputs are passed by keyword, under the reference's names, or under
+  the function's own names where `rename` maps them (`{"log_prob": "logp"}`);
+- an optional input (valid rows, dones, last_value, group ids, sample logits, the global counts
+  `n_tokens_global` / `n_sequences_global`) is passed only to a function that names it:
+  **kwargs does not receive it. A function that names one *without a default* always gets it:
+  where a case has none, its neutral value (no dones, a zero bootstrap value, every row valid,
+  samples from the policy itself; the global counts of the whole batch);
+- a required parameter that is none of these is a mapping problem: the cases are skipped and the
+  report says which names the reference passes and how to map them.
+"""
+import difflib
 import inspect
+import os
 import threading
-from typing import Callable
+import traceback
+from typing import Dict, Optional, Sequence
 
 import numpy as np
 import torch
@@ -20,11 +35,22 @@ class AuditTimeout(BaseException):
     audit must stop, not wait again on every remaining case."""
 
 
+class UserRaised(Exception):
+    """The audited function raised something that is not an Exception (SystemExit,
+    KeyboardInterrupt, GeneratorExit): recorded as a failure of `raises`, never the end of the
+    audit."""
+
+    def __init__(self, original: BaseException):
+        super().__init__(f"{type(original).__name__}: {original}")
+        self.original = original
+
+
 def call_with_deadline(fn, kwargs, timeout):
     """fn(**kwargs) in a worker thread (carrying torch's thread-local grad mode); raise
-    AuditTimeout if it has not returned after `timeout` seconds (None: wait forever)."""
-    if timeout is None:
-        return fn(**kwargs)
+    AuditTimeout if it has not returned after `timeout` seconds (None: wait as long as it
+    takes). Whatever the function raises comes back as an Exception (UserRaised for a
+    BaseException), so that no user code can end the audit. A real Ctrl-C reaches the caller's
+    thread, not the worker, and still stops it."""
     result = {}
     grad_mode = torch.is_grad_enabled()
 
@@ -32,8 +58,10 @@ def call_with_deadline(fn, kwargs, timeout):
         try:
             with torch.set_grad_enabled(grad_mode):
                 result["value"] = fn(**kwargs)
-        except BaseException as exc:          # re-raised in the caller's thread below
+        except Exception as exc:
             result["error"] = exc
+        except BaseException as exc:           # SystemExit, KeyboardInterrupt inside user code
+            result["error"] = UserRaised(exc)
 
     worker = threading.Thread(target=work, name="crosscheck-audit-call", daemon=True)
     worker.start()
@@ -45,27 +73,116 @@ def call_with_deadline(fn, kwargs, timeout):
     return result["value"]
 
 
-def accepts(fn, optional) -> Callable[[str], bool]:
-    """Which keywords the adapter takes. **kwargs takes the reference's required data, but an
-    optional one (`optional`: valid rows, dones, last_value, group ids, global counts) must be
-    named: a function that swallows `valid=` unread would otherwise be blamed for ignoring it."""
-    try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):
-        return lambda name: True
-    named = set(sig.parameters)
-    var_kw = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
-    optional = set(optional) | set(GLOBAL_KW)
-    return lambda name: name in named or (var_kw and name not in optional)
+class Adapter:
+    """What the audited function takes: its named parameters, which are required, whether it
+    has **kwargs or *args, and the renaming of its parameters to the reference's inputs."""
+
+    def __init__(self, fn, inputs: Sequence[str], optional: Sequence[str],
+                 rename: Optional[Dict[str, str]] = None):
+        self.fn = fn
+        self.inputs = tuple(inputs)                   # what the reference can pass
+        self.optional = set(optional) | set(GLOBAL_KW)
+        self.rename = dict(rename or {})              # the function's name → the reference's
+        self.to_fn = {ref: own for own, ref in self.rename.items()}
+        try:
+            params = inspect.signature(fn).parameters
+        except (TypeError, ValueError):               # a builtin: offer every keyword
+            params = None
+        if params is None:
+            self.named, self.required, self.var_kw, self.var_pos = set(), set(), True, False
+        else:
+            kinds = inspect.Parameter
+            self.named = {n for n, p in params.items()
+                          if p.kind in (kinds.POSITIONAL_OR_KEYWORD, kinds.KEYWORD_ONLY)}
+            self.required = {n for n, p in params.items() if n in self.named
+                             and p.default is p.empty}
+            self.var_kw = any(p.kind is kinds.VAR_KEYWORD for p in params.values())
+            self.var_pos = any(p.kind is kinds.VAR_POSITIONAL for p in params.values())
+        self.params = [] if params is None else list(params)
+
+    def own(self, ref_name: str) -> str:
+        """The function's name for a reference input."""
+        return self.to_fn.get(ref_name, ref_name)
+
+    def accepts(self, ref_name: str) -> bool:
+        own = self.own(ref_name)
+        return own in self.named or (self.var_kw and ref_name not in self.optional
+                                     and own == ref_name)
+
+    def requires(self, ref_name: str) -> bool:
+        return self.own(ref_name) in self.required
+
+    def unmet(self):
+        """The required parameters the audit can never supply (no reference input maps to
+        them), in signature order."""
+        known = {self.own(n) for n in self.inputs} | {self.own(n) for n in GLOBAL_KW}
+        return [n for n in self.params if n in self.required and n not in known]
+
+    def mapping_help(self) -> str:
+        """What the reference passes, what the function takes, and how to map them."""
+        unmet = self.unmet()
+        lines = [f"the reference passes: {', '.join(self.inputs)} (and, to a function that "
+                 f"names them, {', '.join(GLOBAL_KW)})",
+                 f"your function takes: {', '.join(self.params) or '(nothing by name)'}"]
+        pairs = []
+        free = [n for n in self.inputs if self.own(n) not in self.named]
+        for own in unmet:
+            match = difflib.get_close_matches(own, free, n=1, cutoff=0.3)
+            if match:
+                pairs.append((own, match[0]))
+                free.remove(match[0])
+        if pairs:
+            lines.append("map them: --map " + " --map ".join(f"{a}={b}" for a, b in pairs) +
+                         " (CLI), or rename={" +
+                         ", ".join(f"{a!r}: {b!r}" for a, b in pairs) + "} (API)")
+        elif self.var_pos and not self.named:
+            lines.append("your function takes *args only: the reference passes its inputs by "
+                         "keyword; give it named parameters (or map them with --map)")
+        return "; ".join(lines)
+
+    def call_kwargs(self, kwargs: Dict[str, object]) -> Dict[str, object]:
+        """The keyword arguments under the function's own names."""
+        return {self.own(k): v for k, v in kwargs.items()}
 
 
-def finite_padding(case, value=0.0):
-    """The case with every masked / invalid entry replaced by a finite value (trainers pad so)."""
+def neutral(name: str, data: Dict[str, object]):
+    """The value of an optional input that means 'none': what a case without it has."""
+    m = data.get("mask")
+    if name == "dones" and m is not None:
+        return np.zeros(np.shape(m), dtype=bool)
+    if name == "last_value":
+        first = data.get("rewards")
+        return None if first is None else np.zeros(np.shape(first)[:-1])
+    if name == "valid":
+        first = data.get("rewards")
+        return None if first is None else np.ones(np.shape(first)[0], dtype=bool)
+    if name == "sample_logits":
+        return None if data.get("logits") is None else np.array(data["logits"], copy=True)
+    return None
+
+
+# distinct finite padding, one value per input: a term left unmasked cannot vanish at padding by
+# two inputs holding the same value there (logp − ref_logp = 0, a ratio of 1)
+_PAD_NAMES = ("logp", "old_logp", "ref_logp", "advantages", "values", "old_values", "returns",
+              "rewards", "x", "loss")
+PAD_VALUES = {n: v for n, v in zip(_PAD_NAMES, (-0.7, -1.9, -0.4, 0.6, 1.3, -0.9, 2.1, 0.35,
+                                                1.7, 0.8))}
+
+
+def pad_value(name: str, base: float = 1.0) -> float:
+    """The finite value input `name` is padded with (scaled by `base` for garbage runs)."""
+    return base * PAD_VALUES.get(name, 0.45 + 0.1 * (sum(map(ord, name)) % 7))
+
+
+def finite_padding(case, base: float = 1.0):
+    """The case with every masked / invalid entry replaced by a finite value, a different one
+    per input (trainers pad with finite values; see PAD_VALUES)."""
     arrays = dict(case.arrays)
     m = arrays.get("mask")
     for k, v in arrays.items():
         if v is None or not isinstance(v, np.ndarray) or v.dtype.kind != "f":
             continue
+        value = pad_value(k, base)
         if m is not None and v.shape == m.shape:
             arrays[k] = np.where(m, v, value)
         elif m is not None and v.ndim == 1 and v.shape[0] == m.shape[0] and m.ndim == 2:
@@ -90,8 +207,58 @@ def as_trainer_batch(case):
 
 def reference_args(data):
     """The data as the reference takes it: the adapter may be given both group_size and the
-    equivalent group_ids; the reference takes exactly one, so group_size wins."""
-    out = dict(data)
+    equivalent group_ids; the reference takes exactly one, so group_size wins. The global
+    counts are the audit's, not the reference's."""
+    out = {k: v for k, v in data.items() if k not in GLOBAL_KW}
     if "group_size" in out:
         out.pop("group_ids", None)
     return out
+
+
+def degenerate(data) -> Optional[str]:
+    """Why a batch is degenerate, where a trainer may rightly refuse it, or None: a group of
+    one, an empty row, a one-token row, fewer than two valid tokens or rows."""
+    ids = data.get("group_ids")
+    size = data.get("group_size")
+    if ids is not None and len(ids):
+        _, counts = np.unique(np.asarray(ids), return_counts=True)
+        if (counts < 2).any():
+            return "a group of one"
+    elif size == 1:
+        return "a group of one"
+    m = data.get("mask")
+    if m is not None:
+        m = np.asarray(m, dtype=bool)
+        rows = m.sum(axis=-1) if m.ndim == 2 else np.array([m.sum()])
+        if m.sum() < 2:
+            return "fewer than two valid tokens"
+        if (rows == 0).any():
+            return "an empty row"
+        if (rows == 1).any():
+            return "a one-token row"
+    for key in ("rewards",):
+        v = data.get(key)
+        if v is not None and np.ndim(v) == 1 and len(v) < 2:
+            return "a single row"
+    return None
+
+
+_OURS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def where_raised(exc: BaseException) -> str:
+    """'file:line in function' of the innermost frame outside crosscheck and the libraries
+    (torch, numpy, the standard library): the line of the user's or the trainer's code."""
+    exc = getattr(exc, "original", exc)
+    frames = traceback.extract_tb(exc.__traceback__)
+    libs = (os.path.dirname(torch.__file__), os.path.dirname(np.__file__))
+    stdlib = os.path.dirname(os.__file__)
+    for frame in reversed(frames):
+        path = os.path.abspath(frame.filename)
+        if path.startswith(_OURS) or path.startswith(libs) or "<frozen" in frame.filename:
+            continue
+        if path.startswith(stdlib) and "-packages" not in path:
+            continue
+        shown = os.path.relpath(path) if path.startswith(os.getcwd() + os.sep) else path
+        return f"{shown}:{frame.lineno} in {frame.name}"
+    return "(no frame of your code)"

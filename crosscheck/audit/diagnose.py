@@ -1,15 +1,20 @@
 """When an audit fails, say what the function most likely computes instead.
 
-Two kinds of explanation, tried in order on the failing (shrunk) case and six more cases:
-  1. a convention difference: the same reference with up to two conventions changed (ddof,
-     eps, eps placement, clip bounds, aggregation mode, ...), from the registry entry's grid —
-     "a convention difference, not a bug";
+Two kinds of explanation, tried on the failing (shrunk) case, the same case with ±1e4-scale
+padding, and six more cases:
+  1. the reference under other conventions: up to two conventions changed, from the registry
+     entry's grid (ddof, eps, eps placement, clip bounds, aggregation mode, ...);
   2. a known bug, written as a small variant of the reference (the entry's `known_bugs`: dual
      clip on A > 0, swapped clip bounds, a product of token ratios, KL arguments swapped or its
      sign flipped, unmasked whitening statistics, a value clip around the returns, groups taken
      by position, a CISPO weight that is not detached).
-A variant explains the failure only if it reproduces the user's outputs (or gradients) on every
-one of those cases.
+
+A variant is proposed only when it is sound: the declared conventions fail on those cases, and
+the variant reproduces the user's outputs (or gradients) on every one of them it applies to,
+padding included, under the audit's closeness rule. A variant that changes nothing on those
+cases (an aggregation option without an empty row, say) can therefore never be proposed. A
+convention variant is named as a deviation from the declared conventions (from the profile,
+when one was given), never as "not a bug".
 """
 import itertools
 from typing import Dict, List, Tuple
@@ -22,24 +27,27 @@ from ..check import cases as cases_mod
 from .calls import as_trainer_batch, finite_padding, reference_args
 
 
-def _probe_cases(aud, case, n=6):
-    out = [case]
+def _probe_data(aud, case, n=6) -> List[Dict[str, object]]:
+    """The failing case, the same with ±1e4-scale padding, and up to n more cases."""
+    data, _ = aud.inputs_for(case)
+    out = [data]
+    if data.get("mask") is not None and not np.asarray(data["mask"]).all():
+        out.append(aud.padded(data, 1e4))
     for i in range(40):
-        if len(out) > n:
+        if len(out) > n + 1:
             break
-        c = finite_padding(aud.entry.case(cases_mod.rng_for(99, aud.entry.name, i), i))
-        c = as_trainer_batch(c)
-        data, _ = aud.inputs_for(c)
-        if data is not None:
-            out.append(c)
+        c = as_trainer_batch(finite_padding(aud.entry.case(
+            cases_mod.rng_for(99, aud.entry.name, i), i)))
+        d, _ = aud.inputs_for(c)
+        if d is not None:
+            out.append(d)
     return out
 
 
 def _user_values(aud, probes):
     """The user's outputs on the probes it runs on (a probe it raises on is left out)."""
     got = []
-    for c in probes:
-        data, _ = aud.inputs_for(c)
+    for data in probes:
         try:
             got.append((data, aud.to_numpy(aud.call(data)[0])))
         except Exception:
@@ -48,14 +56,12 @@ def _user_values(aud, probes):
 
 
 def _user_grads(aud, probes):
-    wrt = [d for d in aud.entry.diff]
     got = []
-    for c in probes:
-        data, _ = aud.inputs_for(c)
-        names = [d for d in wrt if d in data]
+    for data in probes:
+        names = [d for d in aud.entry.diff if d in data]
         try:
             raw, leaves = aud.call(data, grad_wrt=names)
-            outs = raw if isinstance(raw, tuple) else (raw,)
+            outs = aud.outputs_of(raw)
             rng = np.random.default_rng(5)
             gs = [rng.normal(size=tuple(o.shape)) if o.dim() else float(rng.normal())
                   for o in outs]
@@ -65,17 +71,18 @@ def _user_grads(aud, probes):
         if all(gr is None for gr in grads) and not any(
                 isinstance(o, torch.Tensor) and o.requires_grad for o in outs):
             return None            # no gradient at all: nothing to diagnose
-        got.append((data, tuple(gs) if len(gs) > 1 else gs[0],
-                    {n: (np.zeros(data[n].shape) if gr is None else gr)
-                     for n, gr in zip(names, grads)}))
+        g_ref = dict(zip(aud.entry.outputs, gs)) if aud.entry.dict_output else \
+            (tuple(gs) if len(gs) > 1 else gs[0])
+        got.append((data, g_ref, {n: (np.zeros(data[n].shape) if gr is None else gr)
+                                  for n, gr in zip(names, grads)}))
     return got
 
 
-def _same(aud, a, b, data):
+def _same(aud, a, b, data, cond=1.0):
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     if a.shape != b.shape:
         return False
-    return aud.mismatch(a, b, aud.valid_of(data, a.shape)) is None
+    return aud.mismatch(a, b, aud.valid_of(data, a.shape), cond) is None
 
 
 def _variants(aud) -> List[Tuple[str, Dict[str, object]]]:
@@ -92,45 +99,59 @@ def _variants(aud) -> List[Tuple[str, Dict[str, object]]]:
     return out
 
 
-def diagnose(aud, case, check) -> Tuple[str, bool]:
+def _declared(aud, label) -> str:
+    keys = [part.split("=")[0] for part in label.split(", ")]
+    return ", ".join(f"{k}={aud.params.get(k)!r}" for k in keys)
+
+
+def _deviation(aud, profile, label) -> str:
+    where = f"the {profile} profile declares" if profile else "the declared conventions are"
+    return f"{aud.entry.name} with {label} ({where} {_declared(aud, label)})"
+
+
+def diagnose(aud, case, check, profile=None) -> Tuple[str, bool]:
     """(explanation, whether it is a missing stop-gradient) for a failing check, or ("", False)."""
     if check not in ("value", "grad"):
         return "", False
-    probes = _probe_cases(aud, case)
+    probes = _probe_data(aud, case)
     name = aud.entry.name
+
+    def reference(p):
+        return lambda d: aud.entry.numpy_fn(**reference_args(d), **p)
     if check == "value":
         user = _user_values(aud, probes)
-        if user is None:
-            return "", False
+        if user is None or _all_match(aud, user, reference(aud.params), need=0):
+            return "", False                  # the declared conventions do not fail here
         known = next((bug.label for bug in aud.entry.known_bugs
                       if bug.value is not None and _all_match(
                           aud, user, lambda d, f=bug.value: f(d, aud.params))), None)
         convention = next((label for label, params in _variants(aud)
-                           if _all_match(aud, user, lambda d, p=params: aud.entry.numpy_fn(
-                               **reference_args(d), **p))), None)
+                           if _all_match(aud, user, reference(params))), None)
         if known and convention:
-            return (f"matches a known bug: {known} (it computes the same as {name} with "
-                    f"{convention})", False)
+            return (f"matches a known bug: {known} (it computes "
+                    f"{_deviation(aud, profile, convention)})"), False
         if known:
             return f"matches a known bug: {known}", False
         if convention:
-            return (f"matches {name} with {convention}: a convention difference, not a bug",
-                    False)
+            return f"deviates: it computes {_deviation(aud, profile, convention)}", False
         return "", False
     user = _user_grads(aud, probes)
     if user is None:
         return "", False
+
+    def vjp_of(p):
+        return lambda d, g: aud.entry.numpy_vjp(g, **reference_args(d), **p)
+    if _all_grads_match(aud, user, vjp_of(aud.params)):
+        return "", False                      # the declared gradient does not fail here
     undetached = None if aud.entry.undetached is None else aud.entry.undetached(aud.params)
     for label, params in _variants(aud):
-        def vjp(d, g, p=params):
-            return aud.entry.numpy_vjp(g, **reference_args(d), **p)
-        if _all_grads_match(aud, user, vjp):
+        if _all_grads_match(aud, user, vjp_of(params)):
             detach = undetached is not None and all(params.get(k) == v
                                                     for k, v in undetached.items())
-            what = ("GSPO-token's sequence factor is not detached: the gradient flows through "
-                    "the mean (" if detach else "") + f"matches {name}'s gradient with {label}" + \
-                (")" if detach else ": a convention difference, not a bug")
-            return what, detach
+            if detach:
+                return ("GSPO-token's sequence factor is not detached: the gradient flows "
+                        f"through the mean (its gradient is {name}'s with {label})"), True
+            return f"deviates: its gradient is that of {_deviation(aud, profile, label)}", False
     wrt = aud.entry.diff[0]
     for bug in aud.entry.known_bugs:
         if bug.grad is None:
@@ -140,19 +161,21 @@ def diagnose(aud, case, check) -> Tuple[str, bool]:
     return "", False
 
 
-def _all_match(aud, user, fn, at_least=2):
-    """The variant reproduces the user's outputs on every probe it applies to (≥ at_least)."""
+def _all_match(aud, user, fn, at_least=2, need=None):
+    """The variant reproduces the user's outputs on every probe it applies to (≥ at_least of
+    them). With need=0, whether it reproduces them everywhere it applies at all."""
     compared = 0
     for data, yours in user:
         try:
-            ref = fn(data)
+            ref = bridge.outputs(fn(data), aud.entry.outputs if aud.entry.dict_output else None)
         except (ValueError, TypeError):
             continue                          # the variant does not apply to this probe
-        refs = ref if isinstance(ref, tuple) else (ref,)
-        if len(refs) != len(yours) or not all(_same(aud, y, r, data)
-                                              for y, r in zip(yours, refs)):
+        if len(ref) != len(yours) or not all(_same(aud, y, r, data, k) for y, r, k in
+                                             zip(yours, ref, aud.condition(data))):
             return False
         compared += 1
+    if need == 0:
+        return True
     return compared >= min(at_least, len(user))
 
 
@@ -162,7 +185,8 @@ def _all_grads_match(aud, user, vjp):
             ref = vjp(data, g)
         except (ValueError, TypeError):
             return False
+        kappa = max(float(np.max(k)) for k in aud.condition(data))
         for n, y in yours.items():
-            if not _same(aud, y, ref[n], data):
+            if not _same(aud, y, ref[n], data, kappa):
                 return False
     return True

@@ -1,14 +1,25 @@
-"""What an audit reports: findings per check, the report and its verdict, and the usage error."""
+"""What an audit reports: findings per check, the report, its verdict, and the usage error.
+
+A verdict is only ever given on something that was checked:
+- CONFORMS: every check that ran passed, the value check ran on at least one case and, for a
+  function trainers differentiate through (a loss), so did the gradient check (torch backend);
+- DOES NOT CONFORM: a check failed;
+- INCONCLUSIVE: nothing failed, but the value check, or a required gradient check, ran on no
+  case (every case skipped: the adapter's names do not match, every case outside the profile's
+  domain, ...). `ok` is False, and the command line exits 2.
+"""
 import dataclasses
 from typing import Dict, List, Optional
 
 # The checks, in the order the report lists them.
 CHECKS = ("raises", "shape", "finite", "value", "grad", "mask", "permutation", "microbatch",
           "kl_direction")
+STATUSES = ("pass", "info", "warn", "fail")      # "info": not checked by design, and why
 
 
 class AuditUsageError(ValueError):
-    """The audit was asked for something it cannot do (unknown ref, missing hyper-parameter)."""
+    """The audit was asked for something it cannot do (unknown ref, a convention the reference
+    refuses, a bad argument)."""
 
 
 @dataclasses.dataclass
@@ -18,8 +29,10 @@ class Outcome:
     ok: bool
     message: str = ""
     warn: bool = False
+    info: bool = False
     yours: object = None
     reference: object = None
+    exception: Optional[Dict[str, str]] = None     # raises: type, message, where, degenerate
 
 
 @dataclasses.dataclass
@@ -27,11 +40,16 @@ class Finding:
     """One check over every case: its status, how many cases it ran on, the first failure's
     message, its minimal counterexample and what it most likely is."""
     check: str
-    status: str = "pass"                  # "pass" | "fail" | "warn"
+    status: str = "pass"                  # one of STATUSES
     cases: int = 0
     message: str = ""
     counterexample: Optional[Dict[str, object]] = None
     diagnosis: str = ""
+    exceptions: List[Dict[str, object]] = dataclasses.field(default_factory=list)
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}{'s' * (n != 1)}"
 
 
 @dataclasses.dataclass
@@ -40,45 +58,74 @@ class AuditReport:
     profile: Optional[str]
     conventions: Dict[str, object]
     backend: str
-    n_cases: int
+    n_cases: int                          # cases run
     seed: int
     findings: List[Finding]
     skipped: Dict[str, int]
-
-    @property
-    def ok(self) -> bool:
-        return all(f.status != "fail" for f in self.findings)
+    n_drawn: int = 0                      # cases drawn (run + skipped)
+    tolerance: Dict[str, object] = dataclasses.field(default_factory=dict)
+    notes: List[str] = dataclasses.field(default_factory=list)
+    inconclusive: List[str] = dataclasses.field(default_factory=list)
 
     @property
     def failures(self) -> List[Finding]:
         return [f for f in self.findings if f.status == "fail"]
 
+    @property
+    def verdict(self) -> str:
+        if self.failures:
+            return "DOES NOT CONFORM"
+        return "INCONCLUSIVE" if self.inconclusive else "CONFORMS"
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict == "CONFORMS"
+
+    def verdict_line(self) -> str:
+        if self.failures:
+            n = len(self.failures)
+            return (f"verdict: DOES NOT CONFORM ({plural(n, 'failing check')}: "
+                    f"{', '.join(f.check for f in self.failures)})")
+        if self.inconclusive:
+            return "verdict: INCONCLUSIVE: " + "; ".join(self.inconclusive)
+        return "verdict: CONFORMS"
+
     def __str__(self) -> str:
         conv = ", ".join(f"{k}={v!r}" for k, v in self.conventions.items())
         head = (f"audit against {self.ref}" + (f" (profile {self.profile})" if self.profile else "")
-                + f", backend {self.backend}, {self.n_cases} cases, seed {self.seed}\n"
+                + f", backend {self.backend}, {plural(self.n_cases, 'case')}, seed {self.seed}\n"
                 f"  reference conventions: {conv or '(defaults)'}")
         lines = [head]
+        if self.tolerance:
+            t = self.tolerance
+            lines.append(f"  tolerance: rtol {t['rtol']:g}, atol {t['atol']:g} ({t['why']})")
+        lines += [f"  {note}" for note in self.notes]
         for f in self.findings:
-            lines.append(f"  {f.status.upper():<4} {f.check:<13} {f.cases:>4} cases"
+            lines.append(f"  {f.status.upper():<4} {f.check:<13} {plural(f.cases, 'case'):>9}"
                          + (f"  {f.message}" if f.message else ""))
+            for e in (f.exceptions if len(f.exceptions) > 1 or f.status == "warn" else ()):
+                lines.append(f"       {e['type']}: {e['message']} at {e['where']} "
+                             f"({plural(e['cases'], 'case')}"
+                             + (f"; {e['degenerate']}" if e.get("degenerate") else "") + ")")
             if f.diagnosis:
                 lines.append(f"       likely: {f.diagnosis}")
             if f.counterexample:
                 lines.append("       minimal counterexample:")
                 for k, v in f.counterexample.items():
                     lines.append(f"         {k}: {v}")
+        if self.skipped:
+            lines.append(f"  coverage: ran {self.n_cases} of {plural(self.n_drawn, 'case')}")
         for why, n in self.skipped.items():
-            lines.append(f"  note: {n} cases skipped: {why}")
-        n_fail = len(self.failures)
-        lines.append("verdict: CONFORMS" if self.ok else
-                     f"verdict: DOES NOT CONFORM ({n_fail} failing check{'s' * (n_fail > 1)})")
+            lines.append(f"  note: {plural(n, 'case')} skipped: {why}")
+        lines.append(self.verdict_line())
         return "\n".join(lines)
 
     def to_dict(self):
         from ..bridge import json_safe
-        return dict(ok=self.ok, ref=self.ref, profile=self.profile,
+        return dict(ok=self.ok, verdict=self.verdict, ref=self.ref, profile=self.profile,
                     conventions={k: json_safe(v) for k, v in self.conventions.items()},
-                    backend=self.backend, cases=self.n_cases, seed=self.seed,
-                    findings=[dataclasses.asdict(f) for f in self.findings],
+                    backend=self.backend, cases=self.n_cases, drawn=self.n_drawn,
+                    seed=self.seed, tolerance=json_safe(self.tolerance), notes=self.notes,
+                    inconclusive=self.inconclusive,
+                    findings=[json_safe(dataclasses.asdict(f)) for f in self.findings],
                     skipped=self.skipped)

@@ -4,9 +4,26 @@ Every value was read from the trainer's own source at the commit named in its pr
 and function it comes from is stated beside it (`Rule.source`), and docs/conventions.md prints
 them all (`python -m crosscheck audit --list-profiles`). A profile sets the *reference's*
 conventions; the user's own hyper-parameters stay bound inside their adapter.
+
+Beside the conventions, a profile states:
+- its domain per function: the inputs that trainer's code is ever given (TRL's and MiniMind's
+  PPO only see right-padded masks; MiniMind's GRPO one advantage per sequence). Audit cases
+  outside it are skipped and counted, never failed;
+- how it accumulates micro-batch gradients ("sum" of losses normalised by global counts, or
+  "mean" of micro-batch losses), which the micro-batch check simulates;
+- whether its KL term is a loss or a detached reward, which the KL-direction check judges;
+- for policy_objective, one rule per policy loss: the keywords of the chosen loss only.
 """
 import dataclasses
-from typing import Dict, Mapping
+from typing import Dict, Mapping, Optional, Tuple
+
+# the domain tags a rule may declare, and what a case outside each looks like
+DOMAINS = {
+    "right_padded": "a mask with holes (this trainer's code only sees right-padded rows)",
+    "per_sequence_advantages": "per-token advantages (this trainer's code takes one per "
+                               "sequence)",
+    "groups_of_two": "a group of one (this trainer requires at least two per group)",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -14,6 +31,7 @@ class Rule:
     """A trainer's conventions for one reference function, and where they come from."""
     conventions: Mapping[str, object]
     source: str                               # file and function (or config) in the trainer
+    domain: Tuple[str, ...] = ()              # DOMAINS tags: the inputs the trainer ever sees
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,62 +40,80 @@ class Profile:
     about: str                                # its conventions in one sentence
     snapshot: str                             # the repository and commit the sources were read at
     rules: Mapping[str, Rule]
+    objective: Mapping[str, Rule]             # policy_objective, one rule per policy loss
+    default_loss: str                         # the policy loss the trainer uses by default
+    accumulation: Tuple[str, str]             # ("sum" | "mean", its source)
+    kl_use: Tuple[Optional[str], str]         # ("loss" | "reward" | None, its source)
+
+    def defines(self):
+        return list(self.rules) + (["policy_objective"] if self.objective else [])
 
 
-def _rule(source, **conventions):
-    return Rule(conventions, source)
+def _rule(source, domain=(), **conventions):
+    return Rule(conventions, source, tuple(domain))
 
 
+V = "verl/trainer/ppo/core_algos.py::"
 PROFILES: Dict[str, Profile] = {p.name: p for p in (
     Profile(
-        "verl", "unbiased group std + 1e-6, dual clip c = 3 always on, log-ratio clamp ±20, "
-        "k3 KL clamped (20, 10), token-mean aggregation",
+        "verl", "unbiased group std + 1e-6 (a group of one keeps its reward), dual clip c = 3 "
+        "always on, log-ratio clamp ±20, k3 KL clamped (20, 10), token-mean aggregation",
         "volcengine/verl b178a3cd5", {
             "gae": _rule("verl/trainer/config/algorithm.py: gamma, lam", gamma=1.0, lam=1.0),
-            "discounted_returns": _rule(
-                "verl/trainer/ppo/core_algos.py::compute_reinforce_plus_plus_outcome_advantage",
-                gamma=1.0),
+            "discounted_returns": _rule(V + "compute_reinforce_plus_plus_outcome_advantage",
+                                        gamma=1.0),
             "whiten": _rule("verl/utils/torch_functional.py::masked_whiten", ddof=1, eps=1e-8,
                             eps_mode="var", shift_mean=True),
-            "group_advantages": _rule(
-                "verl/trainer/ppo/core_algos.py::compute_grpo_outcome_advantage", ddof=1, eps=1e-6,
-                scale="group", baseline="mean"),
-            "ppo_clip_loss": _rule("verl/trainer/ppo/core_algos.py::compute_policy_loss_vanilla",
-                                   clip_low=0.2, clip_high=0.2, clip_c=3.0,
-                                   log_ratio_clamp=20.0),
-            "cispo_loss": _rule("verl/trainer/ppo/core_algos.py::compute_policy_loss_cispo",
-                                bound="relative", clip_low=0.2, clip_high=0.2,
-                                log_ratio_clamp=20.0),
-            "gspo_loss": _rule("verl/trainer/ppo/core_algos.py::compute_policy_loss_gspo",
-                               form="token", clip_low=0.2, clip_high=0.2, log_ratio_max=10.0),
-            "value_loss": _rule("verl/trainer/ppo/core_algos.py::compute_value_loss; "
-                                "verl/trainer/config/critic/critic.yaml: cliprange_value",
-                                clip=0.5),
-            "kl_penalty": _rule("verl/trainer/ppo/core_algos.py::kl_penalty_forward (low_var_kl)",
-                                kind="k3", clamp=(20.0, 10.0)),
-            "aggregate": _rule("verl/trainer/ppo/core_algos.py::agg_loss", mode="token-mean",
-                               empty_rows="exclude"),
-            "policy_objective": _rule(
-                "verl/workers/actor/dp_actor.py::update_policy with compute_policy_loss_vanilla, "
-                "agg_loss and kl_penalty", loss="ppo", agg="token-mean", clip_low=0.2,
-                clip_high=0.2, clip_c=3.0, log_ratio_clamp=20.0, kl_kind="k3",
-                kl_clamp=(20.0, 10.0)),
-            "approx_kl": _rule(
-                "verl/trainer/ppo/core_algos.py::compute_policy_loss_vanilla: ppo_kl", kind="k1"),
-            "clip_fraction": _rule(
-                "verl/trainer/ppo/core_algos.py::compute_policy_loss_vanilla: pg_clipfrac",
-                definition="loss", clip_low=0.2, clip_high=0.2),
-        }),
+            "group_advantages": _rule(V + "compute_grpo_outcome_advantage", ddof=1, eps=1e-6,
+                                      scale="group", baseline="mean", singleton="keep"),
+            "ppo_clip_loss": _rule(V + "compute_policy_loss_vanilla", clip_low=0.2,
+                                   clip_high=0.2, clip_c=3.0, log_ratio_clamp=20.0),
+            "cispo_loss": _rule(V + "compute_policy_loss_cispo", bound="relative",
+                                clip_low=0.2, clip_high=0.2, log_ratio_clamp=20.0),
+            "gspo_loss": _rule(V + "compute_policy_loss_gspo", form="token", clip_low=0.2,
+                               clip_high=0.2, log_ratio_max=10.0),
+            "value_loss": _rule(V + "compute_value_loss; verl/trainer/config/critic/"
+                                "critic.yaml: cliprange_value", clip=0.5),
+            "kl_penalty": _rule(V + "kl_penalty_forward (low_var_kl)", kind="k3",
+                                clamp=(20.0, 10.0)),
+            "aggregate": _rule(V + "agg_loss", mode="token-mean", empty_rows="exclude"),
+            "approx_kl": _rule(V + "compute_policy_loss_vanilla: ppo_kl", kind="k1"),
+            "clip_fraction": _rule(V + "compute_policy_loss_vanilla: pg_clipfrac",
+                                   definition="loss", clip_low=0.2, clip_high=0.2),
+        },
+        objective={
+            "ppo": _rule("verl/workers/actor/dp_actor.py::update_policy with "
+                         "compute_policy_loss_vanilla, agg_loss and kl_penalty", loss="ppo",
+                         agg="token-mean", kl_kind="k3", kl_clamp=(20.0, 10.0), clip_low=0.2,
+                         clip_high=0.2, clip_c=3.0, log_ratio_clamp=20.0),
+            "cispo": _rule("verl/workers/actor/dp_actor.py::update_policy with "
+                           "compute_policy_loss_cispo", loss="cispo", agg="token-mean",
+                           kl_kind="k3", kl_clamp=(20.0, 10.0), bound="relative", clip_low=0.2,
+                           clip_high=0.2, log_ratio_clamp=20.0),
+            "gspo": _rule("verl/workers/actor/dp_actor.py::update_policy with "
+                          "compute_policy_loss_gspo (aggregation forced to seq-mean-token-mean)",
+                          loss="gspo", agg="seq-mean-token-mean", kl_kind="k3",
+                          kl_clamp=(20.0, 10.0), form="token", clip_low=0.2, clip_high=0.2,
+                          log_ratio_max=10.0),
+        },
+        default_loss="ppo",
+        accumulation=("sum", "verl/workers/actor/dp_actor.py::update_policy: each micro-batch's "
+                             "loss is normalised by the global token count (agg_loss's "
+                             "batch_num_tokens) and the gradients add up"),
+        kl_use=("loss", "verl/workers/actor/dp_actor.py: use_kl_loss (low_var_kl); the in-reward "
+                        "KL (use_kl_in_reward) is k1"),
+    ),
     Profile(
         "trl", "unbiased group std + 1e-4, symmetric ε = 0.2 (δ off), CISPO absolute cap 5.0, "
         "k3 unclamped, token-mean (loss_type='dapo')",
         "huggingface/trl f2cd57710", {
-            "gae": _rule("trl/experimental/ppo/ppo_config.py: gamma, lam", gamma=1.0, lam=0.95),
+            "gae": _rule("trl/experimental/ppo/ppo_config.py: gamma, lam", ("right_padded",),
+                         gamma=1.0, lam=0.95),
             "whiten": _rule("trl/experimental/ppo/ppo_trainer.py::masked_whiten", ddof=1,
                             eps=1e-8, eps_mode="var", shift_mean=True),
             "group_advantages": _rule("trl/trainer/grpo_trainer.py (scale_rewards='group', "
-                                      "nanstd)", ddof=1, eps=1e-4, scale="group",
-                                      baseline="mean"),
+                                      "nanstd)", ("groups_of_two",), ddof=1, eps=1e-4,
+                                      scale="group", baseline="mean"),
             "ppo_clip_loss": _rule("trl/trainer/grpo_trainer.py::_compute_loss", clip_low=0.2,
                                    clip_high=None, delta=None),
             "cispo_loss": _rule("trl/trainer/grpo_trainer.py::_compute_loss "
@@ -87,21 +123,38 @@ PROFILES: Dict[str, Profile] = {p.name: p for p in (
                                "(importance_sampling_level='sequence')", form="sequence",
                                clip_low=3e-4, clip_high=4e-4),
             "value_loss": _rule("trl/experimental/ppo/ppo_config.py: cliprange_value",
-                                clip=0.2),
+                                ("right_padded",), clip=0.2),
             "kl_penalty": _rule("trl/trainer/grpo_trainer.py::_compute_loss: per_token_kl",
                                 kind="k3", clamp=None),
             "aggregate": _rule("trl/trainer/grpo_trainer.py::_compute_loss (loss_type='dapo')",
                                mode="token-mean", empty_rows="exclude"),
-            "policy_objective": _rule("trl/trainer/grpo_trainer.py::_compute_loss", loss="ppo",
-                                      agg="token-mean", clip_low=0.2, kl_kind="k3"),
-            "approx_kl": _rule("trl/experimental/ppo/ppo_trainer.py: approxkl", kind="k2"),
+            "approx_kl": _rule("trl/experimental/ppo/ppo_trainer.py: approxkl",
+                               ("right_padded",), kind="k2"),
             "clip_fraction": _rule("trl/trainer/grpo_trainer.py::_compute_loss: clip_ratio "
                                    "low/high", definition="sign", clip_low=0.2),
-        }),
+        },
+        objective={
+            "ppo": _rule("trl/trainer/grpo_trainer.py::_compute_loss (loss_type='dapo')",
+                         loss="ppo", agg="token-mean", kl_kind="k3", clip_low=0.2),
+            "cispo": _rule("trl/trainer/grpo_trainer.py::_compute_loss (loss_type='cispo')",
+                           loss="cispo", agg="token-mean", kl_kind="k3", bound="absolute",
+                           clip_high=5.0),
+            "gspo": _rule("trl/trainer/grpo_trainer.py::_compute_loss (loss_type='grpo', "
+                          "importance_sampling_level='sequence')", loss="gspo",
+                          agg="seq-mean-token-mean", empty_rows="include", kl_kind="k3",
+                          form="sequence", clip_low=3e-4, clip_high=4e-4),
+        },
+        default_loss="ppo",
+        accumulation=("sum", "trl/trainer/grpo_trainer.py::_compute_loss: loss_type 'dapo' "
+                             "divides by num_items_in_batch, the loss tokens of the whole "
+                             "generation batch"),
+        kl_use=("loss", "trl/trainer/grpo_trainer.py::_compute_loss: beta·per_token_kl added "
+                        "to the per-token loss"),
+    ),
     Profile(
-        "openrlhf", "unbiased group std + 1e-9, biased whitening with max(var, 1e-8), ε = 0.2 "
-        "with log-ratio clamp ±20, KL k1 clamped to ±10, token-level loss",
-        "OpenRLHF/OpenRLHF 3c3be623", {
+        "openrlhf", "unbiased group std + 1e-9 (groups of at least two), biased whitening with "
+        "max(var, 1e-8), ε = 0.2 with log-ratio clamp ±20, KL k1 clamped to ±10, token-level "
+        "loss", "OpenRLHF/OpenRLHF 3c3be623", {
             "gae": _rule("openrlhf/cli/train_ppo_ray.py: gamma, lambd", gamma=1.0, lam=1.0),
             "discounted_returns": _rule(
                 "openrlhf/trainer/ppo_utils/experience_maker.py::get_cumulative_returns",
@@ -110,8 +163,9 @@ PROFILES: Dict[str, Profile] = {p.name: p for p in (
                             "normalisation)", ddof=0, eps=1e-8, eps_mode="clamp",
                             shift_mean=True),
             "group_advantages": _rule("openrlhf/trainer/ppo_utils/experience_maker.py "
-                                      "(group_norm)", ddof=1, eps=1e-9, scale="group",
-                                      baseline="mean"),
+                                      "(group_norm; n_samples_per_prompt > 1 asserted)",
+                                      ("groups_of_two",), ddof=1, eps=1e-9, scale="group",
+                                      baseline="mean", singleton="error"),
             "ppo_clip_loss": _rule("openrlhf/models/loss.py::PolicyLoss (ppo)", clip_low=0.2,
                                    clip_high=0.2, clip_c=None, log_ratio_clamp=20.0),
             "gspo_loss": _rule("openrlhf/models/loss.py::PolicyLoss (gspo)", form="sequence",
@@ -121,39 +175,63 @@ PROFILES: Dict[str, Profile] = {p.name: p for p in (
                                 clamp=(None, 10.0)),
             "aggregate": _rule("openrlhf/utils/loss_utils.py (token_level_loss=True)",
                                mode="token-mean", empty_rows="exclude"),
-            "policy_objective": _rule("openrlhf/models/loss.py::PolicyLoss with "
-                                      "compute_approx_kl", loss="ppo", agg="token-mean",
-                                      clip_low=0.2, clip_high=0.2, log_ratio_clamp=20.0,
-                                      kl_kind="k1", kl_clamp=(None, 10.0)),
             "approx_kl": _rule("openrlhf/models/loss.py::PolicyLoss: ppo_kl", kind="k1"),
             "clip_fraction": _rule("openrlhf/models/loss.py::PolicyLoss: clip_ratio",
                                    definition="loss", clip_low=0.2, clip_high=0.2),
-        }),
+        },
+        objective={
+            "ppo": _rule("openrlhf/models/loss.py::PolicyLoss with compute_approx_kl",
+                         loss="ppo", agg="token-mean", kl_kind="k1", kl_clamp=(None, 10.0),
+                         clip_low=0.2, clip_high=0.2, log_ratio_clamp=20.0),
+            "gspo": _rule("openrlhf/models/loss.py::PolicyLoss (gspo, sample-level)",
+                          loss="gspo", agg="seq-mean-token-mean", kl_kind="k1",
+                          kl_clamp=(None, 10.0), form="sequence", clip_low=0.2,
+                          clip_high=0.2),
+        },
+        default_loss="ppo",
+        accumulation=("sum", "openrlhf/utils/loss_utils.py::get_loss_batch_info: the loss is "
+                             "normalised by the global batch_num_tokens"),
+        kl_use=("reward", "openrlhf/trainer/ppo_utils/experience_maker.py: −kl_coef·kl in the "
+                          "token rewards (kl.use_loss off by default)"),
+    ),
     Profile(
         "minimind", "biased group std + 1e-4, CISPO (absolute cap 5.0) with β = 0.1 k3, "
-        "per-sequence token mean over all rows",
+        "per-sequence token mean over all rows; its PPO: ε = 0.2, β = 0.02 k3, token mean",
         "jingyaogong/minimind d65ef2c", {
-            "gae": _rule("trainer/train_ppo.py: gamma, lam", gamma=1.0, lam=0.95),
+            "gae": _rule("trainer/train_ppo.py: gamma, lam", ("right_padded",), gamma=1.0,
+                         lam=0.95),
             "whiten": _rule("trainer/train_ppo.py (advantage whitening)", ddof=0, eps=1e-8,
                             eps_mode="var", shift_mean=True),
             "group_advantages": _rule("trainer/train_grpo.py (group advantages)", ddof=0,
                                       eps=1e-4, scale="group", baseline="mean"),
-            "ppo_clip_loss": _rule("trainer/train_ppo.py: clip_epsilon", clip_low=0.2),
+            "ppo_clip_loss": _rule("trainer/train_ppo.py: clip_epsilon", ("right_padded",),
+                                   clip_low=0.2),
             "cispo_loss": _rule("trainer/train_grpo.py: epsilon_high", bound="absolute",
                                 clip_high=5.0),
-            "value_loss": _rule("trainer/train_ppo.py: cliprange_value", clip=0.2),
+            "value_loss": _rule("trainer/train_ppo.py: cliprange_value", ("right_padded",),
+                                clip=0.2),
             "kl_penalty": _rule("trainer/train_grpo.py and train_ppo.py (k3)", kind="k3",
                                 clamp=None),
             "aggregate": _rule("trainer/train_grpo.py (per-sequence mean, then batch mean)",
                                mode="seq-mean-token-mean", empty_rows="include"),
-            "policy_objective": _rule("trainer/train_grpo.py (loss_type='cispo', beta=0.1)",
-                                      loss="cispo", agg="seq-mean-token-mean",
-                                      empty_rows="include", beta=0.1, kl_kind="k3",
-                                      clip_high=5.0),
-            "approx_kl": _rule("trainer/train_ppo.py: approx_kl (k2)", kind="k2"),
-            "clip_fraction": _rule("trainer/train_ppo.py: clipfrac", definition="ratio",
-                                   clip_low=0.2),
-        }),
+            "approx_kl": _rule("trainer/train_ppo.py: approx_kl (k2)", ("right_padded",),
+                               kind="k2"),
+            "clip_fraction": _rule("trainer/train_ppo.py: clipfrac", ("right_padded",),
+                                   definition="ratio", clip_low=0.2),
+        },
+        objective={
+            "cispo": _rule("trainer/train_grpo.py (loss_type='cispo', beta=0.1)",
+                           ("per_sequence_advantages",), loss="cispo",
+                           agg="seq-mean-token-mean", empty_rows="include", beta=0.1,
+                           kl_kind="k3", bound="absolute", clip_high=5.0),
+            "ppo": _rule("trainer/train_ppo.py (clip_epsilon=0.2, kl_coef=0.02, token mean)",
+                         ("right_padded",), loss="ppo", agg="token-mean", beta=0.02,
+                         kl_kind="k3", clip_low=0.2),
+        },
+        default_loss="cispo",
+        accumulation=("mean", "trainer/train_grpo.py, train_ppo.py: loss / accumulation_steps"),
+        kl_use=("loss", "trainer/train_grpo.py, train_ppo.py: β·k3 in the loss"),
+    ),
     Profile(
         "cleanrl", "GAE γ = 0.99, λ = 0.95, per-minibatch whitening (A − mean)/(std_unbiased "
         "+ 1e-8), ε = 0.2 for policy and value, plain mean",
@@ -165,12 +243,19 @@ PROFILES: Dict[str, Profile] = {p.name: p for p in (
             "value_loss": _rule("cleanrl/ppo.py: clip_vloss, clip_coef", clip=0.2),
             "aggregate": _rule("cleanrl/ppo.py: .mean()", mode="token-mean",
                                empty_rows="exclude"),
-            "policy_objective": _rule("cleanrl/ppo.py: pg_loss", loss="ppo", agg="token-mean",
-                                      clip_low=0.2),
             "approx_kl": _rule("cleanrl/ppo.py: approx_kl", kind="k3"),
             "clip_fraction": _rule("cleanrl/ppo.py: clipfracs", definition="ratio",
                                    clip_low=0.2),
-        }),
+        },
+        objective={
+            "ppo": _rule("cleanrl/ppo.py: pg_loss", loss="ppo", agg="token-mean",
+                         clip_low=0.2),
+        },
+        default_loss="ppo",
+        accumulation=("mean", "cleanrl/ppo.py: one optimizer step per minibatch (no "
+                              "accumulation)"),
+        kl_use=(None, "cleanrl/ppo.py: no KL term against a reference"),
+    ),
 )}
 
 
@@ -178,15 +263,38 @@ class ProfileError(ValueError):
     pass
 
 
-def conventions(profile: str, ref: str) -> Dict[str, object]:
-    """The reference conventions `profile` sets for `ref` (a copy)."""
+def get(profile: str) -> Profile:
     if profile not in PROFILES:
         raise ProfileError(f"profile is {profile!r}; expected one of {', '.join(PROFILES)}")
-    p = PROFILES[profile]
+    return PROFILES[profile]
+
+
+def rule(profile: str, ref: str, loss: Optional[str] = None) -> Rule:
+    """The rule `profile` states for `ref` (for policy_objective, for the policy `loss`: the
+    profile's default loss when None)."""
+    p = get(profile)
+    if ref == "policy_objective":
+        loss = p.default_loss if loss is None else loss
+        if loss not in p.objective:
+            raise ProfileError(f"profile {profile!r} has no policy_objective with loss "
+                               f"{loss!r}; it has: {', '.join(p.objective)}")
+        return p.objective[loss]
     if ref not in p.rules:
         raise ProfileError(f"profile {profile!r} defines no conventions for {ref!r} (that "
-                           f"trainer has no such function); it defines: {', '.join(p.rules)}")
-    return dict(p.rules[ref].conventions)
+                           f"trainer has no such function); it defines: "
+                           f"{', '.join(p.defines())}")
+    return p.rules[ref]
+
+
+def conventions(profile: str, ref: str, loss: Optional[str] = None) -> Dict[str, object]:
+    """The reference conventions `profile` sets for `ref` (a copy)."""
+    return dict(rule(profile, ref, loss).conventions)
+
+
+def _line(ref, r, note=""):
+    dom = f" (domain: {', '.join(r.domain)})" if r.domain else ""
+    return [f"    {ref:<20} " + ", ".join(f"{k}={v!r}" for k, v in r.conventions.items()) + dom
+            + note, f"    {'':<20} from {r.source}"]
 
 
 def describe() -> str:
@@ -194,8 +302,24 @@ def describe() -> str:
     lines = []
     for p in PROFILES.values():
         lines.append(f"{p.name} ({p.snapshot}): {p.about}")
-        for ref, rule in p.rules.items():
-            lines.append(f"    {ref:<20} " + ", ".join(f"{k}={v!r}"
-                                                      for k, v in rule.conventions.items()))
-            lines.append(f"    {'':<20} from {rule.source}")
+        for ref, r in p.rules.items():
+            lines += _line(ref, r)
+        for loss, r in p.objective.items():
+            lines += _line(f"policy_objective[{loss}]", r,
+                           " (the default loss)" if loss == p.default_loss else "")
+        lines.append(f"    {'micro-batches':<20} {p.accumulation[0]}: {p.accumulation[1]}")
+        lines.append(f"    {'KL term':<20} {p.kl_use[0] or 'none'}: {p.kl_use[1]}")
     return "\n".join(lines)
+
+
+def to_dict():
+    """The profiles as plain data (for --json)."""
+    def rule_dict(r):
+        return dict(conventions=dict(r.conventions), source=r.source, domain=list(r.domain))
+    return {p.name: dict(about=p.about, snapshot=p.snapshot,
+                         rules={k: rule_dict(r) for k, r in p.rules.items()},
+                         policy_objective={k: rule_dict(r) for k, r in p.objective.items()},
+                         default_loss=p.default_loss,
+                         accumulation=dict(mode=p.accumulation[0], source=p.accumulation[1]),
+                         kl_use=dict(use=p.kl_use[0], source=p.kl_use[1]))
+            for p in PROFILES.values()}

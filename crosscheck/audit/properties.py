@@ -7,6 +7,7 @@ import torch
 
 from .. import bridge
 from .auditor import Auditor
+from .calls import GLOBAL_KW
 from .model import Outcome
 
 
@@ -25,9 +26,11 @@ def permutation_check(aud: Auditor, case, rng) -> Optional[Outcome]:
         moved = aud.to_numpy(aud.call(shuffled)[0])[0]
     except Exception as exc:
         return Outcome("permutation", False, f"{type(exc).__name__}: {exc}")
-    i = aud.mismatch(moved, base[perm], np.ones(base.shape, dtype=bool))
-    if i is not None:
-        i = i[0]
+    kappa = aud.condition(data)[0]
+    same = bridge.within(moved, base[perm], aud.tol, cond=np.maximum(kappa, kappa[perm])) | \
+        (np.isnan(moved) & np.isnan(base[perm]))
+    if not same.all():
+        i = int(np.argwhere(~same)[0][0])
         return Outcome("permutation", False,
                        f"shuffling rows with their group_ids changed an advantage: row {perm[i]} "
                        f"was {base[perm[i]]:.6g}, became {moved[i]:.6g} (groups taken by position?)")
@@ -35,7 +38,10 @@ def permutation_check(aud: Auditor, case, rng) -> Optional[Outcome]:
 
 
 def microbatch_check(aud: Auditor, case) -> List[Outcome]:
-    """The gradient accumulated over 2 and 4 micro-batches equals the full batch's."""
+    """The gradient accumulated over 2 and 4 micro-batches, the way the trainer accumulates
+    ("mean" of micro-batch losses, or "sum" of losses each normalised by the global counts the
+    function names), equals the full batch's. A micro-batch whose rows are all masked gives a
+    constant, gradient-free loss: it adds nothing, as it does in a trainer."""
     if "microbatch" not in aud.entry.checks or aud.backend != "torch":
         return []
     data, _ = aud.inputs_for(case)
@@ -45,6 +51,7 @@ def microbatch_check(aud: Auditor, case) -> List[Outcome]:
     B = data[wrt].shape[0]
     hand = aud.reference_vjp(data, 1.0)[wrt]
     m = data["mask"]
+    full = aud.global_counts(data)
     out = []
     for K in (2, 4):
         if B % K or B < K:
@@ -56,11 +63,9 @@ def microbatch_check(aud: Auditor, case) -> List[Outcome]:
                 rows = slice(k * size, (k + 1) * size)
                 part = {key: (v[rows] if isinstance(v, np.ndarray) and v.shape[:1] == (B,) else v)
                         for key, v in data.items()}
-                extra = dict(n_tokens_global=int(m.sum()),
-                             n_sequences_global=int(m.any(axis=1).sum()))
-                raw, leaves = aud.call(part, grad_wrt=(wrt,), extra=extra)
+                raw, leaves = aud.call(part, grad_wrt=(wrt,), extra=full)
                 weight = 1.0 / K if aud.accumulation == "mean" else 1.0
-                (gr,) = bridge.backprop(raw, weight, [leaves[wrt]])
+                (gr,) = bridge.backprop(aud.outputs_of(raw)[0], weight, [leaves[wrt]])
                 if gr is not None:
                     total[rows] = gr
         except Exception as exc:
@@ -69,19 +74,38 @@ def microbatch_check(aud: Auditor, case) -> List[Outcome]:
         i = aud.mismatch(total, hand, m.astype(bool))
         if i is not None:
             ratio = total[i] / hand[i] if hand[i] else float("inf")
-            out.append(Outcome("microbatch", False,
-                               f"{K} micro-batches accumulated ({aud.accumulation} of micro-batch "
-                               f"gradients) give d/d{wrt}{list(i)} = {total[i]:.6g}, the full "
-                               f"batch {hand[i]:.6g} (×{ratio:.3g})"))
+            msg = (f"{K} micro-batches accumulated ({aud.accumulation} of micro-batch "
+                   f"gradients) give d/d{wrt}{list(i)} = {total[i]:.6g}, the full batch "
+                   f"{hand[i]:.6g} (×{ratio:.3g})")
+            if aud.accumulation == "sum" and not any(aud.accepts(k) for k in GLOBAL_KW):
+                msg += ("; your function takes no global count: a trainer that sums micro-batch "
+                        "gradients normalises each by the whole batch's counts, which the audit "
+                        f"passes to a function that names {' or '.join(GLOBAL_KW)}")
+            out.append(Outcome("microbatch", False, msg))
         else:
             out.append(Outcome("microbatch", True))
     return out
 
 
+def _expected_gradient(per_token, logp, theta, weights, use):
+    """E_π[∇ S] wrt θ for a KL term used as a loss (S = k) or as a detached reward on the
+    score function (S = sg(k)·log π); and the scale of its per-category terms."""
+    if use == "reward":
+        k = torch.as_tensor(bridge.to_numpy(per_token))
+        (g,) = bridge.backprop(logp, weights * k, [theta])
+        scale = float((weights * k.abs()).sum())
+    else:
+        g, d = bridge.backprop(per_token, weights, [theta, logp])
+        scale = 0.0 if d is None else float(np.abs(d).sum())
+    return g, scale
+
+
 def kl_direction_check(aud: Auditor, rng) -> Optional[Outcome]:
     """A small step on the KL term alone, in exact expectation over a softmax policy, moves π
-    toward the reference."""
-    if "kl_direction" not in aud.entry.checks or aud.backend != "torch":
+    toward the reference. The term is judged as the trainer uses it: a loss (differentiated),
+    or a reward (detached, through the score function). An expected gradient within the
+    tolerance of the scale of its per-category terms is no gradient at all."""
+    if "kl_direction" not in aud.entry.checks or aud.backend != "torch" or aud.kl_use is None:
         return None
     worst = None
     for _ in range(4):
@@ -92,17 +116,20 @@ def kl_direction_check(aud: Auditor, rng) -> Optional[Outcome]:
         ref_logp = torch.log_softmax(ref, -1)
         weights = logp.exp().detach()          # every category once, weighted by π: E_π exactly
         try:
-            per_token = aud.invoke(**{k: v for k, v in dict(logp=logp[None], ref_logp=ref_logp[None],
-                                                        mask=torch.ones(1, V, dtype=torch.bool)
-                                                        ).items() if aud.accepts(k)})
-            # None: a detached or grad-free output has no path to θ
-            (g,) = bridge.backprop(per_token[0], weights, [theta])
+            inputs = dict(logp=logp[None], ref_logp=ref_logp[None],
+                          mask=torch.ones(1, V, dtype=torch.bool))
+            raw = aud.invoke(**{k: v for k, v in inputs.items() if aud.accepts(k)})
+            per_token = aud.outputs_of(raw)[0][0]
+            g, scale = _expected_gradient(per_token, logp, theta, weights, aud.kl_use)
         except Exception as exc:              # the user's code, or what it returned: report it
             return Outcome("kl_direction", False, f"{type(exc).__name__}: {exc}")
-        if g is None or float(np.abs(g).max()) < 1e-12:
+        floor = aud.tol.rtol * scale + aud.tol.atol
+        if g is None or float(np.abs(g).max()) <= floor:
+            what = ("as a loss your KL term has no expected gradient (k1 used as a loss?)"
+                    if aud.kl_use == "loss" else "as a reward your KL term has no expected "
+                                                 "gradient")
             return Outcome("kl_direction", True, warn=True,
-                           message="your KL term has no expected gradient (k1 used as a loss?): "
-                                   "it does not pull π toward the reference")
+                           message=f"{what}: it does not pull π toward the reference")
         with torch.no_grad():
             def sym_kl(t):
                 lp = torch.log_softmax(t, -1)
@@ -110,8 +137,8 @@ def kl_direction_check(aud: Auditor, rng) -> Optional[Outcome]:
             step = torch.from_numpy(g / np.linalg.norm(g))
             before, after = sym_kl(theta), sym_kl(theta - 1e-3 * step)
         if after > before:
-            worst = f"a small step on your KL term alone raises KL(π‖ref) + KL(ref‖π) " \
-                    f"({before:.6g} → {after:.6g}): is its sign flipped?"
+            worst = (f"a small step on your KL term alone (used as a {aud.kl_use}) raises "
+                     f"KL(π‖ref) + KL(ref‖π) ({before:.6g} → {after:.6g}): is its sign flipped?")
     if worst:
         return Outcome("kl_direction", False, worst)
     return Outcome("kl_direction", True)

@@ -1,7 +1,7 @@
 """Shrinking a failing case to a minimal counterexample, and describing it."""
 import numpy as np
 
-from ..bridge import json_safe
+from .. import bridge
 from ..check import cases as cases_mod
 from .auditor import Auditor
 from .model import Outcome
@@ -80,26 +80,33 @@ def _take(case, keep, keys):
     return cases_mod.Case(case.label, arrays, params)
 
 
+def _labelled(aud, outputs):
+    """Outputs as the report shows them: one array, or a dict by the reference's names."""
+    outputs = [bridge.json_safe(o) for o in outputs]
+    if len(outputs) == 1:
+        return outputs[0]
+    return dict(zip(aud.entry.outputs, outputs))
+
+
 def describe(aud: Auditor, case, outcome: Outcome):
-    """The counterexample as the report shows it: the inputs, both outputs, and for a gradient
-    failure both gradients."""
+    """The counterexample as the report shows it: the inputs (padding included), both outputs,
+    and for a gradient failure both gradients."""
     data, _ = aud.inputs_for(case)
     if data is None:
         return None
-    ce = {k: json_safe(v) for k, v in data.items()}
+    ce = {k: bridge.json_safe(v) for k, v in data.items()}
     try:
-        ref = aud.reference(data)
-        ce["reference output"] = json_safe(np.asarray(ref) if not isinstance(ref, tuple) else
-                                           [np.asarray(r) for r in ref])
+        ce["reference output"] = _labelled(aud, aud.reference_outputs(data))
         raw, _ = aud.call(data)
-        yours = aud.to_numpy(raw)
-        ce["your output"] = json_safe(yours[0] if len(yours) == 1 else yours)
+        ce["your output"] = ("None: your function returned nothing" if raw is None else
+                             _labelled(aud, aud.to_numpy(raw)))
     except Exception as exc:
-        ce["your output"] = f"raised {type(exc).__name__}: {exc}"
+        original = getattr(exc, "original", exc)
+        ce["your output"] = f"raised {type(original).__name__}: {original}"
     if outcome.check in ("grad", "detach"):
         for o in aud.run_case(case):            # the gradients of the shrunk case itself
             if o.check == "grad" and not o.ok and o.yours is not None:
-                ce["your gradient"] = json_safe(o.yours)
-                ce["reference gradient"] = json_safe(o.reference)
+                ce["your gradient"] = bridge.json_safe(o.yours)
+                ce["reference gradient"] = bridge.json_safe(o.reference)
                 break
     return ce

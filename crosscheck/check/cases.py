@@ -18,6 +18,7 @@ import numpy as np
 import ref_numpy
 from ref_common.vocab import AGG_MODES
 
+DEFAULT_CASES = 12    # the cross-check's default run; regimes below only from this case on
 MARGIN = 0.02         # distance kept from every kink, in the kinked variable (≫ FD_STEP)
 FD_STEP = 1e-3        # largest finite-difference stencil offset (scipy.differentiate)
 
@@ -97,10 +98,35 @@ def _logps(rng, shape):
     return np.log(rng.uniform(0.05, 0.95, size=shape))
 
 
-def _log_ratio(rng, shape, extreme):
-    if extreme:      # far outside any clip region, both signs, still finite after exp
-        return rng.choice([-1, 1], size=shape) * rng.uniform(15.0, 30.0, size=shape)
-    return rng.normal(0.0, 0.35, size=shape)
+def _extreme_range(i, period):
+    """The size range of an extreme case's log-ratios, for a generator whose extreme cases come
+    once every `period` cases: 15..30 (far outside any clip region, finite after exp in float32
+    and float64) and, from case DEFAULT_CASES on, every other one 90..120, past float32's exp
+    overflow (|ρ| > 89): float32 code must saturate there, not overflow."""
+    return (90, 120) if i >= DEFAULT_CASES and (i // period) % 2 == 1 else (15, 30)
+
+
+def _log_ratio(rng, shape, i, period, sd=0.35):
+    """Ordinary log-ratios (N(0, sd)), or extreme ones once every `period` cases; and the
+    label's words for them."""
+    if i % period == period - 2:
+        lo, hi = _extreme_range(i, period)
+        x = rng.choice([-1, 1], size=shape) * rng.uniform(lo, hi, size=shape)
+        return x, f", extreme log-ratios ±{lo}..{hi}"
+    return rng.normal(0.0, sd, size=shape), ""
+
+
+def _offset(i):
+    """From case DEFAULT_CASES on, a sixth of the reward and whitening cases sit on a large
+    common offset (1000 ± 0.1): a one-pass float32 variance, Σx² − (Σx)²/n, loses every digit
+    there, while a two-pass one keeps them."""
+    return i >= DEFAULT_CASES and i % 6 == 1
+
+
+def _empty_micro_batch(i, B):
+    """From case DEFAULT_CASES on, a fifth of the token cases mask their first half of rows
+    entirely, so that the audit's first micro-batch holds no valid token."""
+    return i >= DEFAULT_CASES and i % 5 == 1 and B >= 2
 
 
 def _ratio_edges(clip_low, clip_high, clip_c=None):
@@ -120,6 +146,8 @@ def _advantages(rng, B, T, i, mask):
     adv = rng.normal(size=(B, T))
     if i % 5 == 2:
         adv[rng.random((B, T)) < 0.2] = 0.0      # A = 0 tokens: loss and gradient exactly 0
+    if i >= DEFAULT_CASES and i % 7 == 3:
+        adv = adv * 20.0                         # advantages well beyond ±5
     return _garbage(adv, mask, rng)
 
 
@@ -157,9 +185,12 @@ def whiten_case(rng, i):
     restore = not shift and i % 2 == 1            # verl's and TRL's shift_mean=False
     eps = _cycle(i, [1e-8, 1e-4, 0.1])
     x = rng.normal(size=(B, T)) * rng.uniform(0.5, 3.0) + rng.normal()
+    offset = _offset(i) and i % 7 != 6             # not with a clamp-binding spread of 1e-6
+    if offset:
+        x = 1000.0 + 0.1 * x
     step = FD_STEP
     label = f"{kind} mask, ddof={ddof}, eps_mode={eps_mode}, shift_mean={shift}, eps={eps}" + \
-        (", restore_mean" if restore else "")
+        (", restore_mean" if restore else "") + (", offset 1000 ± 0.1" if offset else "")
     if i % 7 == 6:                                 # spread far below eps: the clamp binds
         x, eps, eps_mode, step = x * 1e-6, 1e-4, "clamp", 1e-10
         label += " (var ≪ eps: clamp binding)"
@@ -182,7 +213,7 @@ def group_advantages_case(rng, i):
     params = dict(ddof=ddof, eps=eps, scale=scale, baseline=baseline, singleton=singleton)
     stages = ALL_STAGES
     label = f"B={B}, scale={scale}, baseline={baseline}, ddof={ddof}, eps={eps}, " \
-        f"singleton={singleton}"
+        f"singleton={singleton}" + (", offset 1000 ± 0.1" if _offset(i) else "")
     if i % 2 == 0:
         params["group_size"] = G
         label = f"group_size={G}, " + label
@@ -209,6 +240,8 @@ def group_advantages_case(rng, i):
             rr[ids == ids[0]] = np.where(np.isnan(rr[ids == ids[0]]), np.nan, 0.5)
         stages = ("value", "vjp")
         label += ", an all-equal group"
+    if _offset(i):                                 # every reward, the singleton's included
+        arrays["rewards"] = 1000.0 + 0.1 * arrays["rewards"]
     return Case(label, arrays, params, stages=stages)
 
 
@@ -216,7 +249,8 @@ def _ratio_case(rng, i, loss):
     B, T = _shape(i, rng)
     kind = _mask_kind(i)
     m = _mask(rng, B, T, kind)
-    extreme = i % 6 == 4
+    if _empty_micro_batch(i, B):
+        m[: B // 2] = False
     logp = _logps(rng, (B, T))
     if loss == "ppo":
         clip_low = _cycle(i, [0.2, 0.1, 0.3])
@@ -241,13 +275,15 @@ def _ratio_case(rng, i, loss):
         edges = []
     if lrc is not None:
         edges += [-lrc, lrc]
-    rho = away(_log_ratio(rng, (B, T), extreme), edges)
+    rho, extreme = _log_ratio(rng, (B, T), i, period=6)
+    rho = away(rho, edges)
     old = logp - rho
     arrays = dict(logp=_garbage(logp, m, rng), old_logp=_garbage(old, m, rng),
                   advantages=_advantages(rng, B, T, i, m), mask=m)
     label = f"{kind} mask, " + ", ".join(f"{k}={v}" for k, v in params.items()) + \
-        (", extreme log-ratios ±15..30" if extreme else "") + \
-        (", advantages [B]" if arrays["advantages"].ndim == 1 and B * T > 1 else "")
+        extreme + \
+        (", advantages [B]" if arrays["advantages"].ndim == 1 and B * T > 1 else "") + \
+        (", first half of the rows empty" if _empty_micro_batch(i, B) else "")
     return Case(label, arrays, params)
 
 
@@ -285,10 +321,8 @@ def kl_penalty_case(rng, i):
     m = _mask(rng, B, T, kind_m)
     kind = _cycle(i, ["k1", "k2", "k3", "abs"])
     clamp = _cycle(i // 3, [None, (20.0, 10.0), (None, 10.0), (1.0, None)])
-    extreme = i % 5 == 3
     logp = _logps(rng, (B, T))
-    x = rng.choice([-1, 1], size=(B, T)) * rng.uniform(15, 30, size=(B, T)) if extreme else \
-        rng.normal(0.0, 0.8, size=(B, T))
+    x, extreme = _log_ratio(rng, (B, T), i, period=5, sd=0.8)
     edges = [0.0] if kind == "abs" else []
     if clamp is not None and clamp[0] is not None:
         edges += [-clamp[0], clamp[0]]
@@ -299,8 +333,7 @@ def kl_penalty_case(rng, i):
         x = np.where(np.abs(np.abs(est) - clamp[1]) < MARGIN * 10, x * 0.5, x)
     ref = logp + x
     arrays = dict(logp=_garbage(logp, m, rng), ref_logp=_garbage(ref, m, rng), mask=m)
-    return Case(f"{kind_m} mask, kind={kind}, clamp={clamp}" +
-                (", extreme log-ratios ±15..30" if extreme else ""), arrays,
+    return Case(f"{kind_m} mask, kind={kind}, clamp={clamp}" + extreme, arrays,
                 dict(kind=kind, clamp=clamp))
 
 
@@ -308,6 +341,8 @@ def aggregate_case(rng, i):
     B, T = _shape(i, rng)
     kind = _mask_kind(i) if i % 4 else "ragged"
     m = _mask(rng, B, T, kind)
+    if _empty_micro_batch(i, B):
+        m[: B // 2] = False
     mode = _cycle(i, AGG_MODES)
     params = dict(mode=mode, norm=None, empty_rows=_cycle(i // 4, ["exclude", "include"]))
     if mode == "seq-mean-token-sum-norm" and i % 8 >= 4:
@@ -315,7 +350,8 @@ def aggregate_case(rng, i):
     if mode == "seq-mean-token-sum" and i % 8 >= 4:       # TRL's dr_grpo, verl 0.9's -norm
         params["norm"] = 3.0
     arrays = dict(loss=_garbage(rng.normal(size=(B, T)), m, rng), mask=m)
-    return Case(f"{kind} mask, " + ", ".join(f"{k}={v}" for k, v in params.items()), arrays,
+    return Case(f"{kind} mask, " + ", ".join(f"{k}={v}" for k, v in params.items()) +
+                (", first half of the rows empty" if _empty_micro_batch(i, B) else ""), arrays,
                 params)
 
 
@@ -324,6 +360,10 @@ def policy_objective_case(rng, i):
     base = gspo_loss_case(rng, i // 3) if loss == "gspo" else _ratio_case(rng, i // 3, loss)
     B, T = base.shape()
     m = base.arrays["mask"]
+    empty = _empty_micro_batch(i, B) and "rows empty" not in base.label
+    if empty:
+        m = m.copy()
+        m[: B // 2] = False
     agg = _cycle(i // 2, (AGG_MODES[1], AGG_MODES[0]) + AGG_MODES[2:])   # per-sequence first
     beta = _cycle(i // 3, [0.0, 0.04, 0.1])
     kl_kind = _cycle(i, ["k3", "k1", "k2", "abs"])
@@ -331,13 +371,14 @@ def policy_objective_case(rng, i):
     if kl_kind == "abs":
         lp = np.where(m, base.arrays["logp"], 0.0)
         ref = lp + away(ref - lp, [0.0])
-    arrays = dict(base.arrays, ref_logp=_garbage(ref, m, rng))
+    arrays = dict(base.arrays, ref_logp=_garbage(ref, m, rng), mask=m)
     params = dict(base.params, loss=loss, agg=agg, beta=beta, kl_kind=kl_kind)
     # An extreme token's loss (up to |A|·e^30) sums into the same scalar as every other token's,
     # so the objective's round-off swamps small gradients: finite differences cannot judge such
     # a case (the per-token losses, whose Jacobian is diagonal, are checked on extremes instead).
     stages = ("value", "vjp") if "extreme" in base.label else ALL_STAGES
-    return Case(f"loss={loss}, agg={agg}, beta={beta}, kl_kind={kl_kind}; " + base.label,
+    return Case(f"loss={loss}, agg={agg}, beta={beta}, kl_kind={kl_kind}; " + base.label +
+                (", first half of the rows empty" if empty else ""),
                 arrays, params, stages=stages)
 
 
@@ -379,8 +420,9 @@ def approx_kl_case(rng, i):
     m = _mask(rng, B, T, kind)
     k = _cycle(i, ["k1", "k2", "k3"])
     logp = _logps(rng, (B, T))
-    old = logp - _log_ratio(rng, (B, T), extreme=i % 7 == 5)
-    return Case(f"{kind} mask, kind={k}" + (", extreme log-ratios" if i % 7 == 5 else ""),
+    rho, extreme = _log_ratio(rng, (B, T), i, period=7)
+    old = logp - rho
+    return Case(f"{kind} mask, kind={k}" + extreme,
                 dict(logp=_garbage(logp, m, rng), old_logp=_garbage(old, m, rng), mask=m),
                 dict(kind=k))
 

@@ -116,3 +116,100 @@ def estimator_objectives(arrays, params):
 
     return {"expected": expected, "grad_kl_forward": moment("kl_forward"),
             "grad_kl_reverse": moment("kl_reverse")}
+
+
+# ---------------------------------------------------------------- where a reference has a kink
+def group_kinks(data, params):
+    """group_advantages is not differentiable where the spread it divides by is 0 (σ = √var at
+    var = 0): rows of a group of equal rewards ("group"), every row when the batch is constant
+    ("batch"), rows whose others are equal ("leave_one_out")."""
+    r = np.asarray(data["rewards"], dtype=np.float64)
+    B = r.shape[0]
+    if data.get("group_size") is not None:
+        gid = np.arange(B) // data["group_size"]
+    else:
+        gid = np.unique(np.asarray(data["group_ids"]), return_inverse=True)[1].reshape(-1)
+    keep = np.ones(B, bool) if data.get("valid") is None else np.asarray(data["valid"], bool)
+    scale = params.get("scale", "group")
+    kink = np.zeros(B, dtype=bool)
+    if scale == "batch":
+        kink[:] = np.ptp(r[keep]) == 0 if keep.any() else False
+    elif scale in ("group", "leave_one_out"):
+        for g in np.unique(gid[keep]):
+            rows = np.flatnonzero((gid == g) & keep)
+            if rows.size < 2:
+                continue
+            if scale == "group":
+                kink[rows] = np.ptp(r[rows]) == 0
+            else:                               # a row's others equal: their spread is 0
+                kink[rows] = any(np.ptp(np.delete(r[rows], j)) == 0 for j in range(rows.size)
+                                 if rows.size > 2)
+    return {"rewards": kink & keep}
+
+
+def whiten_kinks(data, params):
+    """whiten with eps_mode="std" divides by √var + eps: not differentiable at var = 0."""
+    x = np.asarray(data["x"], dtype=np.float64)
+    m = np.ones(x.shape, bool) if data.get("mask") is None else np.asarray(data["mask"], bool)
+    if params.get("eps_mode", "var") != "std" or not m.any():
+        return {}
+    return {"x": m & (np.ptp(x[m]) == 0)}
+
+
+# ---------------------------------------------------------------- condition numbers
+def _spread_scale(r, gid, params):
+    """Per row, the denominator group_advantages divides by (σ + eps, or 1)."""
+    scale, eps = params.get("scale", "group"), params.get("eps", 1e-4)
+    ddof = params.get("ddof", 0)
+    D = np.ones_like(r)
+    if scale == "batch" and r.size:
+        D[:] = np.sqrt(((r - r.mean()) ** 2).sum() / max(r.size - ddof, 1)) + eps
+    elif scale in ("group", "leave_one_out"):
+        for g in np.unique(gid):
+            rows = np.flatnonzero(gid == g)
+            if rows.size < 2:
+                continue
+            rr = r[rows]
+            if scale == "group":
+                D[rows] = np.sqrt(((rr - rr.mean()) ** 2).sum() / max(rows.size - ddof, 1)) + eps
+            else:
+                for j, i in enumerate(rows):
+                    o = np.delete(rr, j)
+                    sd = np.sqrt(((o - o.mean()) ** 2).sum() / max(o.size - ddof, 1)) \
+                        if o.size - ddof > 0 else 0.0
+                    D[i] = sd + eps if sd > 0 else 1.0
+    return D
+
+
+def group_condition(data, params):
+    """κ of group_advantages per row: max |r| over the row's group over its denominator. At
+    1000 ± 0.1 it is 1e4: the inputs' own rounding already moves A by κ ulps."""
+    r = np.asarray(data["rewards"], dtype=np.float64)
+    B = r.shape[0]
+    keep = np.ones(B, bool) if data.get("valid") is None else np.asarray(data["valid"], bool)
+    if data.get("group_size") is not None:
+        gid = np.arange(B) // data["group_size"]
+    else:
+        gid = np.unique(np.asarray(data["group_ids"]), return_inverse=True)[1].reshape(-1)
+    kappa = np.ones(B)
+    rk, gk = np.where(keep, r, 0.0)[keep], gid[keep]
+    D = _spread_scale(rk, gk, params)
+    big = np.array([np.abs(rk[gk == g]).max() for g in gk]) if rk.size else np.zeros(0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        kappa[keep] = np.maximum(1.0, np.where(D > 0, big / D, 1.0))
+    return [kappa]
+
+
+def whiten_condition(data, params):
+    """κ of whiten: max |x| over the valid entries over the scale it divides by."""
+    x = np.asarray(data["x"], dtype=np.float64)
+    m = np.ones(x.shape, bool) if data.get("mask") is None else np.asarray(data["mask"], bool)
+    if m.sum() < 2:
+        return [np.ones(x.shape)]
+    v = x[m]
+    ddof, eps = params.get("ddof", 0), params.get("eps", 1e-8)
+    var = ((v - v.mean()) ** 2).sum() / max(v.size - ddof, 1)
+    mode = params.get("eps_mode", "var")
+    s = {"var": np.sqrt(var + eps), "clamp": np.sqrt(max(var, eps)),
+         "std": np.sqrt(var) + eps}[mode]
+    return [np.full(x.shape, max(1.0, np.abs(v).max() / s) if s > 0 else 1.0)]

@@ -53,6 +53,13 @@ class Entry:
     # the convention change that is the same as dropping the stop-gradient, given the declared
     # conventions (GSPO-token's sequence ratio differentiated is form="sequence"), or None
     undetached: Optional[Callable[[Mapping[str, object]], Optional[Dict[str, object]]]] = None
+    # where the reference is not differentiable on given data and conventions: {input: mask}
+    # (a NaN gradient of the user's there is no failure)
+    kinks: Optional[Callable[[Mapping[str, object], Mapping[str, object]],
+                             Dict[str, object]]] = None
+    # the condition number κ ≥ 1 of each output on given data and conventions (None: 1); the
+    # closeness rule widens its tolerance by κ (crosscheck.bridge)
+    condition: Optional[Callable[[Mapping[str, object], Mapping[str, object]], list]] = None
 
     def freeze_for(self, params) -> Optional[Freeze]:
         """The freeze rule that applies to a case, or None (no stop-gradient in its definition)."""
@@ -110,13 +117,15 @@ def build() -> Dict[str, Entry]:
         _entry("whiten", ("x",), trainer_grad=False,
                grid=dict(ddof=(0, 1), eps=(1e-8, 1e-6, 1e-5), eps_mode=vocab.EPS_MODES,
                          shift_mean=(True, False), restore_mean=(False, True)),
-               known_bugs=variants.WHITEN),
+               known_bugs=variants.WHITEN, kinks=oracles.whiten_kinks,
+               condition=oracles.whiten_condition),
         _entry("group_advantages", ("rewards",), trainer_grad=False,
                data_keywords=("group_size", "group_ids", "valid"), checks=("permutation",),
                grid=dict(ddof=(0, 1), eps=(1e-4, 1e-6, 1e-8, 1e-9, 0.0),
                          scale=("group", "batch", "none", "leave_one_out"),
                          baseline=vocab.GROUP_BASELINES, singleton=("zero", "keep")),
-               known_bugs=variants.GROUPS),
+               known_bugs=variants.GROUPS, kinks=oracles.group_kinks,
+               condition=oracles.group_condition),
         _entry("ppo_clip_loss", ("logp",), grid=_PPO_GRID, known_bugs=variants.PPO),
         _entry("cispo_loss", ("logp",), detached="w = clip(ratio): CISPO's importance weight",
                freeze=lambda params: oracles.freeze_ratio,

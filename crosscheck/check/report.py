@@ -59,4 +59,4 @@ def summary(results: List[StageResult], n_functions: int, seed: int, n_cases: in
     verdict = "all passed" if n_fail == 0 else f"{n_fail} FAILED"
     return (f"{n_functions} function{'s' * (n_functions != 1)}, {len(results)} stage checks: "
             f"{verdict} "
-            f"(seed {seed}, {n_cases} cases each, {seconds:.1f} s)")
+            f"(seed {seed}, {n_cases} case{'s' * (n_cases != 1)} each, {seconds:.1f} s)")

@@ -44,6 +44,13 @@ def _autograd_vjp(entry: Entry, case: cases_mod.Case, g):
                                entry.outputs if entry.dict_output else None)
 
 
+def condition(entry: Entry, case) -> list:
+    """κ ≥ 1 per output where the registry declares a condition number, else 1s."""
+    if entry.condition is None:
+        return [1.0] * len(entry.outputs)
+    return entry.condition(dict(case.arrays, **case.params), case.params)
+
+
 def _info(entry, case, index, seed, **more):
     return dict(case=index, label=case.label, seed=seed, shape=[int(n) for n in case.shape()],
                 **more)
@@ -55,7 +62,7 @@ def stage_value(entry: Entry, case, index, seed, res: StageResult) -> None:
     ref = bridge.outputs(entry.numpy_fn(**case.arrays, **case.params), entry.outputs)
     twin = bridge.outputs(entry.torch_fn(**bridge.to_torch(case.arrays), **case.params), entry.outputs)
     mask = case.arrays.get("mask")
-    for name, a, b in zip(entry.outputs, ref, twin):
+    for name, a, b, kappa in zip(entry.outputs, ref, twin, condition(entry, case)):
         info = _info(entry, case, index, seed, input=name, got_from="ref_torch",
                      expected_from="ref_numpy")
         if np.isnan(a).any() or np.isnan(b).any():
@@ -68,7 +75,7 @@ def stage_value(entry: Entry, case, index, seed, res: StageResult) -> None:
             fail(res, dict(info, index=list(i)), f"output {name} is not 0 at masked position "
                                                   f"{i}: ref_numpy {a[i]}, ref_torch {b[i]}")
             continue
-        record(res, bridge.compare(b, a, tol), info)
+        record(res, bridge.compare(b, a, tol, cond=kappa), info)
 
 
 def _padding_leak(valid, a, b):
@@ -104,6 +111,7 @@ def _fd_against(entry: Entry, case, index, seed, res, stage, grad_of, freeze, rn
     outs = bridge.outputs(entry.numpy_fn(**case.arrays, **case.params), entry.outputs)
     n_out = sum(o.size for o in outs)
     f_scale = max((float(np.abs(o[np.isfinite(o)]).max(initial=0.0)) for o in outs), default=0.0)
+    f_scale *= max(float(np.max(k)) for k in condition(entry, case))   # inputs' own rounding
     noise = finite_diff.roundoff(f_scale, case.fd_step)
     for name in entry.diff:
         x0 = case.arrays[name]

@@ -75,9 +75,10 @@ def kl_negated(data, p):
 
 
 def whiten_unmasked(data, p):
+    """Statistics over every entry, padding included (whatever values it holds)."""
     a = arrays_of(data)
     m = mask_of(data, a["x"].shape)
-    return np.where(m, ref_numpy.whiten(np.where(m, a["x"], 0.0), None, **p), 0.0)
+    return np.where(m, ref_numpy.whiten(a["x"], None, **p), 0.0)
 
 
 def whiten_adds_mean_back(data, p):

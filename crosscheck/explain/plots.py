@@ -12,6 +12,9 @@ from scipy.integrate import cumulative_trapezoid
 import ref_numpy
 
 FIGURES = ("ppo_objective.png", "kl_estimators.png", "gae_weights.png")
+# the figures each topic draws
+FIGURES_OF = {"ppo": (FIGURES[0],), "cispo": (FIGURES[0],), "kl": (FIGURES[1],),
+              "gae": (FIGURES[2],)}
 
 
 class PlotUnavailable(RuntimeError):
@@ -47,11 +50,32 @@ def _save(plt, fig, out_dir, name, paths):
     plt.close(fig)
 
 
-def write_figures(out_dir: str):
+def ready(out_dir: str) -> None:
+    """Raise PlotUnavailable without matplotlib, OSError when `out_dir` cannot be written."""
+    _pyplot()
+    os.makedirs(out_dir, exist_ok=True)
+    probe = os.path.join(out_dir, ".crosscheck-write-probe")
+    with open(probe, "w"):
+        pass
+    os.remove(probe)
+
+
+def write_figures(out_dir: str, topics=None):
+    """Write the figures of `topics` (None: every figure) into out_dir; returns their paths."""
     plt = _pyplot()
     os.makedirs(out_dir, exist_ok=True)
+    wanted = set(FIGURES) if topics is None else {f for t in topics for f in FIGURES_OF.get(t, ())}
     paths = []
+    if FIGURES[0] in wanted:
+        _objective_figure(plt, out_dir, paths)
+    if FIGURES[1] in wanted:
+        _estimator_figure(plt, out_dir, paths)
+    if FIGURES[2] in wanted:
+        _gae_figure(plt, out_dir, paths)
+    return paths
 
+
+def _objective_figure(plt, out_dir, paths):
     # 1. PPO (A > 0, A < 0), dual clip, CISPO: objective and its slope in the ratio
     r = np.linspace(0.05, 4.0, 800)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
@@ -80,6 +104,8 @@ def write_figures(out_dir: str):
         ax.legend(fontsize=8)
     _save(plt, fig, out_dir, FIGURES[0], paths)
 
+
+def _estimator_figure(plt, out_dir, paths):
     # 2. k1, k2, k3 per sample vs u = log(ref/π)
     u = np.linspace(-3, 3, 601)
     fig, ax = plt.subplots(figsize=(6, 4.2))
@@ -92,6 +118,8 @@ def write_figures(out_dir: str):
     ax.legend()
     _save(plt, fig, out_dir, FIGURES[1], paths)
 
+
+def _gae_figure(plt, out_dir, paths):
     # 3. GAE weights (γλ)^l = ∂A_0/∂r_l, read off the hand VJP
     T = 40
     fig, ax = plt.subplots(figsize=(6, 4.2))
@@ -104,4 +132,3 @@ def write_figures(out_dir: str):
     ax.set_title("GAE weights, γ = 0.99 (from gae_vjp)", fontsize=10)
     ax.legend()
     _save(plt, fig, out_dir, FIGURES[2], paths)
-    return paths

@@ -450,5 +450,16 @@ def to_text(sections: List[Section], lang: str) -> str:
     return "\n\n".join(render(s, lang) for s in sections) + "\n"
 
 
+def _words(v):
+    """The JSON's text in English: '@key' cells of the string table become their words."""
+    if isinstance(v, str) and v.startswith("@") and v in TEXT["en"]:
+        return TEXT["en"][v]
+    if isinstance(v, dict):
+        return {k: _words(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_words(x) for x in v]
+    return v
+
+
 def to_json_doc(sections: List[Section]) -> Dict[str, object]:
-    return {"topics": [bridge.json_safe(dict(name=s.name, **s.data)) for s in sections]}
+    return {"topics": [_words(bridge.json_safe(dict(name=s.name, **s.data))) for s in sections]}

@@ -28,7 +28,9 @@ def finding(report, check):
 
 
 # ================================================================ correct implementations
-def grpo(ddof, eps):
+def grpo(ddof, eps, alone="zero"):
+    """Group advantages, a loop over the groups; a group of one gets 0 ("zero") or, as verl's
+    grpo does, mean 0 and std 1 ("keep")."""
     def fn(rewards, group_ids, valid=None):
         out = torch.zeros_like(rewards)
         keep = torch.ones_like(rewards, dtype=torch.bool) if valid is None else valid.bool()
@@ -37,6 +39,8 @@ def grpo(ddof, eps):
             r = rewards[idx]
             if r.numel() > 1:
                 out[idx] = (r - r.mean()) / (r.std(unbiased=bool(ddof)) + eps)
+            elif alone == "keep":
+                out[idx] = r / (1.0 + eps)
         return out
     return fn
 
@@ -135,7 +139,7 @@ def seq_mean_all_rows(loss, mask):
 
 
 CORRECT = [
-    ("verl", "group_advantages", grpo(1, 1e-6), {}),
+    ("verl", "group_advantages", grpo(1, 1e-6, alone="keep"), {}),
     ("trl", "group_advantages", grpo(1, 1e-4), {}),
     ("openrlhf", "group_advantages", grpo(1, 1e-9), {}),
     ("minimind", "group_advantages", grpo(0, 1e-4), {}),

@@ -24,7 +24,7 @@ def test_usage_errors():
                                               "'group_advantages'") as exc:
         audit(grpo(0, 1e-4), "group_advantages", profile="cleanrl")
     from crosscheck.audit.profiles import PROFILES      # it lists what the profile does define
-    defined = list(PROFILES["cleanrl"].rules)
+    defined = PROFILES["cleanrl"].defines()
     assert "group_advantages" not in defined and len(defined) >= 3
     assert str(exc.value).endswith("it defines: " + ", ".join(defined))
     with pytest.raises(AuditUsageError, match="gae needs gamma, lam"):
@@ -65,17 +65,20 @@ def test_the_reference_takes_group_size_over_the_equivalent_ids():
     assert set(reference_args(dict(rewards=r, group_ids=ids))) == {"rewards", "group_ids"}
 
 
-def test_trainer_padding_fills_per_sequence_values_of_empty_rows():
-    """A [B] input (per-sequence advantages) is padded where its row has no valid token; B ≠ T."""
-    from crosscheck.audit.calls import finite_padding
+def test_trainer_padding_fills_per_sequence_values_of_empty_rows_each_input_its_own_value():
+    """A [B] input (per-sequence advantages) is padded where its row has no valid token; B ≠ T.
+    Each input gets its own value, so that a term left unmasked cannot cancel at padding."""
+    from crosscheck.audit.calls import finite_padding, pad_value
     from crosscheck.check import cases as cases_mod
     m = np.array([[1, 1, 0, 0, 0], [0, 0, 0, 0, 0], [1, 0, 1, 0, 1]], dtype=bool)
     adv = np.array([0.5, np.nan, -2.0])
     logp = np.where(m, -1.0, np.nan)
     out = finite_padding(cases_mod.Case("c", dict(advantages=adv, logp=logp, mask=m), {}),
-                          value=7.0).arrays
-    np.testing.assert_array_equal(out["advantages"], [0.5, 7.0, -2.0])
-    np.testing.assert_array_equal(out["logp"], np.where(m, -1.0, 7.0))
+                          base=10.0).arrays
+    pad_a, pad_l = pad_value("advantages", 10.0), pad_value("logp", 10.0)
+    assert np.isfinite([pad_a, pad_l]).all() and pad_a != pad_l
+    np.testing.assert_array_equal(out["advantages"], [0.5, pad_a, -2.0])
+    np.testing.assert_array_equal(out["logp"], np.where(m, -1.0, pad_l))
 
 
 def test_an_unknown_profile_lists_the_known_ones():
@@ -86,7 +89,7 @@ def test_an_unknown_profile_lists_the_known_ones():
 
 
 def test_an_adapter_without_group_ids_runs_the_consecutive_cases_and_skips_the_rest():
-    by_ids = grpo(1, 1e-6)
+    by_ids = grpo(1, 1e-6, alone="keep")
 
     def by_size(rewards, group_size, valid=None):
         return by_ids(rewards, torch.arange(len(rewards)) // group_size, valid)
@@ -103,7 +106,8 @@ def test_an_adapter_without_group_ids_runs_the_consecutive_cases_and_skips_the_r
 def test_an_unknown_convention_lists_the_known_ones():
     with pytest.raises(AuditUsageError) as exc:
         audit(whiten(0, 1e-8, "var"), "whiten", gamma_x=1)
-    assert str(exc.value).endswith("its keywords are ddof, eps, eps_mode, shift_mean")
+    assert str(exc.value).endswith("its keywords are ddof, eps, eps_mode, shift_mean, "
+                                   "restore_mean")
 
 
 @pytest.mark.parametrize("timeout", ["1", True, 0, -1.0, float("nan"), float("inf")])

@@ -34,14 +34,14 @@ def test_the_report_counts_the_cases_it_ran_and_states_its_verdict():
 
 def test_a_wrong_second_output_is_named_by_its_index():
     """gae returns (advantages, returns): a function whose returns forget + V is blamed on
-    output[1], its advantages pass."""
+    `returns`, by name; its advantages pass."""
     inner = gae_loop(1.0, 1.0)
 
     def returns_without_values(rewards, values, mask, **kw):
         adv, _ = inner(rewards, values, mask, **kw)
         return adv, adv
     report = audit(returns_without_values, "gae", profile="verl", cases=N)
-    assert finding(report, "value").message.startswith("output[1][")
+    assert finding(report, "value").message.startswith("returns[")
 
 
 def test_the_shrinker_never_splits_a_group():

@@ -6,6 +6,7 @@ bootstrap value, off-policy samples, an all-equal group...), so that editing a g
 silently drop a path from the check. They also check the distances from kinks that make a finite
 difference meaningful, on more cases than the default run draws."""
 import math
+import re
 
 import numpy as np
 import pytest
@@ -133,25 +134,29 @@ LOG_RATIOS = {"approx_kl": ("logp", "old_logp"), "ppo_clip_loss": ("logp", "old_
 
 @pytest.mark.parametrize("name", LOG_RATIOS)
 def test_a_case_is_labelled_extreme_exactly_when_its_log_ratios_are(name):
-    """Extreme cases draw every valid log-ratio at 15..30 in size, of both signs (a failing case
-    is known by its label, and policy_objective keeps labelled extremes from the fd stage);
-    other cases stay far below."""
+    """Extreme cases draw every valid log-ratio at 15..30 in size (and, from case 12 on, every
+    other one past float32's exp overflow, 90..120), of both signs; the label says which (a
+    failing case is known by its label, and policy_objective keeps labelled extremes from the
+    fd stage); other cases stay far below."""
     a, b = LOG_RATIOS[name]
-    extremes = 0
+    extremes, beyond = 0, 0
     for c in drawn(name, 48):
         m = c.arrays["mask"]
         with np.errstate(invalid="ignore"):                   # garbage at padding
             x = np.where(m, c.arrays[a] - c.arrays[b], 0.0)[m]
         if x.size == 0:
             continue
-        if "extreme log-ratios" in c.label:
+        found = re.search(r"extreme log-ratios ±(\d+)\.\.(\d+)", c.label)
+        if found:
+            lo, hi = float(found[1]), float(found[2])
             extremes += 1
-            assert np.all((np.abs(x) >= 15) & (np.abs(x) <= 30)), c.label
+            beyond += lo > 89
+            assert np.all((np.abs(x) >= lo) & (np.abs(x) <= hi)), c.label
             if x.size >= 8:
                 assert (x > 0).any() and (x < 0).any(), c.label
         else:
             assert np.abs(x).max() < 15, c.label
-    assert extremes >= 5
+    assert extremes >= 5 and beyond >= 2
 
 
 def test_off_policy_estimator_cases_carry_their_sampling_logits():
@@ -221,3 +226,37 @@ def test_away_keeps_each_value_on_its_side_of_every_edge():
         assert np.all(np.abs(y - e) >= 1e-3)
         assert np.array_equal(y >= e, x >= e)
     np.testing.assert_array_equal(y[[3, 4]], x[[3, 4]])        # far from both: untouched
+
+
+@pytest.mark.parametrize("name", ["group_advantages", "whiten"])
+def test_from_case_12_a_sixth_of_the_cases_sit_on_a_large_common_offset(name):
+    """Values 1000 ± 0.1 expose a one-pass float32 variance; the default 12 cases have none."""
+    key = "rewards" if name == "group_advantages" else "x"
+    for i, c in enumerate(drawn(name, 48)):
+        valid = c.arrays.get("mask", c.arrays.get("valid"))
+        v = c.arrays[key] if valid is None else c.arrays[key][np.asarray(valid, bool)]
+        if "offset 1000 ± 0.1" in c.label:
+            assert i >= 12 and np.all(np.abs(v - 1000) < 1.0) and np.ptp(v) < 2.0, c.label
+        else:
+            assert np.all(np.abs(v[np.isfinite(v)]) < 100), c.label
+    assert sum("offset" in c.label for c in drawn(name, 48)) >= 5
+
+
+@pytest.mark.parametrize("name", ["ppo_clip_loss", "aggregate", "policy_objective"])
+def test_from_case_12_some_cases_leave_a_first_micro_batch_without_a_valid_token(name):
+    found = 0
+    for i, c in enumerate(drawn(name, 48)):
+        m = np.asarray(c.arrays["mask"], bool)
+        if "first half of the rows empty" in c.label:
+            found += 1
+            assert i >= 12 and not m[: m.shape[0] // 2].any(), c.label
+    assert found >= 3
+
+
+def test_from_case_12_some_advantages_lie_well_beyond_five():
+    big = [c for c in drawn("ppo_clip_loss", 96)
+           if np.nanmax(np.abs(np.where(c.arrays["mask"] if c.arrays["advantages"].ndim == 2
+                                        else c.arrays["mask"].any(1),
+                                        c.arrays["advantages"], 0.0))) > 5]
+    assert len(big) >= 3
+

@@ -63,7 +63,8 @@ def test_vjp_missing_the_ratio_factor_fails_vjp_and_fd():
 
 
 def test_whitening_vjp_missing_the_variance_path_is_caught():
-    def vjp_mean_only(g, x, mask=None, *, ddof=0, eps=1e-8, eps_mode="var", shift_mean=True):
+    def vjp_mean_only(g, x, mask=None, *, ddof=0, eps=1e-8, eps_mode="var", shift_mean=True,
+                      restore_mean=False):
         m = np.ones(np.shape(x), bool) if mask is None else np.asarray(mask, bool)
         xs = np.where(m, x, 0.0)
         n = m.sum()
@@ -71,7 +72,8 @@ def test_whitening_vjp_missing_the_variance_path_is_caught():
         s = {"var": np.sqrt(var + eps), "clamp": np.sqrt(max(var, eps)),
              "std": np.sqrt(var) + eps}[eps_mode]
         gm = np.where(m, g, 0.0)
-        gx = (gm - m * gm.sum() / n) / s if shift_mean else gm / s
+        gx = (gm - m * gm.sum() / n) / s if shift_mean or restore_mean else gm / s
+        gx = gx + m * gm.sum() / n if restore_mean else gx
         return {"x": np.where(m, gx, 0.0)}                    # forgot ∂s/∂x
 
     results = run_with("whiten", numpy_vjp=vjp_mean_only)
@@ -80,8 +82,8 @@ def test_whitening_vjp_missing_the_variance_path_is_caught():
 
 
 def test_twin_with_the_wrong_ddof_fails_value():
-    def whiten_unbiased(x, mask=None, *, ddof=0, eps=1e-8, eps_mode="var", shift_mean=True):
-        return ref_torch.whiten(x, mask, ddof=1, eps=eps, eps_mode=eps_mode, shift_mean=shift_mean)
+    def whiten_unbiased(x, mask=None, *, ddof=0, **kw):
+        return ref_torch.whiten(x, mask, ddof=1, **kw)
 
     results = run_with("whiten", torch_fn=whiten_unbiased)
     msg = assert_caught(results, "whiten", "value", "output")

@@ -85,12 +85,22 @@ def test_exit_codes(monkeypatch):
     assert "FAIL whiten · value" in text
 
 
-def test_list_names_every_function():
+def test_list_shows_every_function_with_every_column_filled():
     code, text = run_cli(["--list"])
     assert code == 0
-    for name in registry.build():
-        assert name in text
-    assert "detached: w = clip(ratio)" in text
+    lines = text.splitlines()
+    head = re.split(r"\s{2,}", lines[0].strip())
+    assert head == ["function", "differentiable wrt", "trainers use it as", "stop-gradient",
+                    "audit property checks"]
+    starts = [lines[0].index(h) for h in head]
+    entries = registry.build()
+    assert [line.split()[0] for line in lines[1:]] == list(entries)
+    for line in lines[1:]:
+        cells = [line[a:b].strip() for a, b in zip(starts, starts[1:] + [None])]
+        assert all(cells), line                   # "-" where a fact does not apply, never blank
+    clip_fraction = next(line for line in lines if line.startswith("clip_fraction"))
+    assert "- (a count)" in clip_fraction
+    assert "w = clip(ratio): CISPO's importance weight" in text
 
 
 def test_the_summary_line_counts_failures():
@@ -154,6 +164,7 @@ def test_a_closed_pipe_ends_the_run_quietly():
 def test_only_functions_with_a_detached_factor_list_one():
     code, text = run_cli(["--list"])
     assert code == 0
-    detached = {line.split()[0] for line in text.splitlines() if "detached" in line}
+    stop = text.splitlines()[0].index("stop-gradient")
+    detached = {line.split()[0] for line in text.splitlines()[1:] if line[stop] != "-"}
     assert detached == {n for n, e in registry.build().items() if e.detached}
     assert detached == {"cispo_loss", "gspo_loss", "policy_objective"}

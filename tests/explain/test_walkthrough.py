@@ -232,13 +232,19 @@ def test_cli_exits_1_when_the_walkthrough_stops(monkeypatch):
     assert code == 1 and "walkthrough stopped" in err
 
 
-def test_plot_writes_the_figures(tmp_path):
+def test_plot_writes_the_figures_of_the_topics_shown(tmp_path):
     code, _, err = run(["explain", "--topic", "gae", "--plot", str(tmp_path)])
     assert code == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gae_weights.png"]
+    code, _, err = run(["explain", "--topic", "grpo", "--plot", str(tmp_path / "g")])
+    assert code == 0 and list((tmp_path / "g").iterdir()) == []
+    assert "no figure belongs to topic grpo" in err
+    code, _, err = run(["explain", "--plot", str(tmp_path / "all")])
+    assert code == 0
     for name in ("ppo_objective.png", "kl_estimators.png", "gae_weights.png"):
-        data_ = (tmp_path / name).read_bytes()
+        data_ = (tmp_path / "all" / name).read_bytes()
         assert data_[:8] == b"\x89PNG\r\n\x1a\n" and len(data_) > 10_000
-        assert f"wrote {tmp_path / name}" in err
+        assert f"wrote {tmp_path / 'all' / name}" in err
 
 
 def test_plot_without_matplotlib_says_how_to_get_it(monkeypatch, tmp_path):
