@@ -94,6 +94,8 @@ def resolve_conventions(ref: str, profile: Optional[str], conventions: Dict[str,
             raise AuditUsageError(f"{k!r} is not a convention of {ref}; its keywords are "
                                   f"{', '.join(entry.conventions)}")
         params[k] = v
+    if rule is not None:
+        rule.settle(params, conventions)
     missing = [n for n in entry.conventions if n not in params]
     if missing:
         raise AuditUsageError(f"{ref} needs {', '.join(missing)}: pass e.g. "
@@ -229,11 +231,19 @@ def audit(fn, ref, *, backend="torch", profile=None, cases=200, seed=0, rtol=Non
                                   f"function does not take; it takes {', '.join(adapter.params)}")
     prof = None if profile is None else profiles_mod.get(profile)
     notes = []
+    assumed = False
     if "microbatch" in entry.checks and backend == "torch":
+        assumed = accumulation is None and prof is None
         if accumulation is None and prof is not None:
-            accumulation = prof.accumulation[0]
+            accumulation, source = (rule.accumulation if rule is not None and rule.accumulation
+                                    else prof.accumulation)
             notes.append(f"micro-batches: {accumulation} of micro-batch gradients, as "
-                         f"{profile} accumulates ({prof.accumulation[1]})")
+                         f"{profile} accumulates ({source})")
+        elif accumulation is None and any(adapter.accepts(k) for k in GLOBAL_KW):
+            accumulation = "sum"
+            notes.append("micro-batches: the sum of micro-batch gradients (assumed without a "
+                         "profile: your function names a global count, so it normalises each "
+                         "micro-batch by the whole batch's; pass accumulation='mean' if not)")
         elif accumulation is None:
             accumulation = "mean"
             notes.append("micro-batches: the mean of micro-batch gradients (assumed without a "
@@ -241,12 +251,16 @@ def audit(fn, ref, *, backend="torch", profile=None, cases=200, seed=0, rtol=Non
                          "normalised by global counts)")
         else:
             notes.append(f"micro-batches: {accumulation} of micro-batch gradients (as given)")
+        named = [k for k in GLOBAL_KW if adapter.accepts(k)]
         if accumulation == "sum":
-            named = [k for k in GLOBAL_KW if adapter.accepts(k)]
-            notes.append("global counts: " + (f"your function receives {', '.join(named)}"
+            notes.append("global counts: " + (f"your function receives {', '.join(named)}, "
+                                              f"the whole batch's in each micro-batch"
                                               if named else
                          f"your function names neither {' nor '.join(GLOBAL_KW)}, so each "
                          f"micro-batch can only normalise by its own counts"))
+        elif named:
+            notes.append(f"global counts: your function receives {', '.join(named)}, each "
+                         f"micro-batch its own (mean accumulation)")
     if kl_use is None:
         kl_use = prof.kl_use[0] if prof is not None else "loss"
     if "kl_direction" in entry.checks:
@@ -261,7 +275,8 @@ def audit(fn, ref, *, backend="torch", profile=None, cases=200, seed=0, rtol=Non
         default = tolerances.get("audit", precision or "float64")
         tol = tolerances.Tolerance(default.rtol if rtol is None else rtol,
                                    default.atol if atol is None else atol, "as given")
-    aud = Auditor(adapter, entry, params, backend, tol, accumulation, timeout, precision, kl_use)
+    aud = Auditor(adapter, entry, params, backend, tol, accumulation, timeout, precision, kl_use,
+                  accumulation_assumed=assumed)
     try:
         report = _run_audit(aud, profile, rule, cases, seed)
     except AuditTimeout as exc:
@@ -328,7 +343,11 @@ def _run_audit(aud, profile, rule, n_cases, seed) -> AuditReport:
                 first_fail[o.check] = (case, o)
             _fold(f, o)
     if aud.tol is None:                    # no call returned: judge at float64
-        aud.tol = tolerances.get("audit", aud.precision or "float64")
+        precision = aud.precision or "float64"
+        aud.tol = tolerances.get("audit", precision)
+        aud.tolerance_why = f"the {precision} row of the tolerance table: " + (
+            f"precision={precision!r} declared" if aud.precision else
+            "no output of yours to read a precision from")
     kl = kl_direction_check(aud, rng)
     if kl is not None:
         f = tally["kl_direction"]

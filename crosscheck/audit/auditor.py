@@ -8,7 +8,7 @@ import torch
 from .. import bridge, tolerances
 from ..check import cases as cases_mod
 from .calls import (GLOBAL_KW, STRUCTURAL, TIMEOUT, Adapter, call_with_deadline, degenerate,
-                    neutral, pad_value, reference_args, where_raised)
+                    exception_text, neutral, pad_value, reference_args, where_raised)
 from .model import AuditUsageError, Outcome
 
 # what a trainer's non-differentiable output is, for the report
@@ -16,17 +16,23 @@ NO_GRADIENT = ("not checked: your output carries no gradient, as trainers comput
                "reference is not differentiated by trainers)")
 
 
+class BadReturn(TypeError):
+    """What the function returned is not what the reference returns (None, a dict without a
+    key): a failure of the `shape` check, not an exception of the user's code."""
+
+
 class Auditor:
     """One audit's fixed parts: the user's function (through its Adapter), the registry entry,
     the reference conventions (`params`), the backend, the tolerance (None: chosen from the
-    precision of the function's first output), the micro-batch accumulation, the declared use
-    of a KL term, and the per-call deadline."""
+    precision of the function's first output), the micro-batch accumulation (and whether it
+    was assumed), the declared use of a KL term, and the per-call deadline."""
 
     def __init__(self, adapter: Adapter, entry, params, backend, tol, accumulation,
-                 timeout=TIMEOUT, precision=None, kl_use="loss"):
+                 timeout=TIMEOUT, precision=None, kl_use="loss", accumulation_assumed=False):
         self.adapter, self.entry, self.params = adapter, entry, params
         self.backend, self.tol, self.precision = backend, tol, precision
         self.accumulation, self.timeout, self.kl_use = accumulation, timeout, kl_use
+        self.accumulation_assumed = accumulation_assumed   # neither declared nor a profile's
         self.tolerance_why = ""
 
     def accepts(self, name):
@@ -41,11 +47,15 @@ class Auditor:
         """The data inputs to pass, or (None, reason) when the adapter cannot take this case."""
         data = {}
         keys = list(case.arrays) + [k for k in STRUCTURAL if k in case.params]
+        unused = self.entry.unused(self.params) if self.entry.unused else ()
         for k in keys:
             v = case.arrays.get(k, case.params.get(k))
             if v is None:
                 continue
             if not self.accepts(k):
+                if k in unused:             # kept for the reference; call() never passes it
+                    data[k] = v
+                    continue
                 if k == "group_size" and self.accepts("group_ids"):
                     continue
                 return None, f"your function does not accept {k}="
@@ -99,6 +109,7 @@ class Auditor:
         else:
             kwargs = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in data.items()}
             leaves = {}
+        kwargs = {k: v for k, v in kwargs.items() if self.accepts(k)}
         for k, v in dict(self.global_counts(data), **(extra or {})).items():
             if self.accepts(k):
                 kwargs[k] = v
@@ -107,13 +118,21 @@ class Auditor:
     def outputs_of(self, raw) -> list:
         """The function's outputs in the reference's order (a dict by the entry's keys)."""
         if raw is None:
-            raise TypeError("your function returned None")
+            raise BadReturn("your function returned None")
         if isinstance(raw, dict):
             missing = [k for k in self.entry.outputs if k not in raw]
             if missing:
-                raise TypeError(f"your function returned a dict without {', '.join(missing)}")
+                raise BadReturn(f"your function returned a dict without {', '.join(missing)}")
             return [raw[k] for k in self.entry.outputs]
         return list(raw) if isinstance(raw, (tuple, list)) else [raw]
+
+    def expected(self, refs) -> str:
+        """The reference's output shapes, as the report states them."""
+        shapes = [tuple(r.shape) for r in refs]
+        if len(shapes) == 1 and not self.entry.dict_output:
+            return str(shapes[0])
+        named = ", ".join(f"{k} {sh}" for k, sh in zip(self.entry.outputs, shapes))
+        return f"a dict of {named}" if self.entry.dict_output else f"the pair ({named})"
 
     def to_numpy(self, raw):
         return [bridge.to_numpy(o) for o in self.outputs_of(raw)]
@@ -181,9 +200,8 @@ class Auditor:
             info["degenerate"] = why
             return Outcome("raises", True, warn=True, exception=info,
                            message=f"your function refuses degenerate batches ({why}): "
-                                   f"{info['type']}: {info['message']}")
-        return Outcome("raises", False, f"{info['type']}: {info['message']} at {info['where']}",
-                       exception=info)
+                                   f"{exception_text(exc)}")
+        return Outcome("raises", False, f"{exception_text(exc)} at {info['where']}", exception=info)
 
     def run_case(self, case) -> List[Outcome]:
         data, why = self.inputs_for(case)
@@ -201,14 +219,16 @@ class Auditor:
             self.judge(raw)
         except AuditUsageError:
             raise
+        except BadReturn as exc:
+            return [Outcome("raises", True), Outcome("shape", False, f"{exc}; expected "
+                                                                    f"{self.expected(refs)}")]
         except Exception as exc:  # the user's code: report, never crash
             return [self.raised(exc, data)]
         out = [Outcome("raises", True)]
         if len(yours) != len(refs) or any(y.shape != r.shape for y, r in zip(yours, refs)):
             got = [tuple(y.shape) for y in yours]
-            exp = [tuple(r.shape) for r in refs]
             return out + [Outcome("shape", False, f"returns shape {got[0] if len(got) == 1 else got}"
-                                  f", expected {exp[0] if len(exp) == 1 else exp}")]
+                                                  f", expected {self.expected(refs)}")]
         out.append(Outcome("shape", True))
         finite_ok, value_ok = True, True
         kappas = self.condition(data)
@@ -311,10 +331,10 @@ class Auditor:
                 if label == "NaN":
                     out.append(Outcome("mask", True, warn=True,
                                        message=f"NaN at masked positions makes your function "
-                                               f"raise {type(exc).__name__}"))
+                                               f"raise {exception_text(exc)}"))
                     continue
                 out.append(Outcome("mask", False, f"{label} at masked positions makes your "
-                                                  f"function raise {type(exc).__name__}: {exc}"))
+                                                  f"function raise {exception_text(exc)}"))
                 continue
             changed = None
             for k, (a, b) in enumerate(zip(yours, other)):

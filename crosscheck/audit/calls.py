@@ -45,6 +45,14 @@ class UserRaised(Exception):
         self.original = original
 
 
+def exception_text(exc: BaseException) -> str:
+    """'Type: message' of what the user's code raised (a UserRaised unwrapped; the bare type
+    name when the message is empty)."""
+    original = getattr(exc, "original", exc)
+    text = str(original)
+    return type(original).__name__ + (f": {text}" if text else "")
+
+
 def call_with_deadline(fn, kwargs, timeout):
     """fn(**kwargs) in a worker thread (carrying torch's thread-local grad mode); raise
     AuditTimeout if it has not returned after `timeout` seconds (None: wait as long as it

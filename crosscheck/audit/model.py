@@ -104,7 +104,8 @@ class AuditReport:
             lines.append(f"  {f.status.upper():<4} {f.check:<13} {plural(f.cases, 'case'):>9}"
                          + (f"  {f.message}" if f.message else ""))
             for e in (f.exceptions if len(f.exceptions) > 1 or f.status == "warn" else ()):
-                lines.append(f"       {e['type']}: {e['message']} at {e['where']} "
+                said = f"{e['type']}: {e['message']}" if e["message"] else e["type"]
+                lines.append(f"       {said} at {e['where']} "
                              f"({plural(e['cases'], 'case')}"
                              + (f"; {e['degenerate']}" if e.get("degenerate") else "") + ")")
             if f.diagnosis:

@@ -32,6 +32,18 @@ class Rule:
     conventions: Mapping[str, object]
     source: str                               # file and function (or config) in the trainer
     domain: Tuple[str, ...] = ()              # DOMAINS tags: the inputs the trainer ever sees
+    # ("sum" | "mean", its source) where this loss accumulates unlike the profile's default
+    accumulation: Optional[Tuple[str, str]] = None
+    # what the trainer means by a value a user may set: ((key, value, {implied conventions}),)
+    # e.g. verl's shift_mean=False re-adds the mean: restore_mean=True comes with it
+    implies: Tuple[Tuple[str, object, Mapping[str, object]], ...] = ()
+
+    def settle(self, params: Dict[str, object], given: Mapping[str, object]) -> None:
+        """Add to `params` what the user's `given` values imply in this trainer (never
+        overriding a value the user gave)."""
+        for key, value, implied in self.implies:
+            if key in given and params.get(key) == value:
+                params.update({k: v for k, v in implied.items() if k not in given})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,8 +61,12 @@ class Profile:
         return list(self.rules) + (["policy_objective"] if self.objective else [])
 
 
-def _rule(source, domain=(), **conventions):
-    return Rule(conventions, source, tuple(domain))
+def _rule(source, domain=(), accumulation=None, implies=(), **conventions):
+    return Rule(conventions, source, tuple(domain), accumulation, tuple(implies))
+
+
+# masked_whiten(shift_mean=False) in verl and TRL scales the centred values and re-adds the mean
+_READDS_MEAN = (("shift_mean", False, {"restore_mean": True}),)
 
 
 V = "verl/trainer/ppo/core_algos.py::"
@@ -62,7 +78,8 @@ PROFILES: Dict[str, Profile] = {p.name: p for p in (
             "gae": _rule("verl/trainer/config/algorithm.py: gamma, lam", gamma=1.0, lam=1.0),
             "discounted_returns": _rule(V + "compute_reinforce_plus_plus_outcome_advantage",
                                         gamma=1.0),
-            "whiten": _rule("verl/utils/torch_functional.py::masked_whiten", ddof=1, eps=1e-8,
+            "whiten": _rule("verl/utils/torch_functional.py::masked_whiten",
+                            implies=_READDS_MEAN, ddof=1, eps=1e-8,
                             eps_mode="var", shift_mean=True),
             "group_advantages": _rule(V + "compute_grpo_outcome_advantage", ddof=1, eps=1e-6,
                                       scale="group", baseline="mean", singleton="keep"),
@@ -109,7 +126,8 @@ PROFILES: Dict[str, Profile] = {p.name: p for p in (
         "huggingface/trl f2cd57710", {
             "gae": _rule("trl/experimental/ppo/ppo_config.py: gamma, lam", ("right_padded",),
                          gamma=1.0, lam=0.95),
-            "whiten": _rule("trl/experimental/ppo/ppo_trainer.py::masked_whiten", ddof=1,
+            "whiten": _rule("trl/experimental/ppo/ppo_trainer.py::masked_whiten",
+                            implies=_READDS_MEAN, ddof=1,
                             eps=1e-8, eps_mode="var", shift_mean=True),
             "group_advantages": _rule("trl/trainer/grpo_trainer.py (scale_rewards='group', "
                                       "nanstd)", ("groups_of_two",), ddof=1, eps=1e-4,
@@ -142,7 +160,10 @@ PROFILES: Dict[str, Profile] = {p.name: p for p in (
             "gspo": _rule("trl/trainer/grpo_trainer.py::_compute_loss (loss_type='grpo', "
                           "importance_sampling_level='sequence')", loss="gspo",
                           agg="seq-mean-token-mean", empty_rows="include", kl_kind="k3",
-                          form="sequence", clip_low=3e-4, clip_high=4e-4),
+                          form="sequence", clip_low=3e-4, clip_high=4e-4,
+                          accumulation=("mean", "trl/trainer/grpo_trainer.py::_compute_loss: "
+                                                "loss_type 'grpo' divides by the gradient "
+                                                "accumulation steps")),
         },
         default_loss="ppo",
         accumulation=("sum", "trl/trainer/grpo_trainer.py::_compute_loss: loss_type 'dapo' "
@@ -294,7 +315,12 @@ def conventions(profile: str, ref: str, loss: Optional[str] = None) -> Dict[str,
 def _line(ref, r, note=""):
     dom = f" (domain: {', '.join(r.domain)})" if r.domain else ""
     return [f"    {ref:<20} " + ", ".join(f"{k}={v!r}" for k, v in r.conventions.items()) + dom
-            + note, f"    {'':<20} from {r.source}"]
+            + note, f"    {'':<20} from {r.source}"] + (
+        [f"    {'':<20} micro-batches: {r.accumulation[0]}: {r.accumulation[1]}"]
+        if r.accumulation else []) + [
+        f"    {'':<20} with {key}={value!r}: " +
+        ", ".join(f"{k}={v!r}" for k, v in implied.items())
+        for key, value, implied in r.implies]
 
 
 def describe() -> str:
@@ -315,7 +341,10 @@ def describe() -> str:
 def to_dict():
     """The profiles as plain data (for --json)."""
     def rule_dict(r):
-        return dict(conventions=dict(r.conventions), source=r.source, domain=list(r.domain))
+        return dict(conventions=dict(r.conventions), source=r.source, domain=list(r.domain),
+                    accumulation=None if r.accumulation is None else
+                    dict(mode=r.accumulation[0], source=r.accumulation[1]),
+                    implies=[dict(key=k, value=v, conventions=dict(c)) for k, v, c in r.implies])
     return {p.name: dict(about=p.about, snapshot=p.snapshot,
                          rules={k: rule_dict(r) for k, r in p.rules.items()},
                          policy_objective={k: rule_dict(r) for k, r in p.objective.items()},

@@ -7,7 +7,7 @@ import torch
 
 from .. import bridge
 from .auditor import Auditor
-from .calls import GLOBAL_KW
+from .calls import GLOBAL_KW, exception_text
 from .model import Outcome
 
 
@@ -25,7 +25,7 @@ def permutation_check(aud: Auditor, case, rng) -> Optional[Outcome]:
         shuffled = {k: (v[perm] if isinstance(v, np.ndarray) else v) for k, v in data.items()}
         moved = aud.to_numpy(aud.call(shuffled)[0])[0]
     except Exception as exc:
-        return Outcome("permutation", False, f"{type(exc).__name__}: {exc}")
+        return Outcome("permutation", False, exception_text(exc))
     kappa = aud.condition(data)[0]
     same = bridge.within(moved, base[perm], aud.tol, cond=np.maximum(kappa, kappa[perm])) | \
         (np.isnan(moved) & np.isnan(base[perm]))
@@ -39,8 +39,9 @@ def permutation_check(aud: Auditor, case, rng) -> Optional[Outcome]:
 
 def microbatch_check(aud: Auditor, case) -> List[Outcome]:
     """The gradient accumulated over 2 and 4 micro-batches, the way the trainer accumulates
-    ("mean" of micro-batch losses, or "sum" of losses each normalised by the global counts the
-    function names), equals the full batch's. A micro-batch whose rows are all masked gives a
+    ("mean" of micro-batch losses, each micro-batch given its own counts, or "sum" of losses
+    each normalised by the whole batch's counts, given to a function that names them), equals
+    the full batch's. A micro-batch whose rows are all masked gives a
     constant, gradient-free loss: it adds nothing, as it does in a trainer."""
     if "microbatch" not in aud.entry.checks or aud.backend != "torch":
         return []
@@ -63,13 +64,14 @@ def microbatch_check(aud: Auditor, case) -> List[Outcome]:
                 rows = slice(k * size, (k + 1) * size)
                 part = {key: (v[rows] if isinstance(v, np.ndarray) and v.shape[:1] == (B,) else v)
                         for key, v in data.items()}
-                raw, leaves = aud.call(part, grad_wrt=(wrt,), extra=full)
+                raw, leaves = aud.call(part, grad_wrt=(wrt,),
+                                       extra=full if aud.accumulation == "sum" else None)
                 weight = 1.0 / K if aud.accumulation == "mean" else 1.0
                 (gr,) = bridge.backprop(aud.outputs_of(raw)[0], weight, [leaves[wrt]])
                 if gr is not None:
                     total[rows] = gr
         except Exception as exc:
-            out.append(Outcome("microbatch", False, f"{type(exc).__name__}: {exc}"))
+            out.append(Outcome("microbatch", False, exception_text(exc)))
             continue
         i = aud.mismatch(total, hand, m.astype(bool))
         if i is not None:
@@ -81,7 +83,11 @@ def microbatch_check(aud: Auditor, case) -> List[Outcome]:
                 msg += ("; your function takes no global count: a trainer that sums micro-batch "
                         "gradients normalises each by the whole batch's counts, which the audit "
                         f"passes to a function that names {' or '.join(GLOBAL_KW)}")
-            out.append(Outcome("microbatch", False, msg))
+            if aud.accumulation_assumed:      # no verdict on an assumption: a warning
+                msg += ("; the accumulation was assumed: declare accumulation= (or a profile) "
+                        "to make this a check")
+            out.append(Outcome("microbatch", aud.accumulation_assumed, msg,
+                               warn=aud.accumulation_assumed))
         else:
             out.append(Outcome("microbatch", True))
     return out
@@ -122,7 +128,7 @@ def kl_direction_check(aud: Auditor, rng) -> Optional[Outcome]:
             per_token = aud.outputs_of(raw)[0][0]
             g, scale = _expected_gradient(per_token, logp, theta, weights, aud.kl_use)
         except Exception as exc:              # the user's code, or what it returned: report it
-            return Outcome("kl_direction", False, f"{type(exc).__name__}: {exc}")
+            return Outcome("kl_direction", False, exception_text(exc))
         floor = aud.tol.rtol * scale + aud.tol.atol
         if g is None or float(np.abs(g).max()) <= floor:
             what = ("as a loss your KL term has no expected gradient (k1 used as a loss?)"

@@ -4,6 +4,7 @@ import numpy as np
 from .. import bridge
 from ..check import cases as cases_mod
 from .auditor import Auditor
+from .calls import exception_text
 from .model import Outcome
 
 SHRINK_STEPS = 60
@@ -101,8 +102,7 @@ def describe(aud: Auditor, case, outcome: Outcome):
         ce["your output"] = ("None: your function returned nothing" if raw is None else
                              _labelled(aud, aud.to_numpy(raw)))
     except Exception as exc:
-        original = getattr(exc, "original", exc)
-        ce["your output"] = f"raised {type(original).__name__}: {original}"
+        ce["your output"] = f"raised {exception_text(exc)}"
     if outcome.check in ("grad", "detach"):
         for o in aud.run_case(case):            # the gradients of the shrunk case itself
             if o.check == "grad" and not o.ok and o.yours is not None:

@@ -60,6 +60,9 @@ class Entry:
     # the condition number κ ≥ 1 of each output on given data and conventions (None: 1); the
     # closeness rule widens its tolerance by κ (crosscheck.bridge)
     condition: Optional[Callable[[Mapping[str, object], Mapping[str, object]], list]] = None
+    # the inputs that cannot change the output under given conventions (policy_objective's
+    # ref_logp when beta = 0): an audited function need not take them
+    unused: Optional[Callable[[Mapping[str, object]], Tuple[str, ...]]] = None
 
     def freeze_for(self, params) -> Optional[Freeze]:
         """The freeze rule that applies to a case, or None (no stop-gradient in its definition)."""
@@ -150,7 +153,8 @@ def build() -> Dict[str, Entry]:
                freeze=oracles.objective_rule, undetached=_objective_undetached,
                checks=("microbatch",),
                grid=dict(agg=vocab.AGG_MODES, empty_rows=vocab.EMPTY_ROWS,
-                         loss=vocab.POLICY_LOSSES)),
+                         loss=vocab.POLICY_LOSSES),
+               unused=lambda params: () if params.get("beta") else ("ref_logp",)),
         _entry("kl_estimator_moments", ("logits",), outputs=vocab.MOMENT_KEYS, dict_output=True,
                trainer_grad=False),
         _entry("kl_estimator_gradient", ("logits",), outputs=vocab.GRADIENT_KEYS,

@@ -306,7 +306,7 @@ def test_a_function_that_raises_on_nan_padding_gets_a_mask_warning_not_a_failure
     assert report.ok
     f = finding(report, "mask")
     assert f.status == "warn" and f.message == \
-        "NaN at masked positions makes your function raise ValueError"
+        "NaN at masked positions makes your function raise ValueError: NaN in input"
 
 
 def test_a_function_that_raises_on_large_finite_padding_fails_the_mask_check():
