@@ -135,30 +135,55 @@ def _inputs(entry):
         entry.data_keywords
 
 
-def outside_domain(rule, case) -> Optional[str]:
-    """Why a case lies outside the profile's domain for this function, or None."""
+def into_domain(rule, case):
+    """The case as the profile's trainer could see it: (case, what was changed or "") or (None,
+    why it lies outside). A case is moved in where a faithful projection exists: a mask with
+    holes becomes right-padded by moving each row's valid tokens to its front, in order (the
+    trainer's sequence is the same tokens); rows of a group with fewer than two valid members
+    are dropped. Per-token
+    advantages for a trainer taking one per sequence have no projection: that case is skipped."""
     import numpy as np
 
+    from ..check import cases as cases_mod
+
     if rule is None or not rule.domain:
-        return None
-    a = case.arrays
-    m = a.get("mask")
+        return case, ""
+    arrays, params, changed = dict(case.arrays), dict(case.params), []
     for tag in rule.domain:
+        m = arrays.get("mask")
         if tag == "right_padded" and m is not None and np.ndim(m) == 2:
             mm = np.asarray(m, dtype=bool)
             if (mm[:, 1:] & ~mm[:, :-1]).any():
-                return profiles_mod.DOMAINS[tag]
-        if tag == "per_sequence_advantages" and a.get("advantages") is not None and \
-                np.ndim(a["advantages"]) == 2:
-            return profiles_mod.DOMAINS[tag]
+                order = np.argsort(~mm, axis=1, kind="stable")
+                arrays = {k: (np.take_along_axis(v, order, axis=1)
+                              if isinstance(v, np.ndarray) and v.shape == mm.shape else v)
+                          for k, v in arrays.items()}
+                changed.append("right-padded")
+        if tag == "per_sequence_advantages" and arrays.get("advantages") is not None and \
+                np.ndim(arrays["advantages"]) == 2:
+            return None, profiles_mod.DOMAINS[tag]
         if tag == "groups_of_two":
-            ids = a.get("group_ids")
-            size = case.params.get("group_size")
-            alone = (size == 1) if ids is None else \
-                bool((np.unique(np.asarray(ids), return_counts=True)[1] < 2).any())
-            if alone:
-                return profiles_mod.DOMAINS[tag]
-    return None
+            ids, size = arrays.get("group_ids"), params.get("group_size")
+            if ids is None:
+                if size == 1:
+                    return None, profiles_mod.DOMAINS[tag]
+                continue
+            valid = np.ones(len(ids), dtype=bool) if arrays.get("valid") is None else \
+                np.asarray(arrays["valid"], dtype=bool)
+            _, inverse = np.unique(np.asarray(ids), return_inverse=True)
+            inverse = inverse.reshape(-1)
+            keep = np.bincount(inverse, weights=valid)[inverse] >= 2   # two valid members
+            if not keep.any():
+                return None, profiles_mod.DOMAINS[tag]
+            if not keep.all():
+                n = len(ids)
+                arrays = {k: (v[keep] if isinstance(v, np.ndarray) and v.shape[:1] == (n,)
+                              else v) for k, v in arrays.items()}
+                changed.append("groups of one dropped")
+    if not changed:
+        return case, ""
+    return (cases_mod.Case(case.label + " (" + ", ".join(changed) + ")", arrays, params,
+                           case.stages, case.fd_step), ", ".join(changed))
 
 
 def audit(fn, ref, *, backend="torch", profile=None, cases=200, seed=0, rtol=None, atol=None,
@@ -192,6 +217,30 @@ def audit(fn, ref, *, backend="torch", profile=None, cases=200, seed=0, rtol=Non
       AuditReport: `.ok`, `.verdict`, `.findings` (check, status, cases, message,
       counterexample, diagnosis), printable.
     """
+    cases = _integer("cases", cases, 1)
+    seed = _integer("seed", seed, 0)
+    from .calls import AuditTimeout
+
+    aud, rule, notes = prepare(fn, ref, backend=backend, profile=profile, seed=seed, rtol=rtol,
+                               atol=atol, precision=precision, rename=rename,
+                               accumulation=accumulation, kl_use=kl_use, timeout=timeout,
+                               **conventions)
+    try:
+        report = _run_audit(aud, profile, rule, cases, seed)
+    except AuditTimeout as exc:
+        stopped = Finding("raises", status="fail", cases=1,
+                          message=f"{exc}; the audit stopped there (the call was abandoned)")
+        report = AuditReport(aud.entry.name, profile, aud.params, backend, 0, seed,
+                             [stopped], {}, n_drawn=cases)
+    report.notes = notes + report.notes
+    return report
+
+
+def prepare(fn, ref, *, backend="torch", profile=None, seed=0, rtol=None, atol=None,
+            precision=None, rename=None, accumulation=None, kl_use=None, timeout=TIMEOUT,
+            **conventions):
+    """Everything an audit fixes before its first case, each argument validated (audit's
+    arguments but `cases`): (the Auditor, the profile's rule or None, the report's notes)."""
     if backend not in ("torch", "numpy"):
         raise AuditUsageError(f"backend is {backend!r}; expected 'torch' or 'numpy'")
     _choice("accumulation", accumulation, ("mean", "sum"))
@@ -199,7 +248,6 @@ def audit(fn, ref, *, backend="torch", profile=None, cases=200, seed=0, rtol=Non
     _choice("kl_use", kl_use, KL_USES)
     if not callable(fn):
         raise AuditUsageError(f"fn is {fn!r}; expected a callable")
-    cases = _integer("cases", cases, 1)
     seed = _integer("seed", seed, 0)
     rtol = None if rtol is None else _number("rtol", rtol)
     atol = None if atol is None else _number("atol", atol)
@@ -211,7 +259,7 @@ def audit(fn, ref, *, backend="torch", profile=None, cases=200, seed=0, rtol=Non
     check_conventions(entry, params, seed)
 
     from .auditor import Auditor
-    from .calls import GLOBAL_KW, STRUCTURAL, Adapter, AuditTimeout
+    from .calls import GLOBAL_KW, STRUCTURAL, Adapter
 
     inputs = _inputs(entry)
     if rename is not None:
@@ -277,15 +325,7 @@ def audit(fn, ref, *, backend="torch", profile=None, cases=200, seed=0, rtol=Non
                                    default.atol if atol is None else atol, "as given")
     aud = Auditor(adapter, entry, params, backend, tol, accumulation, timeout, precision, kl_use,
                   accumulation_assumed=assumed)
-    try:
-        report = _run_audit(aud, profile, rule, cases, seed)
-    except AuditTimeout as exc:
-        stopped = Finding("raises", status="fail", cases=1,
-                          message=f"{exc}; the audit stopped there (the call was abandoned)")
-        report = AuditReport(entry.name, profile, params, backend, 0, seed, [stopped], {},
-                             n_drawn=cases)
-    report.notes = notes + report.notes
-    return report
+    return aud, rule, notes
 
 
 _RANK = {"pass": 0, "info": 1, "warn": 2, "fail": 3}
@@ -318,16 +358,19 @@ def _run_audit(aud, profile, rule, n_cases, seed) -> AuditReport:
     tally: Dict[str, Finding] = {c: Finding(c) for c in CHECKS}
     first_fail: Dict[str, tuple] = {}
     skipped: Dict[str, int] = {}
+    moved: Dict[str, int] = {}                 # cases moved into the profile's domain, by how
     rng = np.random.default_rng([seed, 7])
     n_run = 0
     for i in range(n_cases):
         case = as_trainer_batch(finite_padding(entry.case(cases_mod.rng_for(seed, entry.name, i),
                                                           i)))
-        why = outside_domain(rule, case)
-        outcomes = [] if why else aud.run_case(case)
-        if why or (outcomes and outcomes[0].check == "skip"):
-            why = why and f"outside the {profile} profile's domain: {why}"
-            why = why or outcomes[0].message
+        case, change = into_domain(rule, case)
+        if case is not None and change:
+            moved[change] = moved.get(change, 0) + 1
+        outcomes = [] if case is None else aud.run_case(case)
+        if case is None or (outcomes and outcomes[0].check == "skip"):
+            why = f"outside the {profile} profile's domain: {change}" if case is None else \
+                outcomes[0].message
             skipped[why] = skipped.get(why, 0) + 1
             continue
         n_run += 1
@@ -363,7 +406,7 @@ def _run_audit(aud, profile, rule, n_cases, seed) -> AuditReport:
                 f.check = "detach"
     findings = [f for f in tally.values() if f.cases > 0]
     report = AuditReport(entry.name, profile, params, backend, n_run, seed, findings, skipped,
-                         n_drawn=n_cases)
+                         n_drawn=n_cases, moved=moved)
     if aud.tol is not None:
         report.tolerance = dict(rtol=aud.tol.rtol, atol=aud.tol.atol,
                                 why=aud.tolerance_why or aud.tol.why)

@@ -12,6 +12,7 @@ from .calls import (GLOBAL_KW, STRUCTURAL, TIMEOUT, Adapter, call_with_deadline,
 from .model import AuditUsageError, Outcome
 
 # what a trainer's non-differentiable output is, for the report
+NOT_DIFFERENTIATED = "trainers do not differentiate through this function: a warning only"
 NO_GRADIENT = ("not checked: your output carries no gradient, as trainers compute it (this "
                "reference is not differentiated by trainers)")
 
@@ -259,6 +260,18 @@ class Auditor:
         return out
 
     def grad_check(self, data, raw, leaves, refs, kappas):
+        """The autograd gradient through the function against the reference VJP. For a
+        function trainers compute without gradients (advantages, returns, metrics) no gradient
+        is information and a different one a warning: neither changes training."""
+        results = self._grad_outcomes(data, raw, leaves, refs, kappas)
+        if self.entry.trainer_grad:
+            return results
+        return [o if o.ok else Outcome("grad", True, warn=True, yours=o.yours,
+                                       reference=o.reference,
+                                       message=f"{o.message} ({NOT_DIFFERENTIATED})")
+                for o in results]
+
+    def _grad_outcomes(self, data, raw, leaves, refs, kappas):
         outs = self.outputs_of(raw)
         tensors = [o for o in outs if isinstance(o, torch.Tensor)]
         carries = any(o.requires_grad for o in tensors)

@@ -66,6 +66,7 @@ class AuditReport:
     tolerance: Dict[str, object] = dataclasses.field(default_factory=dict)
     notes: List[str] = dataclasses.field(default_factory=list)
     inconclusive: List[str] = dataclasses.field(default_factory=list)
+    moved: Dict[str, int] = dataclasses.field(default_factory=dict)   # into the profile's domain
 
     @property
     def failures(self) -> List[Finding]:
@@ -116,6 +117,9 @@ class AuditReport:
                     lines.append(f"         {k}: {v}")
         if self.skipped:
             lines.append(f"  coverage: ran {self.n_cases} of {plural(self.n_drawn, 'case')}")
+        for how, n in self.moved.items():
+            lines.append(f"  note: {plural(n, 'case')} moved into the {self.profile} profile's "
+                         f"domain ({how})")
         for why, n in self.skipped.items():
             lines.append(f"  note: {plural(n, 'case')} skipped: {why}")
         lines.append(self.verdict_line())
@@ -129,4 +133,4 @@ class AuditReport:
                     seed=self.seed, tolerance=json_safe(self.tolerance), notes=self.notes,
                     inconclusive=self.inconclusive,
                     findings=[json_safe(dataclasses.asdict(f)) for f in self.findings],
-                    skipped=self.skipped)
+                    skipped=self.skipped, moved=self.moved)

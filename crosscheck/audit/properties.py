@@ -8,7 +8,7 @@ import torch
 from .. import bridge
 from .auditor import Auditor
 from .calls import GLOBAL_KW, exception_text
-from .model import Outcome
+from .model import Outcome, plural
 
 
 def permutation_check(aud: Auditor, case, rng) -> Optional[Outcome]:
@@ -31,9 +31,13 @@ def permutation_check(aud: Auditor, case, rng) -> Optional[Outcome]:
         (np.isnan(moved) & np.isnan(base[perm]))
     if not same.all():
         i = int(np.argwhere(~same)[0][0])
+        ref = aud.reference_outputs(data)[0]
+        right = aud.mismatch(base, ref, aud.valid_of(data, ref.shape), kappa) is None
+        why = ("groups taken by position?" if right else
+               "your unshuffled values differ from the reference's too: see the value check")
         return Outcome("permutation", False,
                        f"shuffling rows with their group_ids changed an advantage: row {perm[i]} "
-                       f"was {base[perm[i]]:.6g}, became {moved[i]:.6g} (groups taken by position?)")
+                       f"was {base[perm[i]]:.6g}, became {moved[i]:.6g} ({why})")
     return Outcome("permutation", True)
 
 
@@ -41,8 +45,8 @@ def microbatch_check(aud: Auditor, case) -> List[Outcome]:
     """The gradient accumulated over 2 and 4 micro-batches, the way the trainer accumulates
     ("mean" of micro-batch losses, each micro-batch given its own counts, or "sum" of losses
     each normalised by the whole batch's counts, given to a function that names them), equals
-    the full batch's. A micro-batch whose rows are all masked gives a
-    constant, gradient-free loss: it adds nothing, as it does in a trainer."""
+    the full batch's, and each micro-batch's loss is finite. A micro-batch whose rows are all
+    masked gives a constant, gradient-free loss: it adds nothing, as it does in a trainer."""
     if "microbatch" not in aud.entry.checks or aud.backend != "torch":
         return []
     data, _ = aud.inputs_for(case)
@@ -66,10 +70,22 @@ def microbatch_check(aud: Auditor, case) -> List[Outcome]:
                         for key, v in data.items()}
                 raw, leaves = aud.call(part, grad_wrt=(wrt,),
                                        extra=full if aud.accumulation == "sum" else None)
+                loss = aud.outputs_of(raw)[0]
+                value = bridge.to_numpy(loss)
+                if not np.isfinite(value).all():
+                    n = int(np.asarray(part["mask"], dtype=bool).sum())
+                    raise FloatingPointError(
+                        f"micro-batch {k + 1} of {K} (rows {k * size}..{(k + 1) * size - 1}, "
+                        f"{plural(n, 'valid token')}) gives a loss of "
+                        f"{value if value.ndim == 0 else value[~np.isfinite(value)][0]}: a "
+                        f"trainer's loss is then non-finite")
                 weight = 1.0 / K if aud.accumulation == "mean" else 1.0
-                (gr,) = bridge.backprop(aud.outputs_of(raw)[0], weight, [leaves[wrt]])
+                (gr,) = bridge.backprop(loss, weight, [leaves[wrt]])
                 if gr is not None:
                     total[rows] = gr
+        except FloatingPointError as exc:
+            out.append(Outcome("microbatch", False, str(exc)))
+            continue
         except Exception as exc:
             out.append(Outcome("microbatch", False, exception_text(exc)))
             continue

@@ -5,8 +5,10 @@ import pytest
 import torch
 
 from crosscheck import audit
-from tests.audit.corpus import (N, buggy, failing, finding, gae_loop, global_token_mean, grpo, kl,
-                                 minimind_style, ppo, seq_mean_all_rows)
+from crosscheck.audit.diagnose import diagnose
+from tests.audit.corpus import (N, auditor_for, buggy, failing, finding, gae_loop,
+                                 global_token_mean, grpo, kl, minimind_style, ppo,
+                                 seq_mean_all_rows, value_loss)
 
 
 # ================================================================ planted bugs, by class
@@ -108,9 +110,12 @@ def test_unmasked_whitening_statistics_are_flagged():
     def unmasked(x, mask):
         return (x - x.mean()) / (x.std() + 1e-8) * mask
     report = audit(unmasked, "whiten", profile="verl", cases=N)
-    assert {"mask", "value", "grad"} <= failing(report)
+    assert {"mask", "value"} <= failing(report)
     assert "statistics over padding too" in finding(report, "value").diagnosis
-    assert "gradient wrt x reaches padding" in finding(report, "grad").message
+    grad = finding(report, "grad")            # trainers never differentiate a whitening
+    assert grad.status == "warn" and "gradient wrt x reaches padding" in grad.message
+    assert grad.message.endswith("(trainers do not differentiate through this function: a "
+                                 "warning only)")
 
 
 def test_shift_mean_false_adding_the_mean_back_is_flagged():
@@ -211,13 +216,17 @@ def test_log_probs_detached_by_accident_are_flagged():
 
 
 def test_a_wrong_lambda_is_named_in_the_value_and_the_gradient_diagnosis():
-    """gae returns a pair: the gradient diagnosis contracts both outputs with cotangents."""
+    """gae returns a pair: the gradient diagnosis contracts both outputs with cotangents. (The
+    audit reports gae's gradient as a warning only, trainers never differentiate it; the
+    diagnosis is asked directly.)"""
     report = audit(gae_loop(1.0, 0.95), "gae", profile="verl", cases=N)
-    assert {"value", "grad"} <= failing(report)
+    assert failing(report) == {"value"} and finding(report, "grad").status == "warn"
     assert "deviates: it computes gae with lam=0.95 (the verl profile declares lam=1.0)" in \
         finding(report, "value").diagnosis
-    assert finding(report, "grad").diagnosis == \
-        "deviates: its gradient is that of gae with lam=0.95 (the verl profile declares lam=1.0)"
+    aud, case = auditor_for(gae_loop(1.0, 0.95), "gae", profile="verl")
+    assert diagnose(aud, case, "grad", "verl") == (
+        "deviates: its gradient is that of gae with lam=0.95 (the verl profile declares "
+        "lam=1.0)", False)
 
 
 def test_dual_clip_on_positive_advantages_is_flagged_under_any_c():
@@ -325,14 +334,25 @@ def test_a_function_that_raises_on_large_finite_padding_fails_the_mask_check():
 
 
 def test_an_output_detached_from_one_input_is_named():
-    """Values detached in GAE (a detach mistake): the output has no path to them at all."""
+    """Values detached in a loss: the output has no path to them at all."""
+    def detached_old(values, old_values, returns, mask):
+        return value_loss(0.5)(values.detach(), old_values, returns, mask)
+    report = audit(detached_old, "value_loss", profile="verl", cases=10)
+    assert failing(report) == {"grad"}
+    assert "your output does not depend on values" in finding(report, "grad").message
+
+
+def test_values_detached_in_gae_as_trainers_do_is_only_a_warning():
+    """Trainers compute advantages from detached critic values: a gradient that differs from
+    the reference's is a warning for a function trainers never differentiate."""
     inner = gae_loop(1.0, 1.0)
 
     def detached_values(rewards, values, mask, dones=None, last_value=None):
         return inner(rewards, values.detach(), mask, dones, last_value)
     report = audit(detached_values, "gae", profile="verl", cases=10)
-    assert failing(report) == {"grad"}
-    assert "your output does not depend on values" in finding(report, "grad").message
+    assert report.ok, str(report)
+    grad = finding(report, "grad")
+    assert grad.status == "warn" and "your output does not depend on values" in grad.message
 
 
 def test_the_permutation_check_hides_group_size_so_the_ids_must_be_used():
