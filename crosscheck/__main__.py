@@ -218,9 +218,10 @@ def audit_parser():
                    help="what your function takes and returns (default torch)")
     p.add_argument("--precision", choices=("float64", "float32"),
                    help="the precision your function computes in (default: its outputs' dtype)")
-    p.add_argument("--accumulation", choices=("mean", "sum"),
-                   help="how your trainer combines micro-batch gradients (default: the "
-                        "profile's, else mean)")
+    p.add_argument("--accumulation", choices=("mean", "sum", "none"),
+                   help="how your trainer combines micro-batch gradients; none: a step per "
+                        "batch (default: the profile's, else sum for a function naming a "
+                        "global count, else mean)")
     p.add_argument("--kl-use", choices=("loss", "reward"),
                    help="how your trainer uses a KL term (default: the profile's, else loss)")
     p.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",

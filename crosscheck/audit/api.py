@@ -48,6 +48,7 @@ TIMEOUT = 60.0                   # seconds per call of the audited function (cas
 PRECISIONS = ("float64", "float32")
 NEUTRAL = ("dones", "last_value", "valid", "sample_logits")     # optional inputs with a "none"
 KL_USES = ("loss", "reward")
+ACCUMULATIONS = ("mean", "sum", "none")
 
 
 def _number(name, v, lo=0.0):
@@ -204,9 +205,11 @@ def audit(fn, ref, *, backend="torch", profile=None, cases=200, seed=0, rtol=Non
         the dtype of its outputs; declare it when the outputs are cast back to float64).
       rename: {your parameter: the reference's input}, e.g. {"log_prob": "logp"}.
       accumulation: how micro-batch gradients are combined: "mean" (loss / n_micro, and DDP's
-        average over ranks) or "sum" (your function normalises by the global counts
-        `n_tokens_global` / `n_sequences_global`, which it receives if it names them); None:
-        the profile's, else "mean".
+        average over ranks), "sum" (your function normalises by the global counts
+        `n_tokens_global` / `n_sequences_global`, which it receives if it names them) or "none"
+        (an optimizer step per batch: no micro-batch check); None: the profile's, else "sum"
+        for a function naming a global count, else "mean" (assumed: a micro-batch failure is
+        then a warning).
       kl_use: "loss" | "reward" | None (the profile's, else "loss"): how your trainer uses a KL
         term, which the kl_direction check judges.
       timeout: seconds each call of `fn` may take (None: no limit). A call past it fails the
@@ -243,7 +246,7 @@ def prepare(fn, ref, *, backend="torch", profile=None, seed=0, rtol=None, atol=N
     arguments but `cases`): (the Auditor, the profile's rule or None, the report's notes)."""
     if backend not in ("torch", "numpy"):
         raise AuditUsageError(f"backend is {backend!r}; expected 'torch' or 'numpy'")
-    _choice("accumulation", accumulation, ("mean", "sum"))
+    _choice("accumulation", accumulation, ACCUMULATIONS)
     _choice("precision", precision, PRECISIONS)
     _choice("kl_use", kl_use, KL_USES)
     if not callable(fn):
@@ -281,34 +284,7 @@ def prepare(fn, ref, *, backend="torch", profile=None, seed=0, rtol=None, atol=N
     notes = []
     assumed = False
     if "microbatch" in entry.checks and backend == "torch":
-        assumed = accumulation is None and prof is None
-        if accumulation is None and prof is not None:
-            accumulation, source = (rule.accumulation if rule is not None and rule.accumulation
-                                    else prof.accumulation)
-            notes.append(f"micro-batches: {accumulation} of micro-batch gradients, as "
-                         f"{profile} accumulates ({source})")
-        elif accumulation is None and any(adapter.accepts(k) for k in GLOBAL_KW):
-            accumulation = "sum"
-            notes.append("micro-batches: the sum of micro-batch gradients (assumed without a "
-                         "profile: your function names a global count, so it normalises each "
-                         "micro-batch by the whole batch's; pass accumulation='mean' if not)")
-        elif accumulation is None:
-            accumulation = "mean"
-            notes.append("micro-batches: the mean of micro-batch gradients (assumed without a "
-                         "profile; pass accumulation='sum' if your trainer adds up losses "
-                         "normalised by global counts)")
-        else:
-            notes.append(f"micro-batches: {accumulation} of micro-batch gradients (as given)")
-        named = [k for k in GLOBAL_KW if adapter.accepts(k)]
-        if accumulation == "sum":
-            notes.append("global counts: " + (f"your function receives {', '.join(named)}, "
-                                              f"the whole batch's in each micro-batch"
-                                              if named else
-                         f"your function names neither {' nor '.join(GLOBAL_KW)}, so each "
-                         f"micro-batch can only normalise by its own counts"))
-        elif named:
-            notes.append(f"global counts: your function receives {', '.join(named)}, each "
-                         f"micro-batch its own (mean accumulation)")
+        accumulation, assumed, notes = _accumulation(accumulation, prof, rule, adapter)
     if kl_use is None:
         kl_use = prof.kl_use[0] if prof is not None else "loss"
     if "kl_direction" in entry.checks:
@@ -343,6 +319,48 @@ def _fold(f: Finding, o) -> None:
             same["cases"] += 1
     if _RANK[status] > _RANK[f.status]:
         f.status, f.message = status, o.message
+
+
+def _accumulation(given, prof, rule, adapter):
+    """(the micro-batch accumulation to simulate, whether it was assumed, the report's notes on
+    it): as given, else the profile's (its rule's, for a loss that accumulates its own way),
+    else assumed from the function ("sum" when it names a global count, else "mean")."""
+    from .calls import GLOBAL_KW
+
+    named = [k for k in GLOBAL_KW if adapter.accepts(k)]
+    assumed = given is None and prof is None
+    if given is None and prof is not None:
+        given, source = rule.accumulation if rule is not None and rule.accumulation else \
+            prof.accumulation
+        head = (f"micro-batches: none, as {prof.name} trains ({source}): the micro-batch check "
+                f"does not apply (pass accumulation='mean' or 'sum' to check an accumulating "
+                f"run)" if given == "none" else
+                f"micro-batches: {given} of micro-batch gradients, as {prof.name} accumulates "
+                f"({source})")
+    elif given is None and named:
+        given, head = "sum", ("micro-batches: the sum of micro-batch gradients (assumed without "
+                              "a profile: your function names a global count, so it normalises "
+                              "each micro-batch by the whole batch's; pass accumulation='mean' "
+                              "if not)")
+    elif given is None:
+        given, head = "mean", ("micro-batches: the mean of micro-batch gradients (assumed "
+                               "without a profile; pass accumulation='sum' if your trainer adds "
+                               "up losses normalised by global counts)")
+    elif given == "none":
+        head = "micro-batches: none (as given): the micro-batch check does not apply"
+    else:
+        head = f"micro-batches: {given} of micro-batch gradients (as given)"
+    notes = [head]
+    if given == "sum":
+        notes.append("global counts: " + (f"your function receives {', '.join(named)}, the "
+                                          f"whole batch's in each micro-batch" if named else
+                                          f"your function names neither "
+                                          f"{' nor '.join(GLOBAL_KW)}, so each micro-batch can "
+                                          f"only normalise by its own counts"))
+    elif given == "mean" and named:
+        notes.append(f"global counts: your function receives {', '.join(named)}, each "
+                     f"micro-batch its own (mean accumulation)")
+    return given, assumed, notes
 
 
 def _run_audit(aud, profile, rule, n_cases, seed) -> AuditReport:

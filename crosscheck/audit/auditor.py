@@ -243,6 +243,9 @@ class Auditor:
                 where = (f"where the reference is {r[i]:.6g}" if bad.any() else
                          "at a masked position: masking by multiplication ((loss * mask).sum())"
                          " would turn the sum into NaN; padding may hold finite values only")
+                if bad.any() and self.precision == "float32" and \
+                        abs(r[i]) > np.finfo(np.float32).max:
+                    where += " (beyond float32's range: float32 code overflows here)"
                 out.append(Outcome("finite", False, f"{self.label(k, i)} is {y[i]} {where}"))
                 continue
             i = self.mismatch(y, r, valid, kappas[k])

@@ -9,8 +9,10 @@ Beside the conventions, a profile states:
 - its domain per function: the inputs that trainer's code is ever given (TRL's and MiniMind's
   PPO only see right-padded masks; MiniMind's GRPO one advantage per sequence). Audit cases
   outside it are skipped and counted, never failed;
-- how it accumulates micro-batch gradients ("sum" of losses normalised by global counts, or
-  "mean" of micro-batch losses), which the micro-batch check simulates;
+- how it accumulates micro-batch gradients ("sum" of losses normalised by global counts,
+  "mean" of micro-batch losses, or "none": an optimizer step per batch), which the micro-batch
+  check simulates; a loss that accumulates unlike the rest states its own;
+- what a value a user may set means in that trainer (verl's shift_mean=False re-adds the mean);
 - whether its KL term is a loss or a detached reward, which the KL-direction check judges;
 - for policy_objective, one rule per policy loss: the keywords of the chosen loss only.
 """
@@ -54,7 +56,7 @@ class Profile:
     rules: Mapping[str, Rule]
     objective: Mapping[str, Rule]             # policy_objective, one rule per policy loss
     default_loss: str                         # the policy loss the trainer uses by default
-    accumulation: Tuple[str, str]             # ("sum" | "mean", its source)
+    accumulation: Tuple[str, str]             # ("sum" | "mean" | "none", its source)
     kl_use: Tuple[Optional[str], str]         # ("loss" | "reward" | None, its source)
 
     def defines(self):
@@ -250,7 +252,9 @@ PROFILES: Dict[str, Profile] = {p.name: p for p in (
                          kl_kind="k3", clip_low=0.2),
         },
         default_loss="cispo",
-        accumulation=("mean", "trainer/train_grpo.py, train_ppo.py: loss / accumulation_steps"),
+        accumulation=("none", "trainer/train_grpo.py, train_ppo.py: --accumulation_steps "
+                              "defaults to 1, an optimizer step per batch; raised, each loss is "
+                              "divided by it: accumulation='mean'"),
         kl_use=("loss", "trainer/train_grpo.py, train_ppo.py: β·k3 in the loss"),
     ),
     Profile(
@@ -273,8 +277,7 @@ PROFILES: Dict[str, Profile] = {p.name: p for p in (
                          clip_low=0.2),
         },
         default_loss="ppo",
-        accumulation=("mean", "cleanrl/ppo.py: one optimizer step per minibatch (no "
-                              "accumulation)"),
+        accumulation=("none", "cleanrl/ppo.py: one optimizer step per minibatch"),
         kl_use=(None, "cleanrl/ppo.py: no KL term against a reference"),
     ),
 )}

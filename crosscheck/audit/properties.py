@@ -47,7 +47,8 @@ def microbatch_check(aud: Auditor, case) -> List[Outcome]:
     each normalised by the whole batch's counts, given to a function that names them), equals
     the full batch's, and each micro-batch's loss is finite. A micro-batch whose rows are all
     masked gives a constant, gradient-free loss: it adds nothing, as it does in a trainer."""
-    if "microbatch" not in aud.entry.checks or aud.backend != "torch":
+    if "microbatch" not in aud.entry.checks or aud.backend != "torch" or \
+            aud.accumulation == "none":
         return []
     data, _ = aud.inputs_for(case)
     if data is None:

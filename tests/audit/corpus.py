@@ -185,14 +185,18 @@ def k3_half_detached(logp, ref_logp, mask):
     return torch.where(m, torch.exp(x).detach() - x - 1, zero)
 
 
-def auditor_for(fn, ref, case_index=0, **kwargs):
-    """The audit's Auditor for `fn` (its tolerance chosen by a first case) and that case, as
-    the audit draws it: for asking one part of the audit (the diagnosis, say) directly."""
+def auditor_for(fn, ref, want=None, **kwargs):
+    """The audit's Auditor for `fn` (its tolerance chosen by a first case) and the first case
+    the audit draws for which `want(auditor, case)` holds (any, by default): for asking one part
+    of the audit (the diagnosis, a property check) directly."""
     from crosscheck.audit.api import prepare
     from crosscheck.audit.calls import as_trainer_batch, finite_padding
     from crosscheck.check import cases as cases_mod
     aud, _, _ = prepare(fn, ref, **kwargs)
-    case = as_trainer_batch(finite_padding(aud.entry.case(
-        cases_mod.rng_for(kwargs.get("seed", 0), aud.entry.name, case_index), case_index)))
-    aud.run_case(case)
-    return aud, case
+    for i in range(200):
+        case = as_trainer_batch(finite_padding(aud.entry.case(
+            cases_mod.rng_for(kwargs.get("seed", 0), aud.entry.name, i), i)))
+        if want is None or want(aud, case):
+            aud.run_case(case)
+            return aud, case
+    raise AssertionError("no case of the first 200 is wanted")

@@ -223,7 +223,7 @@ def test_a_wrong_lambda_is_named_in_the_value_and_the_gradient_diagnosis():
     assert failing(report) == {"value"} and finding(report, "grad").status == "warn"
     assert "deviates: it computes gae with lam=0.95 (the verl profile declares lam=1.0)" in \
         finding(report, "value").diagnosis
-    aud, case = auditor_for(gae_loop(1.0, 0.95), "gae", profile="verl")
+    aud, case = auditor_for(gae_loop(1.0, 0.95), "gae", profile="verl")      # the first case
     assert diagnose(aud, case, "grad", "verl") == (
         "deviates: its gradient is that of gae with lam=0.95 (the verl profile declares "
         "lam=1.0)", False)

@@ -1,0 +1,298 @@
+"""No false alarms on correct code: outputs that carry no gradient by design, float32 code,
+float32 noise in the KL direction, a KL used as a reward, deliberate refusals of degenerate
+batches, micro-batches without a valid token, and the trainer's own accumulation."""
+import numpy as np
+import pytest
+import torch
+
+from crosscheck import audit, tolerances
+from crosscheck.audit import AuditUsageError
+from crosscheck.audit.properties import microbatch_check
+from tests.audit.corpus import (N, auditor_for, finding, gae_loop, global_token_mean, kl, ppo)
+from tests.audit.styles import grpo_float32, token_mean_global
+
+
+# ================================================================ no gradient by design
+def test_advantages_computed_under_no_grad_are_information_not_a_failure():
+    report = audit(torch.no_grad()(gae_loop(0.99, 0.95)), "gae", profile="cleanrl", cases=N)
+    assert report.ok, str(report)
+    grad = finding(report, "grad")
+    assert grad.status == "info" and grad.cases == N
+    assert grad.message == ("not checked: your output carries no gradient, as trainers compute "
+                            "it (this reference is not differentiated by trainers)")
+    assert "INFO grad" in str(report)
+
+
+def test_a_metric_returned_as_a_python_float_is_information():
+    def approx_kl(logp, old_logp, mask):
+        m = mask.bool()
+        n = int(m.sum())
+        k1 = torch.where(m, old_logp - logp, torch.zeros((), dtype=logp.dtype))
+        return float(k1.detach().sum()) / n if n else 0.0
+    report = audit(approx_kl, "approx_kl", profile="verl", cases=N)
+    assert report.ok and finding(report, "grad").status == "info", str(report)
+
+
+def test_a_loss_without_a_gradient_still_fails():
+    report = audit(torch.no_grad()(ppo()), "ppo_clip_loss", profile="cleanrl", cases=N)
+    assert report.verdict == "DOES NOT CONFORM"
+    grad = finding(report, "grad")
+    assert grad.status == "fail" and grad.message.startswith("your output does not depend on "
+                                                             "logp")
+
+
+def grpo_sqrt_of_variance(rewards, group_ids):
+    """Group advantages with σ = sqrt(mean of squared deviations): at σ = 0 autograd gives
+    sqrt's infinite slope times a zero, NaN."""
+    out = torch.zeros_like(rewards)
+    for g in torch.unique(group_ids):
+        i = group_ids == g
+        r = rewards[i]
+        if r.numel() > 1:
+            out[i] = (r - r.mean()) / (((r - r.mean()) ** 2).mean().sqrt() + 1e-4)
+    return out
+
+
+def test_a_nan_gradient_where_the_reference_has_a_kink_is_no_failure():
+    """At σ = 0 (an all-equal group) the reference is not differentiable either: that position
+    is not judged; everywhere else the gradient must agree."""
+    from crosscheck.audit.calls import reference_args
+
+    def kinked(aud, case):                      # an all-equal group of two or more
+        data, _ = aud.inputs_for(case)
+        return data is not None and aud.entry.kinks(reference_args(data), aud.params)[
+            "rewards"].any()
+    aud, case = auditor_for(grpo_sqrt_of_variance, "group_advantages", want=kinked, ddof=0,
+                            eps=1e-4)
+    assert "an all-equal group" in case.label
+    data, _ = aud.inputs_for(case)
+    raw, leaves = aud.call(data, grad_wrt=("rewards",))
+    raw.backward(torch.ones_like(raw))
+    assert torch.isnan(leaves["rewards"].grad).any()           # the function's own NaN
+    grad = [o for o in aud.run_case(case) if o.check == "grad"]
+    assert grad and all(o.ok and not o.warn for o in grad), grad
+
+
+# ================================================================ precision
+def f32_cast_back(rewards, group_ids):
+    """float32 arithmetic whose result is cast back to float64: its dtype hides its precision."""
+    return grpo_float32(1, 1e-4)(rewards, group_ids).double()
+
+
+def test_float32_arithmetic_cast_back_is_judged_at_float32_when_declared():
+    undeclared = audit(f32_cast_back, "group_advantages", profile="trl", cases=N)
+    assert undeclared.verdict == "DOES NOT CONFORM"       # float64 tolerance: float32 rounding
+    declared = audit(f32_cast_back, "group_advantages", profile="trl", cases=N,
+                     precision="float32")
+    assert declared.ok, str(declared)
+    assert declared.tolerance["why"] == ("the float32 row of the tolerance table: "
+                                         "precision='float32' declared")
+
+
+def test_float32_rounding_is_not_mistaken_for_groups_taken_by_position():
+    report = audit(grpo_float32(1, 1e-4), "group_advantages", profile="trl", cases=N)
+    assert report.ok and finding(report, "permutation").status == "pass", str(report)
+
+
+def test_given_tolerances_replace_the_rows():
+    report = audit(kl("k3"), "kl_penalty", cases=4, rtol=1e-3)
+    assert report.tolerance["rtol"] == 1e-3
+    assert report.tolerance["atol"] == tolerances.get("audit", "float64").atol
+    assert report.tolerance["why"] == "as given"
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_code_is_refused_with_what_to_do(dtype):
+    def half(logp, ref_logp, mask):
+        return kl("k3")(logp, ref_logp, mask).to(dtype)
+    with pytest.raises(AuditUsageError, match="judges float64 and float32 code; cast its outputs "
+                                              "to float32 and pass precision='float32'"):
+        audit(half, "kl_penalty", cases=2)
+
+
+# ================================================================ the KL direction
+def k1_float32(logp, ref_logp, mask):
+    return (logp.float() - ref_logp.float()) * mask
+
+
+def k3_float32(logp, ref_logp, mask):
+    x = ref_logp.float() - logp.float()
+    return (torch.exp(x) - x - 1) * mask
+
+
+def test_float32_noise_in_a_k1_loss_is_no_gradient_not_a_flipped_sign():
+    report = audit(k1_float32, "kl_penalty", kind="k1", cases=N)
+    f = finding(report, "kl_direction")
+    assert f.status == "warn" and "no expected gradient (k1 used as a loss?)" in f.message
+    assert report.ok
+
+
+def test_k1_used_as_a_reward_pulls_toward_the_reference():
+    report = audit(k1_float32, "kl_penalty", kind="k1", kl_use="reward", cases=N)
+    assert finding(report, "kl_direction").status == "pass" and report.ok
+    assert "KL term: judged as a reward" in str(report)
+
+
+def k3_clamped_float32(logp, ref_logp, mask):
+    """verl's low_var_kl in float32: the log-ratio clamped to ±20, the estimate to ±10."""
+    x = (ref_logp.float() - logp.float()).clamp(-20, 20)
+    return (torch.exp(x) - x - 1).clamp(-10, 10) * mask
+
+
+def test_a_float32_k3_loss_moves_toward_the_reference():
+    report = audit(k3_clamped_float32, "kl_penalty", profile="verl", cases=N)
+    assert finding(report, "kl_direction").status == "pass" and report.ok, str(report)
+
+
+def test_a_float32_value_beyond_float32s_range_is_named_as_such():
+    """Unclamped k3 at a log-ratio of 90..120 is ~1e39..1e52: float32 overflows there."""
+    report = audit(k3_float32, "kl_penalty", kind="k3", cases=N)
+    f = finding(report, "finite")
+    assert f.status == "fail"
+    assert f.message.endswith("(beyond float32's range: float32 code overflows here)")
+
+
+def test_each_profile_states_how_its_trainer_uses_the_kl_term():
+    report = audit(lambda logp, ref_logp, mask: (logp - ref_logp).clamp(-10, 10) * mask,
+                   "kl_penalty", profile="openrlhf", cases=6)
+    assert report.ok, str(report)
+    assert any(n.startswith("KL term: judged as a reward (openrlhf: ") for n in report.notes)
+    assert finding(report, "kl_direction").status == "pass"
+
+
+# ================================================================ deliberate refusals
+def refuses_short_rows(x, mask):
+    """Whitening that refuses rows with fewer than two valid tokens, and empty batches."""
+    if not mask.any():
+        raise AssertionError("empty batch")
+    if mask.sum(-1).min() < 2:
+        raise ValueError("every row needs two valid tokens")
+    m = mask.bool()
+    v = x[m]
+    return torch.where(m, (x - v.mean()) / torch.sqrt(v.var(unbiased=False) + 1e-8),
+                       torch.zeros((), dtype=x.dtype))
+
+
+def test_a_clear_refusal_of_a_degenerate_batch_is_a_warning_listing_each_exception():
+    report = audit(refuses_short_rows, "whiten", profile="minimind", cases=N)
+    assert report.ok, str(report)
+    f = finding(report, "raises")
+    assert f.status == "warn"
+    assert f.message.startswith("your function refuses degenerate batches (")
+    here = "tests/audit/test_false_alarms.py"
+    where = {e["where"].split(":")[0] for e in f.exceptions}
+    assert where == {here}
+    kinds = {(e["type"], e["message"]) for e in f.exceptions}
+    assert ("ValueError", "every row needs two valid tokens") in kinds
+    assert all(e["degenerate"] and e["cases"] >= 1 for e in f.exceptions)
+    text = str(report)
+    for e in f.exceptions:
+        assert f"{e['type']}: {e['message']} at {e['where']} (" in text
+
+
+def test_an_unclear_error_on_a_degenerate_batch_is_still_a_failure():
+    def crashes(x, mask):
+        if mask.sum(-1).min() < 2:
+            raise RuntimeError("index out of range")
+        return refuses_short_rows(x, mask)
+    report = audit(crashes, "whiten", profile="minimind", cases=N)
+    assert finding(report, "raises").status == "fail"
+
+
+def test_a_refusal_of_an_ordinary_batch_is_a_failure():
+    def refuses_all(x, mask):
+        raise ValueError("not today")
+    report = audit(refuses_all, "whiten", profile="minimind", cases=N)
+    assert finding(report, "raises").status == "fail"
+
+
+# ================================================================ micro-batches
+def test_a_micro_batch_without_a_valid_token_adds_nothing_and_fails_nothing():
+    aud, case = auditor_for(token_mean_global, "aggregate", profile="verl",
+                            want=lambda aud, c: "first half of the rows empty" in c.label and
+                            c.shape()[0] % 2 == 0)
+    assert not np.asarray(case.arrays["mask"])[: case.shape()[0] // 2].any()
+    outcomes = microbatch_check(aud, case)
+    assert outcomes and all(o.ok and not o.warn for o in outcomes), outcomes
+
+
+def test_the_profiles_accumulation_is_simulated_and_stated():
+    report = audit(token_mean_global, "aggregate", profile="verl", cases=N)
+    assert report.ok and finding(report, "microbatch").cases > 0
+    assert report.notes[0].startswith("micro-batches: sum of micro-batch gradients, as verl "
+                                      "accumulates (verl/workers/actor/dp_actor.py")
+    assert "global counts: your function receives n_tokens_global" in report.notes[1]
+
+
+def test_under_a_summing_trainer_a_function_without_global_counts_is_told_how_to_get_them():
+    report = audit(lambda loss, mask: global_token_mean(loss, mask), "aggregate",
+                   profile="verl", cases=N)
+    f = finding(report, "microbatch")
+    assert f.status == "fail"
+    assert f.message.endswith("your function takes no global count: a trainer that sums "
+                              "micro-batch gradients normalises each by the whole batch's "
+                              "counts, which the audit passes to a function that names "
+                              "n_tokens_global or n_sequences_global")
+    assert ("global counts: your function names neither n_tokens_global nor "
+            "n_sequences_global, so each micro-batch can only normalise by its own counts"
+            ) in report.notes
+
+
+def test_without_a_profile_the_assumed_accumulation_is_stated_and_only_warns():
+    report = audit(lambda loss, mask: global_token_mean(loss, mask), "aggregate",
+                   mode="token-mean", cases=N)
+    assert report.notes[0].startswith("micro-batches: the mean of micro-batch gradients "
+                                      "(assumed without a profile;")
+    f = finding(report, "microbatch")
+    assert f.status == "warn" and f.message.endswith("the accumulation was assumed: declare "
+                                                     "accumulation= (or a profile) to make "
+                                                     "this a check")
+    assert report.ok
+    declared = audit(lambda loss, mask: global_token_mean(loss, mask), "aggregate",
+                     mode="token-mean", accumulation="mean", cases=N)
+    assert finding(declared, "microbatch").status == "fail"
+
+
+def test_a_function_naming_a_global_count_is_assumed_to_sum():
+    report = audit(token_mean_global, "aggregate", mode="token-mean", cases=N)
+    assert report.ok and finding(report, "microbatch").status == "pass"
+    assert report.notes[0].startswith("micro-batches: the sum of micro-batch gradients "
+                                      "(assumed without a profile: your function names a "
+                                      "global count")
+
+
+def test_each_micro_batch_gets_its_own_counts_under_mean_accumulation():
+    seen = []
+
+    def recording(loss, mask, n_tokens_global):
+        seen.append((int(mask.sum()), n_tokens_global))
+        return global_token_mean(loss, mask, n_tokens_global)
+    audit(recording, "aggregate", mode="seq-mean-token-sum", accumulation="mean", cases=6)
+    assert seen and all(local == given for local, given in seen)
+    seen.clear()
+    audit(recording, "aggregate", mode="token-mean", accumulation="sum", cases=6)
+    assert any(local < given for local, given in seen)       # the whole batch's count
+
+
+def test_a_profile_loss_that_accumulates_unlike_its_profile_is_simulated_its_way():
+    """TRL's loss_type='grpo' (its GSPO objective) divides by the accumulation steps."""
+    from crosscheck.audit.profiles import rule
+    r = rule("trl", "policy_objective", "gspo")
+    assert r.accumulation[0] == "mean"
+    report = audit(lambda **kw: kw["logp"].sum() * 0, "policy_objective", profile="trl",
+                   loss="gspo", cases=2)
+    assert report.notes[0].startswith("micro-batches: mean of micro-batch gradients, as trl "
+                                      "accumulates (trl/trainer/grpo_trainer.py::_compute_loss:"
+                                      " loss_type 'grpo'")
+
+
+def test_numpy_arrays_stay_numpy():
+    seen = []
+
+    def fn(x, mask):
+        seen.append(type(x))
+        m = mask.astype(bool)
+        v = x[m]
+        return np.where(m, (x - v.mean()) / np.sqrt(v.var() + 1e-8), 0.0)
+    assert audit(fn, "whiten", profile="minimind", backend="numpy", cases=4).ok
+    assert set(seen) == {np.ndarray}
