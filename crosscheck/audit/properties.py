@@ -130,6 +130,8 @@ def kl_direction_check(aud: Auditor, rng) -> Optional[Outcome]:
     tolerance of the scale of its per-category terms is no gradient at all."""
     if "kl_direction" not in aud.entry.checks or aud.backend != "torch" or aud.kl_use is None:
         return None
+    if not (aud.accepts("logp") and aud.accepts("ref_logp")) or aud.adapter.unmet():
+        return None                            # the adapter cannot take them (see the verdict)
     worst = None
     for _ in range(4):
         V = 6

@@ -117,3 +117,36 @@ def test_value_and_gradient_failures_quote_both_numbers():
         msg = finding(report, check).message
         assert re.search(r"yours -?[0-9.e+-]+, reference -?[0-9.e+-]+", msg), msg
     assert finding(report, "grad").message.startswith("d/dlogp[")
+
+
+def test_one_case_is_one_case():
+    report = audit(kl("k3"), "kl_penalty", kind="k3", cases=1)
+    assert ", 1 case, seed 0\n" in str(report)
+    assert re.search(r"PASS value +1 case\n", str(report))
+
+
+def test_a_function_returning_none_is_told_so():
+    report = audit(lambda logp, ref_logp, mask: None, "kl_penalty", kind="k3", cases=4)
+    f = finding(report, "shape")
+    assert f.status == "fail" and f.message.startswith("your function returned None; expected (")
+    assert f.counterexample["your output"] == "None: your function returned nothing"
+
+
+def test_a_pair_is_labelled_by_its_names():
+    def wrong_returns(rewards, values, mask):
+        adv, _ = gae_loop(1.0, 1.0)(rewards, values, mask)
+        return adv, adv
+    report = audit(wrong_returns, "gae", gamma=1.0, lam=1.0, cases=N)
+    f = finding(report, "value")
+    assert f.message.startswith("returns[")
+    assert set(f.counterexample["reference output"]) == {"advantages", "returns"}
+    assert set(f.counterexample["your output"]) == {"advantages", "returns"}
+
+
+def test_a_function_that_always_raises_shrinks_to_the_smallest_batch():
+    def always(logp, ref_logp, mask):
+        raise RuntimeError("broken")
+    report = audit(always, "kl_penalty", kind="k3", cases=N)
+    ce = finding(report, "raises").counterexample
+    assert np.asarray(ce["logp"]).shape == (1, 1)
+    assert ce["your output"] == "raised RuntimeError: broken"

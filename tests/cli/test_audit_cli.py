@@ -76,3 +76,42 @@ def test_a_target_path_holding_a_colon_is_split_at_the_last_one(tmp_path):
     code, out, err = run_cli(["audit", f"{folder / 'mine.py'}:k3", "--ref", "kl_penalty",
                               "--cases", "3"])
     assert code == 0 and "verdict: CONFORMS" in out, err
+
+
+def test_list_profiles_honours_json():
+    from crosscheck.audit.profiles import PROFILES, to_dict
+    code, out, _ = run_cli(["audit", "--list-profiles", "--json"])
+    assert code == 0
+    doc = json.loads(out)
+    assert list(doc) == list(PROFILES) and doc == json.loads(json.dumps(to_dict()))
+
+
+def test_an_inconclusive_audit_exits_2_and_map_makes_it_conclusive(tmp_path):
+    target = tmp_path / "verl_names.py"
+    target.write_text("import torch\n"
+                      "def k3(log_prob, ref_log_prob, response_mask):\n"
+                      "    x = torch.where(response_mask.bool(), ref_log_prob - log_prob,\n"
+                      "                    torch.zeros((), dtype=log_prob.dtype))\n"
+                      "    return (torch.exp(x) - x - 1) * response_mask\n")
+    code, out, _ = run_cli(["audit", f"{target}:k3", "--ref", "kl_penalty", "--cases", "4"])
+    assert code == 2 and "verdict: INCONCLUSIVE: the value check ran on no case" in out
+    assert "--map log_prob=logp --map ref_log_prob=ref_logp --map response_mask=mask" in out
+    code, out, _ = run_cli(["audit", f"{target}:k3", "--ref", "kl_penalty", "--cases", "4",
+                            "--map", "log_prob=logp", "--map", "ref_log_prob=ref_logp",
+                            "--map", "response_mask=mask"])
+    assert code == 0 and "verdict: CONFORMS" in out
+    code, _, err = run_cli(["audit", f"{target}:k3", "--ref", "kl_penalty", "--map", "log_prob"])
+    assert code == 2 and "--map 'log_prob'; expected key=value, e.g. --map log_prob=logp" in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--cases", "0"], "--cases is 0; expected a positive number"),
+    (["--cases", "-5"], "--cases is -5; expected a positive number"),
+    (["--seed", "-1"], "--seed is -1; expected a non-negative integer"),
+    (["--set", "kind=k9"], "kind is 'k9'"),
+])
+def test_audit_arguments_are_validated_on_the_command_line(tmp_path, argv, message):
+    target = tmp_path / "mine.py"
+    target.write_text("def k(logp, ref_logp, mask):\n    return logp\n")
+    code, out, err = run_cli(["audit", f"{target}:k", "--ref", "kl_penalty"] + argv)
+    assert code == 2 and message in err and out == ""

@@ -123,3 +123,19 @@ def test_main_reads_its_arguments_from_the_command_line(monkeypatch, capsys):
     monkeypatch.setattr("sys.argv", ["python -m crosscheck", "--list"])
     assert cli.main() == 0
     assert "policy_objective" in capsys.readouterr().out
+
+
+def test_the_main_help_names_the_subcommands():
+    code, out, _ = run_cli(["--help"])
+    assert code == 0
+    assert ("subcommands: 'python -m crosscheck audit' audits your own function against a "
+            "reference; 'python -m crosscheck explain' walks through the math.") in \
+        " ".join(out.split())
+
+
+@pytest.mark.parametrize("sub", list(SECTIONS))
+def test_usage_says_crosscheck_when_run_as_the_console_script(monkeypatch, sub):
+    monkeypatch.setattr("sys.argv", ["/somewhere/bin/crosscheck"])
+    code, out, _ = run_cli(([sub] if sub else []) + ["--help"])
+    assert code == 0 and out.startswith("usage: " + " ".join(["crosscheck"] +
+                                                              ([sub] if sub else [])) + " ")

@@ -436,3 +436,22 @@ def test_the_std_sentence_prints_the_two_advantages_it_compares(topics):
     for lang in ("en", "zh"):
         numbers = DECIMAL.findall(explain.render(topics["compare"], lang))
         assert f"{out['minimind_A0']:.4f}" in numbers and f"{out['trl_A0']:.4f}" in numbers
+
+
+def test_plot_into_an_unwritable_folder_refuses_before_printing_anything(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    code, out, err = run(["explain", "--topic", "gae", "--plot", str(blocker / "figs")])
+    assert code == 2 and out == "" and str(blocker / "figs") in err
+
+
+def test_plot_of_one_topic_writes_that_topics_figures_only(tmp_path):
+    code, _, _ = run(["explain", "--topic", "ppo", "--plot", str(tmp_path)])
+    assert code == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ppo_objective.png"]
+
+
+def test_the_json_carries_no_untranslated_text_key():
+    code, out, _ = run(["explain", "--json"])
+    assert code == 0
+    assert '"@' not in out and "@why." not in out

@@ -1,0 +1,79 @@
+"""The diagnosis is sound: a variant is proposed only when the declared conventions fail and the
+variant reproduces the function on every probe (padding included); a deviation is named against
+the profile that declared the convention; NaN never 'changes' into NaN."""
+import torch
+
+from crosscheck import audit
+from crosscheck.audit.diagnose import diagnose
+from tests.audit.corpus import N, auditor_for, finding, global_token_mean, grpo, kl, whiten
+
+
+def test_a_bug_no_variant_explains_gets_no_diagnosis():
+    def scaled(loss, mask, n_tokens_global=None):
+        return 1.5 * global_token_mean(loss, mask, n_tokens_global)
+    report = audit(scaled, "aggregate", profile="verl", cases=N)
+    assert finding(report, "value").status == "fail" and finding(report, "value").diagnosis == ""
+    assert finding(report, "grad").diagnosis == ""
+
+
+def test_a_variant_without_effect_under_the_declared_aggregation_is_never_proposed():
+    """Under token-mean, empty_rows changes nothing: a wrong token mean is not 'empty_rows'."""
+    def off_by_one(loss, mask, n_tokens_global=None):
+        n = int(mask.sum()) if n_tokens_global is None else n_tokens_global
+        m = mask.to(loss.dtype)
+        return (torch.where(mask.bool(), loss, torch.zeros((), dtype=loss.dtype)) * m).sum() / \
+            (n + 1)
+    report = audit(off_by_one, "aggregate", profile="verl", cases=N)
+    assert finding(report, "value").status == "fail"          # so a diagnosis was sought
+    for f in report.findings:
+        assert "empty_rows" not in f.diagnosis, f.diagnosis
+
+
+def test_the_diagnosis_is_given_only_when_the_declared_conventions_fail_on_the_case():
+    """Asked about a case the function gets right, the diagnosis says nothing."""
+    aud, case = auditor_for(grpo(1, 1e-4), "group_advantages", profile="trl",
+                            want=lambda aud, c: c.params.get("group_size", 0) >= 2)
+    assert diagnose(aud, case, "value", "trl") == ("", False)
+
+
+def test_a_deviation_names_the_profile_that_declared_the_convention():
+    report = audit(whiten(0, 1e-8, "var"), "whiten", profile="verl", cases=N)
+    assert finding(report, "value").diagnosis == (
+        "deviates: it computes whiten with ddof=0 (the verl profile declares ddof=1)")
+    report = audit(whiten(0, 1e-8, "var"), "whiten", ddof=1, eps=1e-8, cases=N)
+    assert finding(report, "value").diagnosis == (
+        "deviates: it computes whiten with ddof=0 (the declared conventions are ddof=1)")
+    assert "not a bug" not in finding(report, "value").diagnosis
+
+
+def test_a_nan_gradient_at_padding_is_not_explained_by_a_convention():
+    def row_mean_nan(loss, mask):
+        m = mask.to(loss.dtype)
+        return ((loss * m).sum(1) / m.sum(1)).mean()          # 0/0 on an empty row
+    report = audit(row_mean_nan, "aggregate", mode="seq-mean-token-mean", accumulation="mean",
+                   cases=N)
+    grad = finding(report, "grad")
+    assert grad.status == "fail" and grad.diagnosis == ""
+
+
+def test_nan_never_changes_into_nan():
+    def all_nan(logp, ref_logp, mask):
+        return kl("k3")(logp, ref_logp, mask) * float("nan")
+    report = audit(all_nan, "kl_penalty", kind="k3", cases=N)
+    assert "finite" in {f.check for f in report.failures}
+    text = str(report)
+    assert "nan → nan" not in text and "nan -> nan" not in text
+
+
+def test_a_known_bug_and_the_convention_it_amounts_to_are_both_named():
+    def adds_back(x, mask):
+        m = mask.bool()
+        v = x[m]
+        mean = v.mean()
+        return torch.where(m, (x - mean) * torch.rsqrt(v.var(unbiased=False) + 1e-8) + mean,
+                           torch.zeros_like(x))
+    report = audit(adds_back, "whiten", profile="openrlhf", shift_mean=False, eps_mode="var",
+                   cases=N)
+    d = finding(report, "value").diagnosis
+    assert d.startswith("matches a known bug: shift_mean=False adds the mean back")
+    assert "whiten with restore_mean=True (the openrlhf profile declares restore_mean=False)" in d
