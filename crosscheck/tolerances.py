@@ -1,10 +1,11 @@
 """The one tolerance table. Every gradient check runs in float64; an audit of code that
 computes in float32 is judged at float32 tolerance.
 
-A comparison passes where |got − expected| ≤ atol·scale + rtol·max(|got|, |expected|) (the rule
-is `crosscheck.bridge.within`), with scale = 1 except for finite differences, where it is
+A comparison passes where |got − expected| ≤ (atol·scale + rtol·max(|got|, |expected|))·κ (the
+rule is `crosscheck.bridge.within`), with scale = 1 except for finite differences, where it is
 max(1, the largest |entry| of the finite-difference Jacobian or directional derivative),
-because their error is absolute in the size of what is differentiated.
+because their error is absolute in the size of what is differentiated, and κ ≥ 1 the condition
+number of the output where the registry declares one (else 1).
 """
 import dataclasses
 

@@ -146,9 +146,20 @@ def _advantages(rng, B, T, i, mask):
     adv = rng.normal(size=(B, T))
     if i % 5 == 2:
         adv[rng.random((B, T)) < 0.2] = 0.0      # A = 0 tokens: loss and gradient exactly 0
-    if i >= DEFAULT_CASES and i % 7 == 3:
+    if _large_advantages(i):
         adv = adv * 20.0                         # advantages well beyond ±5
     return _garbage(adv, mask, rng)
+
+
+def _large_advantages(i):
+    """From case DEFAULT_CASES on, one token case in seven draws per-token advantages ×20."""
+    return i >= DEFAULT_CASES and i % 7 == 3 and i % 4 != 3
+
+
+def _advantages_label(arrays, i):
+    adv = arrays["advantages"]
+    return ", advantages [B]" if adv.ndim == 1 and arrays["mask"].size > 1 else \
+        ", advantages ×20" if _large_advantages(i) else ""
 
 
 # ---------------------------------------------------------------- per-function generators
@@ -282,7 +293,7 @@ def _ratio_case(rng, i, loss):
                   advantages=_advantages(rng, B, T, i, m), mask=m)
     label = f"{kind} mask, " + ", ".join(f"{k}={v}" for k, v in params.items()) + \
         extreme + \
-        (", advantages [B]" if arrays["advantages"].ndim == 1 and B * T > 1 else "") + \
+        _advantages_label(arrays, i) + \
         (", first half of the rows empty" if _empty_micro_batch(i, B) else "")
     return Case(label, arrays, params)
 
@@ -401,8 +412,8 @@ def gspo_loss_case(rng, i):
     params = dict(clip_low=clip_low, clip_high=clip_high, form=form, log_ratio_max=cap)
     arrays = dict(logp=_garbage(logp, m, rng), old_logp=_garbage(old, m, rng),
                   advantages=_advantages(rng, B, T, i, m), mask=m)
-    return Case(f"{kind} mask, " + ", ".join(f"{k}={v}" for k, v in params.items()), arrays,
-                params)
+    return Case(f"{kind} mask, " + ", ".join(f"{k}={v}" for k, v in params.items()) +
+                _advantages_label(arrays, i), arrays, params)
 
 
 def discounted_returns_case(rng, i):

@@ -260,3 +260,19 @@ def test_from_case_12_some_advantages_lie_well_beyond_five():
                                         c.arrays["advantages"], 0.0))) > 5]
     assert len(big) >= 3
 
+
+
+@pytest.mark.parametrize("name", ["ppo_clip_loss", "cispo_loss", "gspo_loss"])
+def test_from_case_12_some_cases_draw_advantages_well_beyond_five(name):
+    found = 0
+    for i, c in enumerate(drawn(name, 48)):
+        adv = c.arrays["advantages"]
+        m = np.asarray(c.arrays["mask"], bool)
+        if "advantages ×20" in c.label:
+            found += 1
+            assert i >= 12 and adv.ndim == 2
+            if m.sum() >= 4:
+                assert np.abs(adv[m]).max() > 5, c.label
+        elif adv.ndim == 2 and m.any():
+            assert np.abs(adv[m]).max() < 8, c.label
+    assert found >= 2
