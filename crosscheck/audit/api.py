@@ -21,8 +21,8 @@ Checks (each case; a failure is shrunk to a minimal counterexample):
   permutation             group advantages: shuffling rows with their ids permutes the outputs
   microbatch              the gradient accumulated over 2 and 4 micro-batches, the trainer's way,
                           equals the full-batch gradient of the declared aggregation
-  kl_direction            a small step on the KL term alone, used as declared (loss or reward),
-                          moves π toward the reference
+  kl_direction            the KL term alone, used as declared (loss or reward), pushes π the
+                          way the reference estimator used the same way does
 
 Values and gradients are judged at the precision the function computes in: the tolerance
 table's float64 or float32 row, chosen from the dtype of its outputs or declared with

@@ -124,14 +124,20 @@ def _expected_gradient(per_token, logp, theta, weights, use):
 
 
 def kl_direction_check(aud: Auditor, rng) -> Optional[Outcome]:
-    """A small step on the KL term alone, in exact expectation over a softmax policy, moves π
-    toward the reference. The term is judged as the trainer uses it: a loss (differentiated),
-    or a reward (detached, through the score function). An expected gradient within the
-    tolerance of the scale of its per-category terms is no gradient at all."""
+    """In exact expectation over a softmax policy, the KL term alone, used as the trainer uses
+    it (a loss, differentiated; or a reward, detached, through the score function), pushes π
+    the way the reference estimator used the same way does. Against it (a negative inner
+    product) is a flipped sign. An expected gradient within the tolerance of the scale of its
+    per-category terms is no gradient at all: as a loss, k1 has none (a warning)."""
     if "kl_direction" not in aud.entry.checks or aud.backend != "torch" or aud.kl_use is None:
         return None
     if not (aud.accepts("logp") and aud.accepts("ref_logp")) or aud.adapter.unmet():
         return None                            # the adapter cannot take them (see the verdict)
+    use = aud.kl_use
+    none = Outcome("kl_direction", True, warn=True, message=(
+        "as a loss your KL term has no expected gradient (k1 used as a loss?)" if use == "loss"
+        else "as a reward your KL term has no expected gradient") +
+        ": it does not pull π toward the reference")
     worst = None
     for _ in range(4):
         V = 6
@@ -140,30 +146,28 @@ def kl_direction_check(aud: Auditor, rng) -> Optional[Outcome]:
         logp = torch.log_softmax(theta, -1)
         ref_logp = torch.log_softmax(ref, -1)
         weights = logp.exp().detach()          # every category once, weighted by π: E_π exactly
+        inputs = dict(logp=logp[None], ref_logp=ref_logp[None],
+                      mask=torch.ones(1, V, dtype=torch.bool))
         try:
-            inputs = dict(logp=logp[None], ref_logp=ref_logp[None],
-                          mask=torch.ones(1, V, dtype=torch.bool))
             raw = aud.invoke(**{k: v for k, v in inputs.items() if aud.accepts(k)})
             per_token = aud.outputs_of(raw)[0][0]
-            g, scale = _expected_gradient(per_token, logp, theta, weights, aud.kl_use)
+            g, scale = _expected_gradient(per_token, logp, theta, weights, use)
         except Exception as exc:              # the user's code, or what it returned: report it
             return Outcome("kl_direction", False, exception_text(exc))
-        floor = aud.tol.rtol * scale + aud.tol.atol
-        if g is None or float(np.abs(g).max()) <= floor:
-            what = ("as a loss your KL term has no expected gradient (k1 used as a loss?)"
-                    if aud.kl_use == "loss" else "as a reward your KL term has no expected "
-                                                 "gradient")
-            return Outcome("kl_direction", True, warn=True,
-                           message=f"{what}: it does not pull π toward the reference")
-        with torch.no_grad():
-            def sym_kl(t):
-                lp = torch.log_softmax(t, -1)
-                return float(((lp.exp() - ref_logp.exp()) * (lp - ref_logp)).sum())
-            step = torch.from_numpy(g / np.linalg.norm(g))
-            before, after = sym_kl(theta), sym_kl(theta - 1e-3 * step)
-        if after > before:
-            worst = (f"a small step on your KL term alone (used as a {aud.kl_use}) raises "
-                     f"KL(π‖ref) + KL(ref‖π) ({before:.6g} → {after:.6g}): is its sign flipped?")
+        logp = torch.log_softmax(theta, -1)    # a fresh graph for the reference's gradient
+        theirs = aud.entry.torch_fn(**dict(inputs, logp=logp[None]), **aud.params)[0]
+        g_ref, scale_ref = _expected_gradient(theirs, logp, theta, weights, use)
+        if g_ref is None or float(np.abs(g_ref).max()) <= aud.tol.rtol * scale_ref + \
+                aud.tol.atol:
+            if g is None or float(np.abs(g).max()) <= aud.tol.rtol * scale + aud.tol.atol:
+                return none                    # as the reference: none (k1 as a loss)
+            continue                           # the reference has none: nothing to compare
+        if g is None or float(np.abs(g).max()) <= aud.tol.rtol * scale + aud.tol.atol:
+            return none
+        cos = float(g @ g_ref / (np.linalg.norm(g) * np.linalg.norm(g_ref)))
+        if cos < 0:
+            worst = (f"your KL term alone, used as a {use}, pushes π against the reference "
+                     f"estimator's expected gradient (cosine {cos:.3f}): is its sign flipped?")
     if worst:
         return Outcome("kl_direction", False, worst)
     return Outcome("kl_direction", True)

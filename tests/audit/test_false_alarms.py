@@ -139,6 +139,24 @@ def k3_clamped_float32(logp, ref_logp, mask):
     return (torch.exp(x) - x - 1).clamp(-10, 10) * mask
 
 
+@pytest.mark.parametrize("kind", ["k2", "k3"])
+def test_k2_and_k3_used_as_rewards_are_judged_against_the_same_use_of_the_reference(kind):
+    """As a detached reward, k2's and k3's expected gradients are biased (they need not lower
+    KL(π‖ref) + KL(ref‖π) at every step): that is their nature, not a flipped sign."""
+    def openrlhf_style(logp, ref_logp, mask):
+        x = logp.float() - ref_logp.float()
+        value = 0.5 * x ** 2 if kind == "k2" else (-x.clamp(min=-10)).exp() - 1 + x.clamp(min=-10)
+        return value.clamp(-10, 10) * mask
+    report = audit(openrlhf_style, "kl_penalty", profile="openrlhf", kind=kind, cases=N)
+    assert report.ok and finding(report, "kl_direction").status == "pass", str(report)
+
+    def flipped(logp, ref_logp, mask):
+        return -openrlhf_style(logp, ref_logp, mask)
+    report = audit(flipped, "kl_penalty", profile="openrlhf", kind=kind, cases=N)
+    f = finding(report, "kl_direction")
+    assert f.status == "fail" and f.message.endswith("is its sign flipped?")
+
+
 def test_a_float32_k3_loss_moves_toward_the_reference():
     report = audit(k3_clamped_float32, "kl_penalty", profile="verl", cases=N)
     assert finding(report, "kl_direction").status == "pass" and report.ok, str(report)
