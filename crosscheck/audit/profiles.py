@@ -1,6 +1,6 @@
 """Trainer profiles: the conventions each trainer uses, per reference function.
 
-Every value was read from the trainer's own source at the commit named in its profile; the file
+Every value was read from the trainer's own source at the commit or release its profile names; the file
 and function it comes from is stated beside it (`Rule.source`), and docs/conventions.md prints
 them all (`python -m crosscheck audit --list-profiles`). A profile sets the *reference's*
 conventions; the user's own hyper-parameters stay bound inside their adapter.
@@ -52,7 +52,7 @@ class Rule:
 class Profile:
     name: str
     about: str                                # its conventions in one sentence
-    snapshot: str                             # the repository and commit the sources were read at
+    snapshot: str                             # the repository and commit (or release) read
     rules: Mapping[str, Rule]
     objective: Mapping[str, Rule]             # policy_objective, one rule per policy loss
     default_loss: str                         # the policy loss the trainer uses by default
@@ -76,7 +76,7 @@ PROFILES: Dict[str, Profile] = {p.name: p for p in (
     Profile(
         "verl", "unbiased group std + 1e-6 (a group of one keeps its reward), dual clip c = 3 "
         "always on, log-ratio clamp ±20, k3 KL clamped (20, 10), token-mean aggregation",
-        "volcengine/verl b178a3cd5", {
+        "volcengine/verl 0.9.1", {
             "gae": _rule("verl/trainer/config/algorithm.py: gamma, lam", gamma=1.0, lam=1.0),
             "discounted_returns": _rule(V + "compute_reinforce_plus_plus_outcome_advantage",
                                         gamma=1.0),
@@ -101,26 +101,25 @@ PROFILES: Dict[str, Profile] = {p.name: p for p in (
                                    definition="loss", clip_low=0.2, clip_high=0.2),
         },
         objective={
-            "ppo": _rule("verl/workers/actor/dp_actor.py::update_policy with "
+            "ppo": _rule("verl/workers/utils/losses.py::ppo_loss with "
                          "compute_policy_loss_vanilla, agg_loss and kl_penalty", loss="ppo",
                          agg="token-mean", kl_kind="k3", kl_clamp=(20.0, 10.0), clip_low=0.2,
                          clip_high=0.2, clip_c=3.0, log_ratio_clamp=20.0),
-            "cispo": _rule("verl/workers/actor/dp_actor.py::update_policy with "
+            "cispo": _rule("verl/workers/utils/losses.py::ppo_loss with "
                            "compute_policy_loss_cispo", loss="cispo", agg="token-mean",
                            kl_kind="k3", kl_clamp=(20.0, 10.0), bound="relative", clip_low=0.2,
                            clip_high=0.2, log_ratio_clamp=20.0),
-            "gspo": _rule("verl/workers/actor/dp_actor.py::update_policy with "
-                          "compute_policy_loss_gspo (aggregation forced to seq-mean-token-mean)",
-                          loss="gspo", agg="seq-mean-token-mean", kl_kind="k3",
-                          kl_clamp=(20.0, 10.0), form="token", clip_low=0.2, clip_high=0.2,
-                          log_ratio_max=10.0),
+            "gspo": _rule("verl/workers/utils/losses.py::ppo_loss with compute_policy_loss_gspo "
+                          "(aggregated by actor.loss_agg_mode, default token-mean)", loss="gspo",
+                          agg="token-mean", kl_kind="k3", kl_clamp=(20.0, 10.0), form="token",
+                          clip_low=0.2, clip_high=0.2, log_ratio_max=10.0),
         },
         default_loss="ppo",
-        accumulation=("sum", "verl/workers/actor/dp_actor.py::update_policy: each micro-batch's "
+        accumulation=("sum", "verl/workers/utils/losses.py::ppo_loss: each micro-batch's "
                              "loss is normalised by the global token count (agg_loss's "
                              "batch_num_tokens) and the gradients add up"),
-        kl_use=("loss", "verl/workers/actor/dp_actor.py: use_kl_loss (low_var_kl); the in-reward "
-                        "KL (use_kl_in_reward) is k1"),
+        kl_use=("loss", "verl/workers/utils/losses.py::ppo_loss: use_kl_loss (low_var_kl); the "
+                        "in-reward KL (use_kl_in_reward) is k1"),
     ),
     Profile(
         "trl", "unbiased group std + 1e-4, symmetric ε = 0.2 (δ off), CISPO absolute cap 5.0, "

@@ -238,7 +238,7 @@ def test_the_profiles_accumulation_is_simulated_and_stated():
     report = audit(token_mean_global, "aggregate", profile="verl", cases=N)
     assert report.ok and finding(report, "microbatch").cases > 0
     assert report.notes[0].startswith("micro-batches: sum of micro-batch gradients, as verl "
-                                      "accumulates (verl/workers/actor/dp_actor.py")
+                                      "accumulates (verl/workers/utils/losses.py")
     assert "global counts: your function receives n_tokens_global" in report.notes[1]
 
 

@@ -194,7 +194,7 @@ def test_every_profile_value_cites_its_source_in_the_conventions_doc():
     for p in PROFILES.values():
         for r in list(p.rules.values()) + list(p.objective.values()):
             assert r.source and re.search(r"\w+/[\w/.]+\.py|\.yaml", r.source), r.source
-        assert re.match(r"[\w-]+/[\w-]+ [0-9a-f]{7,9}$", p.snapshot), p.snapshot
+        assert re.match(r"[\w-]+/[\w-]+ ([0-9a-f]{7,9}|\d+\.\d+\.\d+)$", p.snapshot), p.snapshot
 
 
 def test_every_domain_a_rule_declares_is_known():
