@@ -453,11 +453,13 @@ class Objective(NamedTuple):
     kl_clamp: Any
 
 
-def policy_objective(mask_, ref_logp, loss, beta, kl_kind, kl_clamp) -> Objective:
+def policy_objective(mask_, ref_logp, loss, beta, kl_kind, kl_clamp, agg) -> Objective:
     """policy_objective's own keywords; its parts validate their inputs themselves. The KL term's
-    conventions are checked here under policy_objective's names (kl_penalty calls them kind and
-    clamp), so a wrong value is reported under the keyword the caller used."""
+    and the aggregation's conventions are checked here under policy_objective's names
+    (kl_penalty calls them kind and clamp, aggregate calls agg mode), so a wrong value is
+    reported under the keyword the caller used."""
     loss = checks.choice("loss", loss, vocab.POLICY_LOSSES)
+    checks.choice("agg", agg, vocab.AGG_MODES)
     beta = checks.non_negative("beta", beta)
     policy_mask(mask_ is None, "policy_objective")
     if beta > 0 and ref_logp is None:

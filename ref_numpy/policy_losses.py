@@ -355,8 +355,8 @@ def value_loss_vjp(g, values, old_values, returns, mask=None, *, clip=0.2):
 
 
 # ====================================================================== actor objective
-def _policy_parts(mask, ref_logp, loss, beta, kl_kind, kl_clamp):
-    p = args.policy_objective(mask, ref_logp, loss, beta, kl_kind, kl_clamp)
+def _policy_parts(mask, ref_logp, loss, beta, kl_kind, kl_clamp, agg):
+    p = args.policy_objective(mask, ref_logp, loss, beta, kl_kind, kl_clamp, agg)
     fn, vjp = {"ppo": (ppo_clip_loss, ppo_clip_loss_vjp), "cispo": (cispo_loss, cispo_loss_vjp),
                "gspo": (gspo_loss, gspo_loss_vjp)}[p.loss]
     return fn, vjp, p.beta > 0, p.beta, dict(kind=kl_kind, clamp=kl_clamp)
@@ -386,7 +386,7 @@ def policy_objective(logp, old_logp, advantages, mask, ref_logp=None, *, loss="p
       float64 scalar.
     """
     fn, _, use_kl, beta, kl_kw = _policy_parts(mask, ref_logp, loss, beta, kl_kind,
-                                               kl_clamp)
+                                               kl_clamp, agg)
     per_token = fn(logp, old_logp, advantages, mask, **loss_kwargs)
     if ref_logp is not None:            # checked even at beta = 0: a wrong one is still a bug
         kl = kl_penalty(logp, ref_logp, mask, **kl_kw)
@@ -410,7 +410,7 @@ def policy_objective_vjp(g, logp, old_logp, advantages, mask, ref_logp=None, *, 
       {"logp": [B, T]} float64.
     """
     fn, vjp, use_kl, beta, kl_kw = _policy_parts(mask, ref_logp, loss, beta, kl_kind,
-                                                 kl_clamp)
+                                                 kl_clamp, agg)
     per_token = fn(logp, old_logp, advantages, mask, **loss_kwargs)
     w = aggregate_vjp(g, per_token, mask, mode=agg, norm=norm, empty_rows=empty_rows)["loss"]
     grad = vjp(w, logp, old_logp, advantages, mask, **loss_kwargs)["logp"]

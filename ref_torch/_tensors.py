@@ -43,6 +43,9 @@ class TorchOps:
     def spec(name, x) -> Spec:
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{name} is a {type(x).__name__}; ref_torch expects a torch.Tensor")
+        if x.is_meta:                   # no values: masks, counts and finiteness cannot be read
+            raise ValueError(f"{name} is on the meta device; ref_torch computes values and "
+                             f"validates them, so it expects a tensor with data (cpu, cuda)")
         return Spec(name, tuple(x.shape), _kind(x), str(x.dtype).replace("torch.", ""),
                     str(x.device))
 

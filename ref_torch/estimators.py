@@ -34,8 +34,14 @@ def kl_estimator_gradient(logits, ref_logits, *, kind, use="loss", sample_logits
     next to ∇KL(π‖ref) and ∇KL(ref‖π) (autograd too). The sampling distribution μ is data
     (detached); S = W·k (use="loss") or W·sg(k)·log π(x) (use="reward"), W = 1, π/μ or sg(π/μ).
 
-    Args/Returns: as ref_numpy.kl_estimator_gradient, with tensors.
+    Args/Returns: as ref_numpy.kl_estimator_gradient, with tensors. Its values are gradients,
+    so it computes them with grad enabled, under torch.no_grad() too.
     """
+    with torch.enable_grad():
+        return _kl_estimator_gradient(logits, ref_logits, kind, use, sample_logits, is_weight)
+
+
+def _kl_estimator_gradient(logits, ref_logits, kind, use, sample_logits, is_weight):
     a = args.kl_estimator_gradient(OPS, logits, ref_logits, kind, use, sample_logits, is_weight)
     kind, use, is_weight = a.kind, a.use, a.is_weight
     theta = logits.detach().clone().requires_grad_(True)

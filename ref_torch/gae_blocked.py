@@ -85,7 +85,8 @@ def mask_bits(m: torch.Tensor, dtype: torch.dtype):
 def is_right_padded(m: torch.Tensor) -> bool:
     """No valid step follows a masked one in any row (a uint8 max: bool any() is slow on CPU)."""
     mu = m.view(torch.uint8)
-    return m.shape[-1] < 2 or int(mu[:, 1:].gt(mu[:, :-1]).view(torch.uint8).max()) == 0
+    return m.shape[-1] < 2 or m.shape[0] == 0 or \
+        int(mu[:, 1:].gt(mu[:, :-1]).view(torch.uint8).max()) == 0
 
 
 def gae_right_padded(r, v, m, lv, gamma, lam):

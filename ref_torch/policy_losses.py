@@ -139,7 +139,7 @@ def policy_objective(logp, old_logp, advantages, mask, ref_logp=None, *, loss="p
 
     Args/Returns: as ref_numpy.policy_objective, with tensors.
     """
-    p = args.policy_objective(mask, ref_logp, loss, beta, kl_kind, kl_clamp)
+    p = args.policy_objective(mask, ref_logp, loss, beta, kl_kind, kl_clamp, agg)
     policy = {"ppo": ppo_clip_loss, "cispo": cispo_loss, "gspo": gspo_loss}[p.loss]
     per_token = policy(logp, old_logp, advantages, mask, **loss_kwargs)
     if ref_logp is not None:            # checked even at beta = 0: a wrong one is still a bug

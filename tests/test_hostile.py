@@ -44,6 +44,17 @@ API = [
     ("ref_torch.kl_penalty", "float32 beside float64",
      lambda: ref_torch.kl_penalty(torch.tensor(LP), torch.tensor(LP, dtype=torch.float32)),
      TypeError, "share one dtype"),
+    ("ref_numpy.policy_objective", "agg='sum'", lambda: ref_numpy.policy_objective(
+        LP, LP, LP, np.ones((2, 3), bool), agg="sum"), ValueError, "agg is 'sum'; expected one of"),
+    ("ref_torch.policy_objective", "agg='sum'", lambda: ref_torch.policy_objective(
+        torch.tensor(LP), torch.tensor(LP), torch.tensor(LP), torch.ones(2, 3, dtype=torch.bool),
+        agg="sum"), ValueError, "agg is 'sum'; expected one of"),
+    ("ref_torch.ppo_clip_loss", "meta tensors", lambda: ref_torch.ppo_clip_loss(
+        *(torch.zeros(2, 3, dtype=torch.float64, device="meta"),) * 3), ValueError,
+     "logp is on the meta device"),
+    ("ref_torch.ppo_clip_loss", "one meta tensor among cpu ones", lambda: ref_torch.ppo_clip_loss(
+        torch.tensor(LP), torch.zeros(2, 3, dtype=torch.float64, device="meta"),
+        torch.tensor(LP)), ValueError, "old_logp is on the meta device"),
     ("crosscheck.audit", "a non-callable", lambda: audit(3, "whiten"), AuditUsageError,
      "expected a callable"),
     ("crosscheck.audit", "an unknown reference", lambda: audit(len, "grpo"), AuditUsageError,
@@ -167,3 +178,42 @@ def test_user_functions_that_misbehave_are_reported_not_raised(tmp_path):
     bad.write_text("import nonexistent_module_xyz\n")
     code, _, err = run_cli(["audit", f"{bad}:f", "--ref", "kl_penalty"])
     assert code == 2 and "importing" in err and "ModuleNotFoundError" in err
+
+
+def _meta_call(name):
+    """Call ref_torch.NAME on meta tensors shaped as the registry's first case."""
+    from crosscheck.check import cases, registry
+    entry = registry.build()[name]
+    case = entry.case(cases.rng_for(0, name, 0), 0)
+    meta = {k: (torch.zeros(v.shape, dtype=torch.bool if v.dtype == bool else torch.float64,
+                            device="meta") if isinstance(v, np.ndarray) else v)
+            for k, v in case.arrays.items()}
+    return lambda: entry.torch_fn(**meta, **case.params)
+
+
+@pytest.mark.parametrize("name", list(__import__("crosscheck.check.registry",
+                                                 fromlist=["build"]).build()))
+def test_every_torch_reference_refuses_meta_tensors_by_name(name):
+    with pytest.raises(ValueError, match=r"^\w+ is on the meta device; ref_torch computes "):
+        _meta_call(name)()
+
+
+@pytest.mark.parametrize("B, T", [(0, 5), (3, 0)])
+def test_gae_of_an_empty_batch_is_empty_in_both_twins(B, T):
+    r = np.zeros((B, T))
+    m = np.zeros((B, T), bool)
+    for out in (ref_numpy.gae(r, r, m, gamma=0.99, lam=0.95),
+                ref_torch.gae(torch.tensor(r), torch.tensor(r), torch.tensor(m), gamma=0.99,
+                              lam=0.95)):
+        assert [tuple(o.shape) for o in out] == [(B, T), (B, T)]
+
+
+def test_the_torch_estimator_gradient_works_under_no_grad():
+    logits = torch.tensor([0.1, 0.3, -0.2], dtype=torch.float64)
+    ref = torch.tensor([0.5, -0.1, 0.0], dtype=torch.float64)
+    with torch.no_grad():
+        got = ref_torch.kl_estimator_gradient(logits, ref, kind="k3")
+        assert not torch.is_grad_enabled()                 # the caller's mode is kept
+    want = ref_numpy.kl_estimator_gradient(logits.numpy(), ref.numpy(), kind="k3")
+    for k in want:
+        np.testing.assert_allclose(got[k].numpy(), want[k], rtol=1e-12, atol=1e-15)
