@@ -113,13 +113,11 @@ def _case_data(case):
 def check_conventions(entry, params, seed):
     """The reference must accept the conventions: tried on the first cases, a convention it
     refuses on every one of them is a usage error quoting its message (which names the key)."""
-    from ..check import cases as cases_mod
-    from .calls import as_trainer_batch, finite_padding, reference_args
+    from .calls import audit_case, reference_args
 
     errors = []
     for i in range(6):
-        case = as_trainer_batch(finite_padding(entry.case(cases_mod.rng_for(seed, entry.name, i),
-                                                          i)))
+        case = audit_case(entry, seed, i)
         try:
             entry.numpy_fn(**reference_args(_case_data(case)), **params)
             return
@@ -366,8 +364,7 @@ def _accumulation(given, prof, rule, adapter):
 def _run_audit(aud, profile, rule, n_cases, seed) -> AuditReport:
     import numpy as np
 
-    from ..check import cases as cases_mod
-    from .calls import as_trainer_batch, finite_padding
+    from .calls import audit_case
     from .diagnose import diagnose
     from .properties import kl_direction_check, microbatch_check, permutation_check
     from .shrink import describe, shrink
@@ -380,8 +377,7 @@ def _run_audit(aud, profile, rule, n_cases, seed) -> AuditReport:
     rng = np.random.default_rng([seed, 7])
     n_run = 0
     for i in range(n_cases):
-        case = as_trainer_batch(finite_padding(entry.case(cases_mod.rng_for(seed, entry.name, i),
-                                                          i)))
+        case = audit_case(entry, seed, i)
         case, change = into_domain(rule, case)
         if case is not None and change:
             moved[change] = moved.get(change, 0) + 1

@@ -213,6 +213,12 @@ def as_trainer_batch(case):
     return cases_mod.Case(case.label, arrays, structural, case.stages, case.fd_step)
 
 
+def audit_case(entry, seed: int, i: int):
+    """Case `i` of `entry` under `seed` as the audit runs it: drawn by the registry's generator,
+    padded with finite values (each input its own) and shaped as a trainer's batch."""
+    return as_trainer_batch(finite_padding(entry.case(cases_mod.rng_for(seed, entry.name, i), i)))
+
+
 def reference_args(data):
     """The data as the reference takes it: the adapter may be given both group_size and the
     equivalent group_ids; the reference takes exactly one, so group_size wins. The global

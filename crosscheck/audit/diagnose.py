@@ -23,8 +23,7 @@ import numpy as np
 import torch
 
 from .. import bridge
-from ..check import cases as cases_mod
-from .calls import as_trainer_batch, finite_padding, reference_args
+from .calls import audit_case, reference_args
 
 
 def _probe_data(aud, case, n=6) -> List[Dict[str, object]]:
@@ -36,9 +35,7 @@ def _probe_data(aud, case, n=6) -> List[Dict[str, object]]:
     for i in range(40):
         if len(out) > n + 1:
             break
-        c = as_trainer_batch(finite_padding(aud.entry.case(
-            cases_mod.rng_for(99, aud.entry.name, i), i)))
-        d, _ = aud.inputs_for(c)
+        d, _ = aud.inputs_for(audit_case(aud.entry, 99, i))     # seed 99: other cases
         if d is not None:
             out.append(d)
     return out

@@ -123,6 +123,11 @@ def _expected_gradient(per_token, logp, theta, weights, use):
     return g, scale
 
 
+def _vanishes(g, scale, tol) -> bool:
+    """No expected gradient: none at all, or within the tolerance of its terms' scale."""
+    return g is None or float(np.abs(g).max()) <= tol.rtol * scale + tol.atol
+
+
 def kl_direction_check(aud: Auditor, rng) -> Optional[Outcome]:
     """In exact expectation over a softmax policy, the KL term alone, used as the trainer uses
     it (a loss, differentiated; or a reward, detached, through the score function), pushes π
@@ -157,12 +162,11 @@ def kl_direction_check(aud: Auditor, rng) -> Optional[Outcome]:
         logp = torch.log_softmax(theta, -1)    # a fresh graph for the reference's gradient
         theirs = aud.entry.torch_fn(**dict(inputs, logp=logp[None]), **aud.params)[0]
         g_ref, scale_ref = _expected_gradient(theirs, logp, theta, weights, use)
-        if g_ref is None or float(np.abs(g_ref).max()) <= aud.tol.rtol * scale_ref + \
-                aud.tol.atol:
-            if g is None or float(np.abs(g).max()) <= aud.tol.rtol * scale + aud.tol.atol:
+        if _vanishes(g_ref, scale_ref, aud.tol):
+            if _vanishes(g, scale, aud.tol):
                 return none                    # as the reference: none (k1 as a loss)
             continue                           # the reference has none: nothing to compare
-        if g is None or float(np.abs(g).max()) <= aud.tol.rtol * scale + aud.tol.atol:
+        if _vanishes(g, scale, aud.tol):
             return none
         cos = float(g @ g_ref / (np.linalg.norm(g) * np.linalg.norm(g_ref)))
         if cos < 0:

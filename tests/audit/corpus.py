@@ -190,12 +190,10 @@ def auditor_for(fn, ref, want=None, **kwargs):
     the audit draws for which `want(auditor, case)` holds (any, by default): for asking one part
     of the audit (the diagnosis, a property check) directly."""
     from crosscheck.audit.api import prepare
-    from crosscheck.audit.calls import as_trainer_batch, finite_padding
-    from crosscheck.check import cases as cases_mod
+    from crosscheck.audit.calls import audit_case
     aud, _, _ = prepare(fn, ref, **kwargs)
     for i in range(200):
-        case = as_trainer_batch(finite_padding(aud.entry.case(
-            cases_mod.rng_for(kwargs.get("seed", 0), aud.entry.name, i), i)))
+        case = audit_case(aud.entry, kwargs.get("seed", 0), i)
         if want is None or want(aud, case):
             aud.run_case(case)
             return aud, case
