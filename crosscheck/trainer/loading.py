@@ -1,0 +1,421 @@
+"""Find a trainer's source and load its math modules, without its heavy dependencies.
+
+Where the code comes from:
+- installed: the package that `import <package>` would find (`importlib.util.find_spec`, which
+  runs nothing); its version from the distribution's metadata;
+- `--path`: a source checkout or a fork, holding `<package>/` itself or under `src/`; its
+  version is the checkout's git commit (and the package's own version file where it has one).
+
+How it is loaded:
+- an installed trainer whose math modules import cleanly is imported normally;
+- otherwise (OpenRLHF's package init imports flash_attn; a `--no-deps` install lacks omegaconf,
+  transformers, ...), each math module is loaded **by file**: the trainer's own package
+  `__init__` files are not run (their relative re-exports, `from .groupwise import f`, resolve
+  on first use), and every third-party module that is not installed, or that needs a GPU or a
+  cluster (`ALWAYS_STAND_IN`), is replaced by a stand-in: a module whose every attribute is an
+  inert class (it can be subclassed, called, used as a decorator, used in annotations). The card
+  lists each stand-in. Stand-ins are only ever seen by code the card does not run; a row that
+  touches one fails loudly, it does not pass.
+
+The trainer's modules live in `sys.modules` only inside `Loaded` (a context manager), so that a
+card leaves the interpreter as it found it. Nothing from a trainer is ever written to disk.
+"""
+import ast
+import contextlib
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.metadata
+import importlib.util
+import os
+import subprocess
+import sys
+import types
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence
+
+# GPU kernels and cluster runtimes: the math never needs them, and importing them without a GPU
+# fails or takes long, so they are stood in even when installed.
+ALWAYS_STAND_IN = ("flash_attn", "vllm", "deepspeed", "ray", "megatron", "apex",
+                   "transformer_engine", "liger_kernel", "sglang", "flashinfer", "bitsandbytes")
+REAL = ("torch", "numpy", "scipy")      # never stood in: the math runs on them
+
+
+class TrainerNotFound(LookupError):
+    """The trainer is not installed, or `--path` does not hold it (a usage error)."""
+
+
+@dataclass
+class Source:
+    """Where a trainer's code is: the directory holding its package, and what version it is."""
+    package: str
+    root: str                        # the directory that contains <package>/
+    origin: str                      # "installed" or "checkout"
+    version: str                     # "0.9.1", or "commit 1a2b3c4 (package version 0.9.1)"
+    package_version: str = "unknown"     # what `<package>.__version__` gives the trainer's code
+
+    def file(self, module: str) -> str:
+        """The source file of `module` (a dotted name inside the package)."""
+        base = os.path.join(self.root, *module.split("."))
+        return base + ".py" if os.path.isfile(base + ".py") else os.path.join(base, "__init__.py")
+
+    def relative(self, path: str) -> str:
+        return os.path.relpath(path, self.root)
+
+
+def _git_commit(path: str) -> Optional[str]:
+    try:
+        out = subprocess.run(["git", "-C", path, "rev-parse", "--short=12", "HEAD"],
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    dirty = subprocess.run(["git", "-C", path, "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True, timeout=10).stdout.strip()
+    return out.stdout.strip() + (" with uncommitted edits" if dirty else "")
+
+
+def locate(package: str, dist: str, path: Optional[str] = None, version_file=None,
+           needs: Sequence[str] = ()) -> Source:
+    """The trainer's source: installed (path None) or the checkout at `path`.
+
+    `needs`: module files (dotted) that must exist there, so that a wrong `--path` is a usage
+    error naming what is missing. `version_file(root)`: the package's own version, or None."""
+    if path is None:
+        spec = importlib.util.find_spec(package)
+        if spec is None or not spec.submodule_search_locations:
+            raise TrainerNotFound(f"{package} is not installed in this environment "
+                                  f"({sys.executable}); install it (pip install --no-deps "
+                                  f"{dist}) or pass --path to a checkout")
+        root = os.path.dirname(list(spec.submodule_search_locations)[0])
+        try:
+            version = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            version = (version_file(root) if version_file else None) or "unknown version"
+        source = Source(package, root, "installed", version, version)
+    else:
+        top = os.path.abspath(os.path.expanduser(path))
+        if not os.path.isdir(top):
+            raise TrainerNotFound(f"--path {path!r} is not a directory")
+        candidates = [top, os.path.join(top, "src")]
+        root = next((c for c in candidates if os.path.isdir(os.path.join(c, package))), None)
+        if root is None:
+            raise TrainerNotFound(f"--path {path!r} does not hold {package}: no {package}/ "
+                                  f"folder in it (nor in its src/)")
+        own = version_file(root) if version_file else None
+        if own is None:              # an unpacked wheel keeps its metadata beside the package
+            found = list(importlib.metadata.distributions(name=dist, path=[root]))
+            own = found[0].version if found else None
+        commit = _git_commit(top)
+        version = (f"commit {commit}" if commit else "not a git checkout") + \
+            (f" (package version {own})" if own else "")
+        source = Source(package, root, "checkout", version, own or "unknown")
+    missing = [m for m in needs if not os.path.isfile(source.file(m))]
+    if missing:
+        where = "the installed package" if path is None else f"--path {path!r}"
+        raise TrainerNotFound(f"{where} lacks {', '.join(source.relative(source.file(m)) for m in missing)}"
+                              f"; is it {package}?")
+    return source
+
+
+# ---- stand-ins -------------------------------------------------------------------------------
+
+class _StandInMeta(type):
+    """The type of a stand-in: any attribute is another stand-in; calling it with one function
+    returns that function (a decorator that does nothing); `X[...]` is X (annotations); adding
+    it to something gives that thing (a base class's list extended in a subclass)."""
+
+    def __getattr__(cls, name):
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        sub = _StandInMeta(name, (StandIn,), {"__module__": cls.__module__, "_stand_in": True,
+                                              "__qualname__": f"{cls.__qualname__}.{name}"})
+        setattr(cls, name, sub)
+        return sub
+
+    def __call__(cls, *args, **kwargs):
+        if cls.__dict__.get("_stand_in") and len(args) == 1 and not kwargs and \
+                callable(args[0]) and not isinstance(args[0], _StandInMeta):
+            return args[0]
+        return super().__call__(*args, **kwargs)
+
+    def __getitem__(cls, item):
+        return cls
+
+    def __add__(cls, other):               # Base._FIELDS + [...] in a subclass body
+        return other
+
+    __radd__ = __add__
+
+
+class StandIn(metaclass=_StandInMeta):
+    """An inert object: it accepts any arguments, every attribute is another stand-in, calling
+    it returns itself (or, given a function, the function), it is falsy and empty."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __getattr__(self, name):
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        return getattr(type(self), name)()
+
+    def __call__(self, *args, **kwargs):
+        if len(args) == 1 and not kwargs and callable(args[0]):
+            return args[0]
+        return self
+
+    def __bool__(self):
+        return False
+
+    def __iter__(self):
+        return iter(())
+
+    def __len__(self):
+        return 0
+
+
+StandIn._stand_in = True
+
+
+class StandInModule(types.ModuleType):
+    """A module none of whose code runs: every attribute is a stand-in class."""
+
+    def __init__(self, name):
+        super().__init__(name, "stand-in for " + name)
+        self.__path__ = []                 # a package, so that its submodules import too
+        self.__version__ = "0+stand.in"
+
+    def __getattr__(self, name):
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        cls = _StandInMeta(name, (StandIn,), {"__module__": self.__name__, "_stand_in": True})
+        setattr(self, name, cls)
+        return cls
+
+
+class _Package(types.ModuleType):
+    """One of the trainer's packages, its `__init__` not run: a name it re-exports from a
+    submodule (`from .groupwise import f`) is imported from there on first use."""
+
+    def __init__(self, name, directory, reexports):
+        super().__init__(name)
+        self.__path__ = [directory]
+        self._reexports = reexports
+
+    def __getattr__(self, name):
+        if name.startswith("__") and name.endswith("__") and name != "__version__" or \
+                name == "_reexports":
+            raise AttributeError(name)
+        where = self._reexports.get(name)
+        for star in (self._reexports.get("*", ((), None))[0] if where is None else ()):
+            found = getattr(importlib.import_module(star), name, self)
+            if found is not self:
+                setattr(self, name, found)
+                return found
+        if where is None:
+            try:
+                return importlib.import_module(f"{self.__name__}.{name}")
+            except ImportError:
+                raise AttributeError(f"{self.__name__} (its __init__ not run) has no {name!r}")
+        module, attr = where
+        if module is None:
+            return attr
+        value = importlib.import_module(module)
+        value = value if attr is None else getattr(value, attr)
+        setattr(self, name, value)
+        return value
+
+
+def _reexports(package: str, init_file: str) -> Dict[str, tuple]:
+    """{name: (module, attribute or None)} for what a package's __init__ imports from the
+    trainer's own package (relative or absolute);
+    under "*", the modules it star-imports."""
+    out: Dict[str, tuple] = {}
+    if not os.path.isfile(init_file):
+        return out
+    with open(init_file, encoding="utf-8") as fh:
+        tree = ast.parse(fh.read(), init_file)
+    for node in tree.body:                       # constants: __version__ = "1.16.0"
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and \
+                isinstance(node.targets[0], ast.Name) and isinstance(node.value, ast.Constant):
+            out[node.targets[0].id] = (None, node.value.value)
+    for node in ast.walk(tree):
+        own = isinstance(node, ast.ImportFrom) and (
+            node.level >= 1 or (node.module or "").partition(".")[0] == package.partition(".")[0])
+        if own:
+            base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+            module = node.module if node.level == 0 else \
+                f"{base}.{node.module}" if node.module else base
+            for alias in node.names:
+                if alias.name == "*":
+                    out.setdefault("*", ((), None))
+                    out["*"] = (out["*"][0] + (module,), None)
+                    continue
+                attr = None if node.module is None else alias.name
+                target = f"{module}.{alias.name}" if node.module is None else module
+                out[alias.asname or alias.name] = (target, attr)
+    return out
+
+
+class _Loader(importlib.abc.Loader):
+    def __init__(self, make):
+        self.make = make
+
+    def create_module(self, spec):
+        return self.make(spec.name)
+
+    def exec_module(self, module):
+        pass
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Resolves the trainer's own modules from its source folder (package inits not run) and
+    stands in for the third-party modules that are missing or in ALWAYS_STAND_IN."""
+
+    def __init__(self, source: Source):
+        self.source = source
+        self.stood_in: Dict[str, str] = {}      # top-level module -> why
+
+    def _missing(self, top: str) -> bool:
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            try:
+                if finder.find_spec(top, None) is not None:
+                    return False
+            except (ImportError, ValueError):
+                continue
+        return True
+
+    def _from_trainer(self) -> bool:
+        """Whether the import being resolved was written in the trainer's own code (or in a
+        stand-in): only those are stood in; an optional import inside torch or the standard
+        library (`try: import dill`) must fail as it would without us."""
+        frame = sys._getframe(2)
+        while frame is not None:
+            name = frame.f_globals.get("__name__", "")
+            if not name.startswith("importlib"):
+                return name.partition(".")[0] == self.source.package
+            frame = frame.f_back
+        return False
+
+    def find_spec(self, name, path=None, target=None):
+        top = name.partition(".")[0]
+        if top == self.source.package:
+            base = os.path.join(self.source.root, *name.split("."))
+            init = os.path.join(base, "__init__.py")
+            if os.path.isfile(init) or os.path.isdir(base) and not os.path.isfile(base + ".py"):
+                exports = _reexports(name, init)
+                if name == top:
+                    exports.setdefault("__version__", (None, self.source.package_version))
+                return importlib.util.spec_from_loader(
+                    name, _Loader(lambda n: _Package(n, base, exports)), is_package=True)
+            if os.path.isfile(base + ".py"):
+                return importlib.util.spec_from_file_location(name, base + ".py")
+            return None
+        if top in REAL or top in sys.stdlib_module_names or not self._from_trainer():
+            return None
+        why = self.stood_in.get(top)
+        if why is None:
+            if top in ALWAYS_STAND_IN:
+                why = "GPU or cluster runtime, not used by the math"
+            elif name == top and self._missing(top):
+                why = "not installed"
+            else:
+                return None
+            self.stood_in[top] = why
+        return importlib.util.spec_from_loader(name, _Loader(StandInModule), is_package=True)
+
+
+@dataclass
+class Loaded:
+    """The trainer's math modules, loaded; a context manager that keeps them importable (for
+    imports made inside functions) and then restores `sys.modules` and `sys.meta_path`."""
+    source: Source
+    modules: Sequence[str]
+    how: str = ""                                        # "imported normally" | "loaded by file"
+    stood_in: Dict[str, str] = field(default_factory=dict)
+    failed: Dict[str, str] = field(default_factory=dict)  # module -> why it could not load
+    _saved: Dict[str, object] = field(default_factory=dict)
+    _finder: Optional[_Finder] = None
+
+    def __enter__(self):
+        tops = {self.source.package} | set(ALWAYS_STAND_IN)
+        self._saved = {k: v for k, v in sys.modules.items() if k.partition(".")[0] in tops}
+        self._before = set(sys.modules)
+        self._loaded: Dict[str, types.ModuleType] = {}
+        if self.source.origin == "installed" and self._import_normally():
+            self.how = "imported normally"
+            return self
+        self._forget()
+        self._finder = _Finder(self.source)
+        sys.meta_path.insert(0, self._finder)
+        for m in self.modules:
+            try:
+                with quiet_warnings():    # e.g. "vLLM version 0+stand.in is not supported"
+                    self._loaded[m] = importlib.import_module(m)
+            except Exception as exc:                       # a module the card cannot use
+                self.failed[m] = f"{type(exc).__name__}: {exc}"
+        self.stood_in = dict(self._finder.stood_in)
+        self.how = "loaded by file (package __init__ files not run)"
+        return self
+
+    def _import_normally(self) -> bool:
+        try:
+            with quiet_warnings():
+                for m in self.modules:
+                    self._loaded[m] = importlib.import_module(m)
+        except Exception:
+            self._loaded.clear()
+            return False
+        return True
+
+    def _forget(self):
+        """Drop what a failed normal import left half-made (never torch, numpy, the stdlib)."""
+        keep = set(REAL) | set(sys.stdlib_module_names)
+        for k in set(sys.modules) - self._before:
+            if k.partition(".")[0] not in keep:
+                del sys.modules[k]
+        for k in [k for k in sys.modules if k.partition(".")[0] == self.source.package]:
+            del sys.modules[k]
+
+    def __exit__(self, *exc):
+        if self._finder is not None and self._finder in sys.meta_path:
+            sys.meta_path.remove(self._finder)
+        tops = {self.source.package} | set(self.stood_in)
+        for k in [k for k in sys.modules if k.partition(".")[0] in tops]:
+            del sys.modules[k]
+        sys.modules.update(self._saved)
+        importlib.invalidate_caches()
+        return False
+
+    def module(self, name: str) -> types.ModuleType:
+        if name in self.failed:
+            raise ImportError(self.failed[name])
+        return self._loaded[name]
+
+    def describe(self) -> List[str]:
+        lines = [self.how]
+        if self.stood_in:
+            lines.append("stand-ins: " + ", ".join(f"{k} ({v})"
+                                                   for k, v in sorted(self.stood_in.items())))
+        return lines
+
+
+def version_of(root: str, relative: str) -> Optional[str]:
+    """The first line of a version file inside the package folder, or None."""
+    try:
+        with open(os.path.join(root, relative), encoding="utf-8") as fh:
+            return fh.read().strip() or None
+    except OSError:
+        return None
+
+
+@contextlib.contextmanager
+def quiet_warnings():
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
