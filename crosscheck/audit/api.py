@@ -187,7 +187,7 @@ def into_domain(rule, case):
 
 def audit(fn, ref, *, backend="torch", profile=None, cases=200, seed=0, rtol=None, atol=None,
           precision=None, rename=None, accumulation=None, kl_use=None, timeout=TIMEOUT,
-          **conventions) -> AuditReport:
+          domain=None, **conventions) -> AuditReport:
     """Audit `fn` (a thin adapter around a trainer's function) against reference `ref`.
 
     Args:
@@ -212,6 +212,9 @@ def audit(fn, ref, *, backend="torch", profile=None, cases=200, seed=0, rtol=Non
         term, which the kl_direction check judges.
       timeout: seconds each call of `fn` may take (None: no limit). A call past it fails the
         `raises` check and ends the audit; the call itself is abandoned, still running.
+      domain: the inputs your function ever sees, overriding the profile's: a tuple of
+        "right_padded", "per_sequence_advantages", "groups_of_two" (crosscheck.audit.profiles
+        DOMAINS); cases outside it are moved into it or skipped, and the report says so.
       **conventions: reference conventions overriding the profile, e.g. ddof=1, eps=1e-6.
 
     Returns:
@@ -226,6 +229,7 @@ def audit(fn, ref, *, backend="torch", profile=None, cases=200, seed=0, rtol=Non
                                atol=atol, precision=precision, rename=rename,
                                accumulation=accumulation, kl_use=kl_use, timeout=timeout,
                                **conventions)
+    rule = _with_domain(rule, domain)
     try:
         report = _run_audit(aud, profile, rule, cases, seed)
     except AuditTimeout as exc:
@@ -300,6 +304,18 @@ def prepare(fn, ref, *, backend="torch", profile=None, seed=0, rtol=None, atol=N
     aud = Auditor(adapter, entry, params, backend, tol, accumulation, timeout, precision, kl_use,
                   accumulation_assumed=assumed)
     return aud, rule, notes
+
+
+def _with_domain(rule, domain):
+    """The profile's rule with its domain replaced by `domain` (validated), or as it is."""
+    if domain is None:
+        return rule
+    if isinstance(domain, str) or not all(d in profiles_mod.DOMAINS for d in domain):
+        raise AuditUsageError(f"domain is {domain!r}; expected a tuple of "
+                              f"{', '.join(map(repr, profiles_mod.DOMAINS))}")
+    import dataclasses
+    base = rule if rule is not None else profiles_mod.Rule({}, "as given")
+    return dataclasses.replace(base, domain=tuple(domain))
 
 
 _RANK = {"pass": 0, "info": 1, "warn": 2, "fail": 3}

@@ -11,7 +11,6 @@ every row through `crosscheck.audit.audit` and returns a `Card`, printable as te
 JSON. A row's verdict is the audit's; a row that cannot be adapted to this version says why.
 """
 import ast
-import dataclasses
 import inspect
 import os
 import re
@@ -46,6 +45,8 @@ class Row:
     audit: Mapping[str, object] = field(default_factory=dict)        # audit() keywords
     params: Tuple[str, ...] = ()       # the trainer's parameters the adapter passes by name
     known: Tuple[Known, ...] = ()
+    block: Optional[Tuple[str, str, Tuple[str, ...]]] = None   # (first, last, outputs): a
+    # statement block of the function, run by crosscheck.trainer.blocks, not the function
 
     @property
     def module(self) -> str:
@@ -71,6 +72,7 @@ class Trainer:
     rows: Tuple[Row, ...]
     inventory: Tuple[Tuple[str, str], ...]   # (module, regex on "function" or "Class.method")
     version_file: Optional[str] = None  # a version file inside the package folder
+    installable: bool = True           # False: a checkout only (--path required)
     not_covered_why: str = "no reference function yet"
     notes: Tuple[str, ...] = ()
 
@@ -87,19 +89,23 @@ class RowResult:
     verdict: str                       # CONFORMS | DOES NOT CONFORM | INCONCLUSIVE | COULD NOT ADAPT
     conventions: Dict[str, object] = field(default_factory=dict)
     reason: str = ""                   # could not adapt: why; inconclusive: why
-    finding: Optional[dict] = None     # the first failing check: check, message, ...
-    known: Optional[Known] = None
+    findings: List[dict] = field(default_factory=list)   # each failing check, in order
+    end_line: Optional[int] = None     # a statement block's last line
     report: Optional[object] = None    # the AuditReport
     seconds: float = 0.0
 
     @property
-    def explanation(self) -> str:
-        if self.finding is None:
-            return ""
-        if self.known is not None:
-            return f"{self.known.kind}: {self.known.what}"
-        return ("not a deviation we know this trainer to make on purpose: treat it as a defect "
-                "until its code or documentation shows it is a choice")
+    def finding(self) -> Optional[dict]:
+        return self.findings[0] if self.findings else None
+
+
+def explanation(row: Row, check: str) -> Tuple[Optional[Known], str]:
+    """What we know of a deviation of `row` at `check`, in words."""
+    known = next((k for k in row.known if k.check == check), None)
+    if known is not None:
+        return known, f"{known.kind}: {known.what}"
+    return None, ("not a deviation we know this trainer to make on purpose: treat it as a "
+                  "defect until its code or documentation shows it is a choice")
 
 
 @dataclass
@@ -166,7 +172,8 @@ class Card:
             lines.append("")
             lines.append(f)
             for r in rows:
-                where = f"l.{r.line}" if r.line else "    "
+                where = (f"l.{r.line}" + (f"-{r.end_line}" if r.end_line else "")) if r.line \
+                    else "    "
                 lines.append(f"  {r.row.name:<{width}}  {where:>7}  {r.verdict}"
                              + (f" ({r.report.n_cases} of {r.report.n_drawn} cases ran)"
                                 if r.report is not None else ""))
@@ -175,17 +182,19 @@ class Card:
                              f"  {'':<{width}}           could not adapt: {r.reason}")
                 if r.verdict == "INCONCLUSIVE":
                     lines.append(f"  {'':<{width}}           why: {r.reason}")
-        devs = [r for r in self.rows if r.finding is not None]
+        devs = [(r, f) for r in self.rows for f in r.findings]
         if devs:
             lines += ["", "deviations"]
-            for r in devs:
-                lines += [f"  {r.row.name} ({r.file}:{r.line}), check {r.finding['check']}:",
-                          f"    what differs: {r.finding['message']}"]
-                if r.finding.get("diagnosis"):
-                    lines.append(f"    likely: {r.finding['diagnosis']}")
-                for k, v in (r.finding.get("counterexample") or {}).items():
-                    lines.append(f"    {k}: {v}")
-                lines.append(f"    {r.explanation}")
+            for r, f in devs:
+                lines += [f"  {r.row.name} ({r.file}:{r.line}), check {f['check']}:",
+                          f"    what differs: {f['message']}"]
+                if f.get("diagnosis"):
+                    lines.append(f"    likely: {f['diagnosis']}")
+                if f.get("counterexample"):
+                    lines.append("    minimal counterexample:")
+                for k, v in (f.get("counterexample") or {}).items():
+                    lines.append(f"      {k}: {v}")
+                lines.append(f"    {f['explanation']}")
         choices = [r for r in self.rows if r.row.choices]
         if choices:
             lines += ["", "adapter choices (each adapter only renames and reshapes)"]
@@ -224,19 +233,19 @@ class Card:
             ref = self._conv(r) if r.verdict != "COULD NOT ADAPT" else f"could not adapt: {r.reason}"
             ran = f" ({r.report.n_cases}/{r.report.n_drawn} cases)" if r.report else ""
             out.append(f"| `{r.row.name}` | {r.file}:{r.line or '?'} | `{ref}` | {r.verdict}{ran} |")
-        devs = [r for r in self.rows if r.finding is not None]
+        devs = [(r, f) for r in self.rows for f in r.findings]
         if devs:
             out += ["", "## Deviations", ""]
-            for r in devs:
-                out += [f"### `{r.row.name}`: {r.finding['check']}", "",
-                        f"- what differs: {r.finding['message']}"]
-                if r.finding.get("diagnosis"):
-                    out.append(f"- likely: {r.finding['diagnosis']}")
-                ce = r.finding.get("counterexample") or {}
+            for r, f in devs:
+                out += [f"### `{r.row.name}`: {f['check']}", "",
+                        f"- what differs: {f['message']}"]
+                if f.get("diagnosis"):
+                    out.append(f"- likely: {f['diagnosis']}")
+                ce = f.get("counterexample") or {}
                 if ce:
                     out.append("- minimal counterexample:")
                     out += [f"  - {k}: `{v}`" for k, v in ce.items()]
-                out += [f"- {r.explanation}", ""]
+                out += [f"- {f['explanation']}", ""]
         choices = [r for r in self.rows if r.row.choices]
         if choices:
             out += ["", "## Adapter choices", ""]
@@ -261,8 +270,7 @@ class Card:
                        ref=r.row.ref, conventions=r.conventions, verdict=r.verdict,
                        reason=r.reason, choices=list(r.row.choices),
                        cases_run=None if r.report is None else r.report.n_cases,
-                       finding=r.finding, explanation=r.explanation or None,
-                       known=None if r.known is None else dataclasses.asdict(r.known),
+                       findings=r.findings,
                        seconds=round(r.seconds, 3))
                   for r in self.rows],
             not_covered=[dict(file=f, function=q, line=line) for f, q, line in self.not_covered],
@@ -322,16 +330,24 @@ def run_row(row: Row, loaded: loading.Loaded, source: loading.Source, profile: s
     rel = source.relative(path)
     line = _definitions(path).get(row.qualname)
     result = RowResult(row, rel, line, "COULD NOT ADAPT")
-    try:
-        module = loaded.module(row.module)
-    except (ImportError, KeyError) as exc:
-        result.reason = f"{row.module} did not load ({exc})"
-        return result
-    try:
-        fn = _resolve(module, row.qualname)
-    except AttributeError:
-        result.reason = f"{row.qualname} is not defined in {rel} in this version"
-        return result
+    if row.block is not None:
+        from .blocks import BlockNotFound, compile_block
+        try:
+            fn, result.line, result.end_line = compile_block(path, row.qualname, *row.block)
+        except (OSError, SyntaxError, BlockNotFound) as exc:
+            result.reason = str(exc)
+            return result
+    else:
+        try:
+            module = loaded.module(row.module)
+        except (ImportError, KeyError) as exc:
+            result.reason = f"{row.module} did not load ({exc})"
+            return result
+        try:
+            fn = _resolve(module, row.qualname)
+        except AttributeError:
+            result.reason = f"{row.qualname} is not defined in {rel} in this version"
+            return result
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):
@@ -363,12 +379,11 @@ def run_row(row: Row, loaded: loading.Loaded, source: loading.Source, profile: s
     result.verdict = report.verdict
     if report.inconclusive:
         result.reason = "; ".join(report.inconclusive)
-    if report.failures:
-        f = report.failures[0]
-        result.finding = dict(check=f.check, message=f.message, diagnosis=f.diagnosis,
-                              counterexample=f.counterexample,
-                              failing=[x.check for x in report.failures])
-        result.known = next((k for k in row.known if k.check == f.check), None)
+    for f in report.failures:
+        known, said = explanation(row, f.check)
+        result.findings.append(dict(check=f.check, message=f.message, diagnosis=f.diagnosis,
+                                    counterexample=f.counterexample, explanation=said,
+                                    kind=known.kind if known else "unexplained"))
     return result
 
 
@@ -377,8 +392,12 @@ def run(trainer: Trainer, path: Optional[str] = None, cases: int = CASES, seed: 
     """The card of `trainer` as installed (path None) or in the checkout at `path`.
     `progress`: a stream for a one-line progress display (a terminal), or None."""
     t0 = time.perf_counter()
+    if path is None and not trainer.installable:
+        raise loading.TrainerNotFound(f"{trainer.name} is not a package: pass --path to a "
+                                      f"checkout of it")
     source = loading.locate(trainer.package, trainer.dist, path, trainer.version_of,
-                            needs=trainer.modules)
+                            needs=trainer.modules + tuple(
+                                sorted({r.module for r in trainer.rows if r.block})))
     rows = [r for r in trainer.rows if only is None or r.qualname in only]
     with loading.Loaded(source, trainer.modules) as loaded:
         results = []

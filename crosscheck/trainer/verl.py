@@ -156,6 +156,14 @@ _CLAMPED = Known(
     "stability') and logs ppo_kl from the clamped values, so the metric saturates once "
     "|log π − log π_old| > 20; ordinary updates never reach it")
 
+_MICRO_MEAN = Known(
+    "microbatch", "defect",
+    "the deprecated compute_policy_loss aggregates each micro-batch by its own token count "
+    "(agg_loss without batch_num_tokens), so averaging micro-batch losses weights a token of a "
+    "short micro-batch more than one of a long micro-batch; the registered 'vanilla' loss "
+    "normalises by the global count (global_batch_info) and is exact. It bites whenever "
+    "micro-batches hold different numbers of valid tokens")
+
 ROWS = (
     Row(f"{CA}:compute_gae_advantage_return", "gae", _gae,
         choices=(f"γ = {GAMMA}, λ = {LAM} passed to both (the profile's 1, 1 hide discounting)",
@@ -201,7 +209,8 @@ ROWS = (
                                           "it takes no global count: micro-batch losses "
                                           "averaged"),
         conventions=dict(loss="ppo", beta=0.0), audit=dict(accumulation="mean"),
-        params=("old_log_prob", "log_prob", "advantages", "response_mask", "cliprange")),
+        params=("old_log_prob", "log_prob", "advantages", "response_mask", "cliprange"),
+        known=(_MICRO_MEAN,)),
     Row(f"{CA}:compute_policy_loss_vanilla", "clip_fraction",
         lambda fn: _metric(fn, "actor/pg_clipfrac"), label="pg_clipfrac",
         choices=("the pg_clipfrac metric the loss returns",),

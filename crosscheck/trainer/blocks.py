@@ -1,0 +1,62 @@
+"""Statement blocks of a training script, run as functions.
+
+Some trainers (MiniMind) write their math inline in a training loop. A block is named by the
+function that holds it and the first and last variables it assigns; the statements from the
+first assignment to the last, inclusive and in one statement list, are compiled from the
+user's own file at run time and run in a namespace holding only the block's inputs, torch, and
+an `args` namespace for the hyper-parameters it reads. Nothing else of the script runs.
+"""
+import ast
+import types
+from typing import Callable, Tuple
+
+import torch
+
+
+class BlockNotFound(LookupError):
+    pass
+
+
+def _assigns(stmt, name: str) -> bool:
+    targets = stmt.targets if isinstance(stmt, ast.Assign) else \
+        [stmt.target] if isinstance(stmt, (ast.AugAssign, ast.AnnAssign)) else []
+    return any(isinstance(n, ast.Name) and n.id == name
+               for t in targets for n in ast.walk(t))
+
+
+def find(path: str, function: str, first: str, last: str) -> Tuple[list, int, int]:
+    """(statements, first line, last line) of the block in `function` of the file at `path`."""
+    with open(path, encoding="utf-8") as fh:
+        tree = ast.parse(fh.read(), path)
+    fn = next((n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+               and n.name == function), None)
+    if fn is None:
+        raise BlockNotFound(f"no function {function} in {path}")
+    for node in ast.walk(fn):
+        for body in (getattr(node, f, None) for f in ("body", "orelse", "finalbody")):
+            if not isinstance(body, list):
+                continue
+            starts = [i for i, s in enumerate(body) if _assigns(s, first)]
+            for i in starts:
+                ends = [j for j in range(i, len(body)) if _assigns(body[j], last)]
+                if ends:
+                    stmts = body[i:ends[-1] + 1]
+                    return stmts, stmts[0].lineno, stmts[-1].end_lineno
+    raise BlockNotFound(f"no statement block from {first} = ... to {last} = ... in {function} "
+                        f"({path})")
+
+
+def compile_block(path: str, function: str, first: str, last: str,
+                  outputs: Tuple[str, ...]) -> Tuple[Callable, int, int]:
+    """A callable running the block: keyword inputs (plus `args`, a dict of hyper-parameters)
+    in, the `outputs` variables out (one value, or a tuple)."""
+    stmts, lo, hi = find(path, function, first, last)
+    code = compile(ast.Module(body=stmts, type_ignores=[]), path, "exec")
+
+    def run(args=None, **inputs):
+        ns = dict(torch=torch, args=types.SimpleNamespace(**(args or {})), **inputs)
+        exec(code, ns)                 # the user's own statements, from their own file
+        got = tuple(ns[o] for o in outputs)
+        return got[0] if len(got) == 1 else got
+    run.__qualname__ = f"{function}[{first}..{last}]"
+    return run, lo, hi

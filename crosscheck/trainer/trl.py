@@ -1,0 +1,163 @@
+"""TRL's report card: the GRPO loss, `GRPOTrainer._compute_loss` in trl/trainer/grpo_trainer.py.
+
+Facts read in TRL 1.16.0 (TRL's PPO trainer is no longer in the package; its GRPO advantages
+are statements inside `_generate_and_score_completions`, not a function):
+- `_compute_loss(self, model, inputs)` takes the log-probs from
+  `self._get_per_token_logps_and_entropies(...)`; the card calls it unbound with a stand-in
+  `self` whose method returns the log-probs under test, so autograd runs through TRL's own
+  loss code;
+- `loss_type` chooses the clip and the aggregation: 'grpo' (per-sequence token mean over all
+  rows, divided by the accumulation steps), 'bnpo' (local token mean), 'dr_grpo' (sum over
+  B·max_completion_length), 'dapo' and 'cispo' (sum over `num_items_in_batch`, the generation
+  batch's token count), 'luspo' (per-sequence token sum, mean over rows);
+- `importance_sampling_level='sequence'` with loss_type 'grpo' is GSPO.
+"""
+import collections
+import types
+
+import torch
+
+from .card import Known, Row, Trainer
+
+GRPO = "trl.trainer.grpo_trainer"
+MAX_LEN = 8.0          # max_completion_length, the Dr. GRPO constant
+
+
+class _Accelerator:
+    """One process: gather and reduce are the identity."""
+    num_processes = 1
+    sync_gradients = True
+
+    @staticmethod
+    def gather(x):
+        return x
+
+    gather_for_metrics = gather
+
+    @staticmethod
+    def reduce(x, reduction="sum"):
+        return x
+
+
+def _stand_in(logp, loss_type, level="token", beta=0.0, epsilon_low=0.2, epsilon_high=0.2):
+    args = types.SimpleNamespace(use_bias_correction_kl=False, delta=None,
+                                 steps_per_generation=1)
+    me = types.SimpleNamespace(
+        loss_type=loss_type, importance_sampling_level=level, beta=beta,
+        epsilon_low=epsilon_low, epsilon_high=epsilon_high, args=args,
+        top_entropy_quantile=1.0, off_policy_mask_threshold=None, aux_loss_enabled=False,
+        use_vllm=False, vllm_importance_sampling_correction=False,
+        _entropy_bonus_enabled=False, model=types.SimpleNamespace(training=True),
+        current_gradient_accumulation_steps=1, max_completion_length=MAX_LEN,
+        accelerator=_Accelerator(),
+        _metrics=collections.defaultdict(lambda: collections.defaultdict(list)))
+    me._get_per_token_logps_and_entropies = \
+        lambda *a, **k: (logp, torch.zeros_like(logp).detach(), None)
+    return me
+
+
+def _inputs(logp, old_logp, advantages, mask, ref_logp=None, n_tokens_global=None):
+    B = logp.shape[0]
+    inputs = dict(prompt_ids=torch.zeros((B, 0), dtype=torch.long),
+                  prompt_mask=torch.zeros((B, 0), dtype=torch.long),
+                  completion_ids=torch.zeros(logp.shape, dtype=torch.long),
+                  completion_mask=mask.to(torch.long), advantages=advantages,
+                  old_per_token_logps=old_logp)
+    if ref_logp is not None:
+        inputs["ref_per_token_logps"] = ref_logp
+    n = mask.sum() if n_tokens_global is None else n_tokens_global
+    inputs["num_items_in_batch"] = torch.as_tensor(n, dtype=logp.dtype)
+    return inputs
+
+
+def _loss(loss_type, level="token", beta=0.0, **eps):
+    def make(fn):
+        def adapter(logp, old_logp, advantages, mask, ref_logp=None, n_tokens_global=None):
+            me = _stand_in(logp, loss_type, level, beta, **eps)
+            return fn(me, None, _inputs(logp, old_logp, advantages, mask,
+                                        ref_logp if beta else None, n_tokens_global))
+        return adapter
+    return make
+
+
+def _clip_metric(fn):
+    def adapter(logp, old_logp, advantages, mask):
+        me = _stand_in(logp, "dapo")
+        with torch.no_grad():
+            fn(me, None, _inputs(logp, old_logp, advantages, mask))
+        return me._metrics["train"]["clip_ratio/region_mean"][-1]
+    return adapter
+
+
+_STAND_IN = ("called unbound with a stand-in self: _get_per_token_logps_and_entropies returns "
+             "the log-probs under test; one process, no vLLM, no entropy mask or bonus, "
+             "current_gradient_accumulation_steps = steps_per_generation = 1",
+             "inputs: empty prompts, completion_mask = mask, old_per_token_logps = old_logp, "
+             "advantages as given (TRL takes [B] or [B, T])")
+_GLOBAL = ("num_items_in_batch = the whole batch's token count, as TRL's trainer passes it",)
+_PARAMS = ("self", "model", "inputs")
+_PADDING = Known(
+    "mask", "defect",
+    "for the clipped loss types TRL takes exp(log π − log π_old) at every position and masks "
+    "by multiplying ((per_token_loss * mask).sum()), so a padded position whose log-ratio "
+    "overflows exp (> 88 in float32, > 709 in float64: garbage log-probs at padding) gives "
+    "inf · 0 = NaN and the whole loss is NaN. Valid positions are exact; it bites only when "
+    "padding holds extreme log-probs. CISPO detaches the clamped ratio and GSPO masks the "
+    "log-ratio before exp, so they are immune")
+_LOCAL = Known(
+    "microbatch", "documented choice",
+    "loss_type 'bnpo' normalises by the local micro-batch's token count (TRL's GRPOConfig "
+    "documents that results then depend on the local batch size), so averaged micro-batches "
+    "weight tokens unequally when micro-batches hold different numbers of tokens; 'dapo' "
+    "normalises by the generation batch's count instead")
+ROW = f"{GRPO}:GRPOTrainer._compute_loss"
+
+ROWS = (
+    Row(ROW, "policy_objective", _loss("dapo"), label="dapo", choices=_STAND_IN + _GLOBAL,
+        conventions=dict(loss="ppo", beta=0.0, clip_high=0.2), params=_PARAMS,
+        known=(_PADDING,)),
+    Row(ROW, "policy_objective", _loss("dapo", beta=0.04), label="dapo, β = 0.04",
+        choices=_STAND_IN + _GLOBAL + ("beta = 0.04: the k3 term added to the per-token loss",),
+        conventions=dict(loss="ppo", beta=0.04, clip_high=0.2), params=_PARAMS,
+        known=(_PADDING,)),
+    Row(ROW, "policy_objective", _loss("grpo"), label="grpo", choices=_STAND_IN,
+        conventions=dict(loss="ppo", beta=0.0, clip_high=0.2, agg="seq-mean-token-mean",
+                         empty_rows="include"),
+        audit=dict(accumulation="mean"), params=_PARAMS, known=(_PADDING,)),
+    Row(ROW, "policy_objective", _loss("bnpo"), label="bnpo", choices=_STAND_IN,
+        conventions=dict(loss="ppo", beta=0.0, clip_high=0.2, agg="token-mean"),
+        audit=dict(accumulation="mean"), params=_PARAMS, known=(_PADDING, _LOCAL)),
+    Row(ROW, "policy_objective", _loss("dr_grpo"), label="dr_grpo",
+        choices=_STAND_IN + (f"max_completion_length = {MAX_LEN:g}",),
+        conventions=dict(loss="ppo", beta=0.0, clip_high=0.2, agg="seq-mean-token-sum",
+                         norm=MAX_LEN, empty_rows="include"),
+        audit=dict(accumulation="mean"), params=_PARAMS, known=(_PADDING,)),
+    Row(ROW, "policy_objective", _loss("luspo"), label="luspo", choices=_STAND_IN,
+        conventions=dict(loss="ppo", beta=0.0, clip_high=0.2, agg="seq-mean-token-sum",
+                         empty_rows="include"),
+        audit=dict(accumulation="mean"), params=_PARAMS, known=(_PADDING,)),
+    Row(ROW, "policy_objective", _loss("cispo", epsilon_high=5.0), label="cispo",
+        choices=_STAND_IN + _GLOBAL + ("epsilon_high = 5.0",),
+        conventions=dict(loss="cispo", beta=0.0), params=_PARAMS),
+    Row(ROW, "policy_objective", _loss("grpo", level="sequence", epsilon_low=3e-4,
+                                       epsilon_high=4e-4), label="gspo",
+        choices=_STAND_IN + ("importance_sampling_level = 'sequence', loss_type 'grpo', "
+                             "epsilon 3e-4 / 4e-4, as TRL documents GSPO",),
+        conventions=dict(loss="gspo", beta=0.0), audit=dict(accumulation="mean"),
+        params=_PARAMS),
+    Row(ROW, "clip_fraction", _clip_metric, label="clip_ratio/region_mean",
+        choices=_STAND_IN + ("the clip_ratio/region_mean metric it logs (loss_type 'dapo')",),
+        params=_PARAMS),
+)
+
+TRAINER = Trainer(
+    name="trl", package="trl", dist="trl", profile="trl", pinned="1.16.0",
+    modules=(GRPO,), rows=ROWS,
+    inventory=((GRPO, r"GRPOTrainer\.(_compute_loss|get_gamma_weights|get_off_policy_mask|"
+                      r"get_high_entropy_mask)"),),
+    notes=("loss_type 'sapo' and 'vespo' (get_gamma_weights), the off-policy sequence mask "
+           "and the vLLM importance-sampling correction have no reference yet",
+           "TRL's group advantages (mean and nanstd over each prompt's completions, + 1e-4) are "
+           "statements inside _generate_and_score_completions, which generates text; they are "
+           "not reached as a function"),
+)
