@@ -1,5 +1,5 @@
 """`python -m crosscheck`: cross-check every reference function (exit 0 pass, 1 fail, 2 usage),
-and the `audit` and `explain` subcommands.
+and the `audit`, `explain` and `trainer` subcommands.
 
 Arguments are parsed before anything heavy is imported, so that --help is instant.
 """
@@ -26,6 +26,7 @@ def check_parser():
         description="Cross-check the NumPy reference (hand VJPs) against the independent torch "
                     "twin (autograd) and scipy finite differences, on seeded cases in float64.",
         epilog=f"subcommands: '{_prog('audit')}' audits your own function against a reference; "
+               f"'{_prog('trainer')}' prints a trainer's report card; "
                f"'{_prog('explain')}' walks through the math. Each has its own --help.")
     p.add_argument("--seed", type=int, default=0, help="case seed (default 0)")
     p.add_argument("--cases", type=int, default=12, metavar="N",
@@ -271,7 +272,71 @@ def audit_main(argv) -> int:
     return EXIT_PASS if report.ok else EXIT_FAIL
 
 
-SUBCOMMANDS = {"explain": explain_main, "audit": audit_main}
+def trainer_parser():
+    from .trainer import TRAINERS
+
+    p = argparse.ArgumentParser(
+        prog=_prog("trainer"),
+        description="A trainer's report card: its own functions (as installed, or in a "
+                    "checkout with --path) audited against the references under its profile. "
+                    "Exit 0 when every covered function conforms, 1 otherwise, 2 on a usage "
+                    "error (the trainer not installed, --path not holding it).")
+    p.add_argument("name", nargs="?", choices=TRAINERS, help="the trainer")
+    p.add_argument("--path", metavar="DIR", help="a source checkout or a fork (default: the "
+                                                 "installed package; MiniMind needs it)")
+    p.add_argument("--cases", type=int, default=48, help="cases per row (default 48)")
+    p.add_argument("--seed", type=int, default=0, help="case seed (default 0)")
+    p.add_argument("--json", action="store_true", help="the card as JSON")
+    p.add_argument("--markdown", metavar="FILE", help="also write the card as Markdown to FILE")
+    p.add_argument("--list", action="store_true",
+                   help="list the trainers and the functions each card covers")
+    return p
+
+
+def _trainer_list() -> str:
+    from . import trainer as trainers
+    lines = []
+    for name in trainers.TRAINERS:
+        t = trainers.get(name)
+        where = "installed or --path" if t.installable else "--path CHECKOUT only"
+        lines.append(f"{name} (profile {t.profile}; pinned {t.pinned}; {where})")
+        for r in t.rows:
+            lines.append(f"  {r.module.replace('.', '/')}.py  {r.name}  ->  {r.ref}")
+    return "\n".join(lines)
+
+
+def trainer_main(argv) -> int:
+    import json
+
+    p = trainer_parser()
+    args = p.parse_args(argv)
+    if args.list:
+        print(_trainer_list())
+        return EXIT_PASS
+    if not args.name:
+        p.error("name a trainer (or --list)")
+    if args.cases < 1:
+        p.error(f"--cases is {args.cases}; expected a positive number")
+    if args.seed < 0:
+        p.error(f"--seed is {args.seed}; expected a non-negative integer")
+    from . import trainer as trainers
+    from .trainer import card, loading
+    try:
+        result = card.run(trainers.get(args.name), path=args.path, cases=args.cases,
+                          seed=args.seed,
+                          progress=card.progress_stream(args.json or not sys.stdout.isatty()))
+    except loading.TrainerNotFound as exc:
+        print(f"{_prog('trainer')}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.markdown:
+        with open(args.markdown, "w", encoding="utf-8") as fh:
+            fh.write(result.markdown())
+    print(json.dumps(result.to_dict(), indent=2, ensure_ascii=False) if args.json else
+          result.text())
+    return result.exit_code
+
+
+SUBCOMMANDS = {"explain": explain_main, "audit": audit_main, "trainer": trainer_main}
 
 
 def main(argv=None) -> int:

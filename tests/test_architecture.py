@@ -146,7 +146,8 @@ def _modules_loaded_by(argv):
     return out.stdout, set(ast.literal_eval(out.stdout.strip().splitlines()[-1]))
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["audit", "--help"], ["explain", "--help"]])
+@pytest.mark.parametrize("argv", [["--help"], ["audit", "--help"], ["explain", "--help"],
+                                  ["trainer", "--help"]])
 def test_help_is_printed_without_importing_torch(argv):
     text, loaded = _modules_loaded_by(argv)
     assert "usage:" in text

@@ -1,0 +1,20 @@
+"""Report cards: a trainer's own functions audited against the references
+(`python -m crosscheck trainer NAME`). See crosscheck.trainer.card.
+
+Importing this package imports neither torch nor any trainer.
+"""
+import importlib
+
+TRAINERS = ("verl", "trl", "openrlhf", "minimind")
+
+
+def get(name: str):
+    """The `Trainer` declaration of `name` (one of TRAINERS)."""
+    if name not in TRAINERS:
+        raise KeyError(f"unknown trainer {name!r}; known: {', '.join(TRAINERS)}")
+    return importlib.import_module(f"{__name__}.{name}").TRAINER
+
+
+def pins():
+    """`dist==version` of each trainer CI installs (MiniMind is not a package)."""
+    return [f"{t.dist}=={t.pinned}" for t in map(get, TRAINERS) if t.installable]

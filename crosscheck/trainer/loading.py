@@ -57,7 +57,8 @@ class Source:
     def file(self, module: str) -> str:
         """The source file of `module` (a dotted name inside the package)."""
         base = os.path.join(self.root, *module.split("."))
-        return base + ".py" if os.path.isfile(base + ".py") else os.path.join(base, "__init__.py")
+        package = os.path.join(base, "__init__.py")
+        return package if os.path.isfile(package) else base + ".py"
 
     def relative(self, path: str) -> str:
         return os.path.relpath(path, self.root)

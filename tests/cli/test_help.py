@@ -129,8 +129,8 @@ def test_the_main_help_names_the_subcommands():
     code, out, _ = run_cli(["--help"])
     assert code == 0
     assert ("subcommands: 'python -m crosscheck audit' audits your own function against a "
-            "reference; 'python -m crosscheck explain' walks through the math.") in \
-        " ".join(out.split())
+            "reference; 'python -m crosscheck trainer' prints a trainer's report card; "
+            "'python -m crosscheck explain' walks through the math.") in " ".join(out.split())
 
 
 @pytest.mark.parametrize("sub", list(SECTIONS))

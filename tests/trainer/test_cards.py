@@ -1,0 +1,143 @@
+"""Report cards of the pinned trainers (installed by .ci/run with --no-deps), a fork with an edited
+loss, a fork whose signature changed, MiniMind's statement blocks, and the published cards.
+
+The expected verdicts come from reading each trainer's code at its pinned version (the rows'
+`Known` entries cite it), not from running the card."""
+import importlib.util
+import os
+import shutil
+import textwrap
+
+import pytest
+
+from crosscheck import trainer as trainers
+from crosscheck.trainer import card, loading
+
+DOCS = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "cards")
+
+# row name -> the checks it fails at the pinned version ([] = conforms)
+EXPECTED = {
+    "verl": {"compute_policy_loss [ppo, deprecated]": ["microbatch"],
+             "compute_policy_loss_vanilla [ppo_kl]": ["value"]},
+    "trl": {"GRPOTrainer._compute_loss [dapo]": ["mask"],
+            "GRPOTrainer._compute_loss [dapo, β = 0.04]": ["mask"],
+            "GRPOTrainer._compute_loss [grpo]": ["mask"],
+            "GRPOTrainer._compute_loss [bnpo]": ["mask", "microbatch"],
+            "GRPOTrainer._compute_loss [dr_grpo]": ["mask"],
+            "GRPOTrainer._compute_loss [luspo]": ["mask"]},
+    "openrlhf": {"RemoteExperienceMaker.get_advantages_and_returns": ["value"]},
+}
+INSTALLED = [n for n in EXPECTED if importlib.util.find_spec(n) is not None]
+needs = pytest.mark.skipif  # a skip names the missing trainer; CI installs all three
+
+
+def _installed(name):
+    return needs(importlib.util.find_spec(name) is None,
+                 reason=f"{name} is not installed (.ci/run installs it with --no-deps)")
+
+
+@pytest.fixture(scope="module")
+def cards():
+    return {n: card.run(trainers.get(n)) for n in INSTALLED}
+
+
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_every_row_of_a_pinned_trainer_runs_and_gives_the_expected_verdict(name, cards):
+    if name not in cards:
+        pytest.skip(f"{name} is not installed (.ci/run installs it with --no-deps)")
+    c = cards[name]
+    t = trainers.get(name)
+    assert c.source.version == t.pinned
+    assert [r.row.name for r in c.rows] == [r.name for r in t.rows]
+    for r in c.rows:
+        assert r.verdict in ("CONFORMS", "DOES NOT CONFORM"), (r.row.name, r.verdict, r.reason)
+        assert r.report.n_cases > 0
+        assert [f["check"] for f in r.findings] == EXPECTED[name].get(r.row.name, []), r.row.name
+        for f in r.findings:                     # every deviation on a pinned card is explained
+            assert f["kind"] in card.KINDS, (r.row.name, f)
+    assert c.exit_code == (1 if EXPECTED[name] else 0)
+    assert c.not_covered                          # verl's SAPO & co., TRL's vespo, ...
+    ran, listed = c.functions()
+    assert 0 < ran < listed
+
+
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_the_published_card_is_what_the_command_prints(name, cards):
+    if name not in cards:
+        pytest.skip(f"{name} is not installed (.ci/run installs it with --no-deps)")
+    c = cards[name]
+    path = os.path.join(DOCS, f"{name}-{c.source.version}.md")
+    with open(path, encoding="utf-8") as fh:
+        published = fh.read()
+
+    def stable(text):          # the stand-ins depend on what else is installed here
+        return [line for line in text.splitlines() if not line.startswith("- loaded:")]
+    assert stable(published) == stable(c.markdown()), \
+        f"regenerate: python -m crosscheck trainer {name} --markdown {path}"
+
+
+@_installed("verl")
+def test_a_fork_with_an_edited_loss_shows_an_unexplained_deviation(tmp_path):
+    src = os.path.dirname(importlib.util.find_spec("verl").origin)
+    shutil.copytree(src, tmp_path / "verl")
+    f = tmp_path / "verl" / "trainer" / "ppo" / "core_algos.py"
+    text = f.read_text()
+    edited = text.replace("id2std[idx] = torch.std(scores_tensor)",
+                          "id2std[idx] = torch.std(scores_tensor, unbiased=False)")
+    edited = edited.replace("    index: np.ndarray,\n    epsilon: float = 1e-6,\n    config: "
+                            "Optional[AlgoConfig] = None,\n    **kwargs,",
+                            "    uid: np.ndarray,\n    epsilon: float = 1e-6,\n    config: "
+                            "Optional[AlgoConfig] = None,\n    **kwargs,")
+    assert edited.count("unbiased=False") > text.count("unbiased=False") and "uid:" in edited
+    f.write_text(edited)
+    c = card.run(trainers.get("verl"), path=str(tmp_path),
+                 only=["compute_grpo_outcome_advantage", "compute_rloo_outcome_advantage"])
+    assert c.source.origin == "checkout"
+    grpo = [r for r in c.rows if r.row.name == "compute_grpo_outcome_advantage"][0]
+    assert grpo.verdict == "DOES NOT CONFORM"
+    assert grpo.findings[0]["check"] == "value" and grpo.findings[0]["kind"] == "unexplained"
+    rloo = [r for r in c.rows if r.row.name == "compute_rloo_outcome_advantage"][0]
+    assert rloo.verdict == "COULD NOT ADAPT" and "no parameter index" in rloo.reason
+    assert c.exit_code == 1 and "could not adapt: the signature changed" in c.text()
+
+
+MINIMIND_GRPO = '''
+    import torch
+
+
+    def grpo_train_epoch(rewards, args):
+        grouped_rewards = torch.stack(torch.split(rewards, args.num_generations))
+        centre = grouped_rewards.mean(-1, keepdim=True)
+        spread = (grouped_rewards - centre).pow(2).mean(-1, keepdim=True).sqrt()
+        advantages = ((grouped_rewards - centre) / (spread + 1e-4)).flatten()
+        return advantages
+    '''
+MINIMIND_PPO = '''
+    def ppo_train_epoch(advantages, resp_policy_mask):
+        adv_mean = (advantages * resp_policy_mask).sum() / resp_policy_mask.sum().clamp(min=1)
+        n = resp_policy_mask.sum().clamp(min=1)
+        centred = (advantages - adv_mean) * resp_policy_mask
+        advantages = centred / (centred.pow(2).sum() / n + 1e-8).sqrt()
+        return advantages
+    '''
+
+
+def test_minimind_blocks_run_from_a_checkout_and_missing_blocks_are_reported(tmp_path):
+    (tmp_path / "trainer").mkdir()
+    (tmp_path / "trainer" / "train_grpo.py").write_text(textwrap.dedent(MINIMIND_GRPO))
+    (tmp_path / "trainer" / "train_ppo.py").write_text(textwrap.dedent(MINIMIND_PPO))
+    c = card.run(trainers.get("minimind"), path=str(tmp_path))
+    verdicts = {r.row.name: r.verdict for r in c.rows}
+    assert verdicts["grpo_train_epoch [advantages]"] == "CONFORMS"
+    assert verdicts["ppo_train_epoch [whitening]"] == "CONFORMS"
+    assert verdicts["ppo_train_epoch [GAE]"] == "COULD NOT ADAPT"
+    gae = [r for r in c.rows if r.row.name == "ppo_train_epoch [GAE]"][0]
+    assert "no statement block from gen_len" in gae.reason
+    whiten = [r for r in c.rows if r.row.name == "ppo_train_epoch [whitening]"][0]
+    assert (whiten.line, whiten.end_line) == (3, 6)
+    assert c.exit_code == 1 and c.verdict == "INCOMPLETE"
+
+
+def test_minimind_needs_a_path():
+    with pytest.raises(loading.TrainerNotFound, match="--path"):
+        card.run(trainers.get("minimind"))

@@ -1,0 +1,107 @@
+"""Loading a trainer's math modules by file: package inits not run, relative re-exports resolved,
+missing third-party modules stood in (and listed), sys.modules restored afterwards, and usage
+errors for a trainer that is not there. The fake trainer here is written for these tests."""
+import sys
+import textwrap
+
+import pytest
+
+from crosscheck.trainer import loading
+
+
+def _write(root, files):
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+
+
+@pytest.fixture
+def fake(tmp_path):
+    _write(tmp_path, {
+        "faketrainer/__init__.py": """
+            import not_a_real_dependency_xyz      # would fail: the init must not run
+            __version__ = "9.9"
+            """,
+        "faketrainer/utils/__init__.py": """
+            from .stats import centred
+            from .more import *
+            """,
+        "faketrainer/utils/stats.py": """
+            def centred(x):
+                return [v - sum(x) / len(x) for v in x]
+            """,
+        "faketrainer/utils/more.py": """
+            def doubled(x):
+                return [2 * v for v in x]
+            """,
+        "faketrainer/algos.py": """
+            import torch
+            from missing_heavy_pkg import Trainer, helper
+            from missing_heavy_pkg.sub import decorate
+            from faketrainer.utils import centred, doubled
+            from faketrainer import __version__
+
+            class Mine(Trainer):
+                FIELDS = Trainer.FIELDS + ["a"]
+
+            @decorate
+            def advantages(x):
+                return centred(x)
+
+            def twice(x):
+                return doubled(x)
+            """,
+    })
+    return tmp_path
+
+
+def test_a_module_loads_by_file_with_its_package_init_not_run_and_stand_ins_listed(fake):
+    source = loading.locate("faketrainer", "faketrainer", str(fake))
+    before = set(sys.modules)
+    with loading.Loaded(source, ["faketrainer.algos"]) as loaded:
+        assert loaded.failed == {}
+        algos = loaded.module("faketrainer.algos")
+        assert algos.advantages([1.0, 3.0]) == [-1.0, 1.0]     # the decorator stood in
+        assert algos.twice([1.0]) == [2.0]                      # a star re-export
+        assert algos.__version__ == "9.9"       # a constant read from the init, not run
+        assert loaded.stood_in == {"missing_heavy_pkg": "not installed"}
+        assert "missing_heavy_pkg" in " ".join(loaded.describe())
+    assert not [m for m in set(sys.modules) - before
+                if m.startswith(("faketrainer", "missing_heavy_pkg"))]
+
+
+def test_optional_imports_outside_the_trainer_are_not_stood_in(fake):
+    source = loading.locate("faketrainer", "faketrainer", str(fake))
+    with loading.Loaded(source, ["faketrainer.algos"]):
+        with pytest.raises(ImportError):
+            __import__("another_missing_module_abc")          # imported by us, not the trainer
+
+
+def test_a_path_without_the_package_is_a_usage_error_naming_it(tmp_path):
+    with pytest.raises(loading.TrainerNotFound, match="does not hold verl"):
+        loading.locate("verl", "verl", str(tmp_path))
+    with pytest.raises(loading.TrainerNotFound, match="is not a directory"):
+        loading.locate("verl", "verl", str(tmp_path / "nowhere"))
+
+
+def test_a_package_missing_a_math_module_is_a_usage_error(fake):
+    with pytest.raises(loading.TrainerNotFound, match="lacks faketrainer/gone.py"):
+        loading.locate("faketrainer", "faketrainer", str(fake), needs=("faketrainer.gone",))
+
+
+def test_an_uninstalled_trainer_is_a_usage_error_saying_how_to_install():
+    with pytest.raises(loading.TrainerNotFound, match="pip install --no-deps"):
+        loading.locate("no_such_trainer_pkg", "no-such-trainer")
+
+
+def test_stand_ins_are_inert():
+    mod = loading.StandInModule("heavy")
+    cls = mod.Anything
+    assert isinstance(cls(1, k=2), loading.StandIn)
+    assert not cls() and list(cls()) == [] and len(cls()) == 0
+
+    def f():
+        return 1
+    assert cls(f) is f and cls()(f) is f and mod.deep.er(f) is f
+    assert cls[int] is cls and cls + [1] == [1]
