@@ -1,0 +1,55 @@
+"""`python -m crosscheck trainer`: usage errors exit 2 with a message naming what is wrong, --list
+needs no trainer installed, --json and --markdown carry the card."""
+import importlib.util
+import json
+
+import pytest
+
+from tests.helpers import run_cli
+
+
+def test_no_trainer_named_is_a_usage_error():
+    code, _, err = run_cli(["trainer"])
+    assert code == 2 and "name a trainer" in err
+
+
+def test_an_unknown_trainer_is_a_usage_error_listing_the_known_ones():
+    code, _, err = run_cli(["trainer", "megatron"])
+    assert code == 2 and "verl" in err and "minimind" in err
+
+
+def test_minimind_without_a_path_is_a_usage_error(capsys):
+    code, _, err = run_cli(["trainer", "minimind"])
+    assert code == 2 and "--path" in err
+
+
+def test_a_path_that_does_not_hold_the_trainer_is_a_usage_error(tmp_path):
+    code, _, err = run_cli(["trainer", "verl", "--path", str(tmp_path)])
+    assert code == 2 and "does not hold verl" in err
+
+
+def test_bad_cases_is_a_usage_error():
+    code, _, err = run_cli(["trainer", "verl", "--cases", "0"])
+    assert code == 2 and "--cases" in err
+
+
+def test_list_names_every_trainer_and_its_rows():
+    code, out, _ = run_cli(["trainer", "--list"])
+    assert code == 0
+    for name in ("verl", "trl", "openrlhf", "minimind"):
+        assert f"{name} (profile {name}" in out
+    assert "compute_grpo_outcome_advantage  ->  group_advantages" in out
+
+
+@pytest.mark.skipif(importlib.util.find_spec("openrlhf") is None,
+                    reason="openrlhf is not installed (.ci/run installs it with --no-deps)")
+def test_json_and_markdown_carry_the_card(tmp_path):
+    md = tmp_path / "card.md"
+    code, out, _ = run_cli(["trainer", "openrlhf", "--json", "--cases", "13",
+                            "--markdown", str(md)])
+    card = json.loads(out)
+    assert code == 1 and card["verdict"] == "DOES NOT CONFORM" and card["ok"] is False
+    assert card["version"] == "0.11.2" and card["cases"] == 13
+    assert {r["verdict"] for r in card["rows"]} == {"CONFORMS", "DOES NOT CONFORM"}
+    assert 0 < card["coverage"]["ratio"] < 1
+    assert md.read_text().startswith("# Report card: openrlhf 0.11.2")
