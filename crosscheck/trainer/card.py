@@ -298,6 +298,19 @@ def _definitions(path: str) -> Dict[str, int]:
     return out
 
 
+def per_token(call, mask, *tensors):
+    """A [B, T] map of a function that aggregates inside, evaluated one valid token at a time
+    (a [1, 1] batch, where every aggregation is the identity); 0 at masked positions."""
+    import torch
+    B, T = mask.shape
+    rows = []
+    for b in range(B):
+        row = [call(*(x[b:b + 1, t:t + 1] for x in tensors)).reshape(())
+               if bool(mask[b, t]) else tensors[0].new_zeros(()) for t in range(T)]
+        rows.append(torch.stack(row) if row else tensors[0].new_zeros((0,)))
+    return torch.stack(rows) if rows else tensors[0].new_zeros((0, T))
+
+
 def owner_class(method):
     """The class a method was defined on (PolicyLoss for PolicyLoss.forward), through any
     decorator that wraps it (torch.no_grad)."""

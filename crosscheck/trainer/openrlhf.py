@@ -15,7 +15,7 @@ import types
 
 import torch
 
-from .card import Known, Row, Trainer, owner_class
+from .card import Known, Row, Trainer, owner_class, per_token
 
 LOSS = "openrlhf.models.loss"
 UTILS = "openrlhf.models.utils"
@@ -113,6 +113,17 @@ def _ppo_kl(forward):
     return adapter
 
 
+def _value(forward):
+    cls = owner_class(forward)
+
+    def adapter(values, old_values, returns, mask):
+        loss = cls(clip_eps=0.5)
+        one = values.new_ones((1, 1))
+        return per_token(lambda v, o, r: loss(v, o, r, action_mask=one), mask, values,
+                         old_values, returns)
+    return adapter
+
+
 def _aggregate(token_level):
     def make(fn):
         def adapter(loss, mask, n_tokens_global=None, n_sequences_global=None):
@@ -166,6 +177,11 @@ ROWS = (
     Row(f"{EM}:RemoteExperienceMaker.compute_advantages_and_returns", "group_advantages",
         _grouped("dr_grpo"), label="dr_grpo", choices=_GROUPED,
         conventions=dict(scale="none"), params=("experiences",)),
+    Row(f"{LOSS}:ValueLoss.forward", "value_loss", _value,
+        choices=("ValueLoss(clip_eps=0.5) evaluated one valid token at a time (a [1, 1] batch, "
+                 "where aggregate_loss is the identity), the losses assembled into [B, T]; its "
+                 "aggregation is aggregate_loss's rows",),
+        params=("values", "old_values", "returns", "action_mask")),
     Row(f"{LOSS}:PolicyLoss.forward", "policy_objective", _policy("ppo"), label="ppo",
         choices=_LOSS, conventions=dict(loss="ppo", beta=0.0), params=_FORWARD),
     Row(f"{LOSS}:PolicyLoss.forward", "policy_objective", _policy("gspo"), label="gspo",

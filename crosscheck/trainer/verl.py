@@ -11,7 +11,7 @@ Facts read in verl 0.9.1 (`volcengine/verl`); each adapter only renames and resh
 """
 import numpy as np
 
-from .card import Known, Row, Trainer
+from .card import Known, Row, Trainer, per_token
 
 CA = "verl.trainer.ppo.core_algos"
 TF = "verl.utils.torch_functional"
@@ -129,6 +129,16 @@ _POLICY = ("the loss aggregated by verl's own agg_loss (loss_agg_mode='token-mea
            "as verl/workers/utils/losses.py::ppo_loss fills it")
 
 
+def _value(fn):
+    def adapter(values, old_values, returns, mask):
+        one = values.new_ones((1, 1))
+        return per_token(lambda v, o, r: fn(vpreds=v, returns=r, values=o, response_mask=one,
+                                            cliprange_value=0.5,
+                                            loss_agg_mode="token-mean")[0],
+                         mask, values, old_values, returns)
+    return adapter
+
+
 def _agg(mode, **fixed):
     def make(fn):
         def adapter(loss, mask, n_tokens_global=None, n_sequences_global=None):
@@ -198,6 +208,11 @@ ROWS = (
         choices=("the returns output (its advantages are these returns whitened by "
                  "masked_whiten, whose row is below)", "an AlgoConfig-like object with gamma 1.0"),
         conventions=dict(gamma=1.0), params=("token_level_rewards", "response_mask", "config")),
+    Row(f"{CA}:compute_value_loss", "value_loss", _value,
+        choices=("evaluated one valid token at a time (a [1, 1] batch, where agg_loss is the "
+                 "identity), the losses assembled into [B, T]; its aggregation is agg_loss's rows",
+                 "cliprange_value = 0.5, as the profile's"),
+        params=("vpreds", "returns", "values", "response_mask", "cliprange_value")),
     Row(f"{TF}:masked_whiten", "whiten", _whiten,
         choices=("mask as a float tensor",), params=("values", "mask")),
     Row(f"{CA}:compute_policy_loss_vanilla", "policy_objective", _policy, label="ppo",
