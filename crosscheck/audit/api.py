@@ -35,6 +35,7 @@ abandoned in a daemon thread (it ends with the process).
 This module imports torch only when an audit runs, so that `import crosscheck` and the command
 line's --help stay quick.
 """
+import dataclasses
 import inspect
 import math
 import numbers
@@ -313,7 +314,6 @@ def _with_domain(rule, domain):
     if isinstance(domain, str) or not all(d in profiles_mod.DOMAINS for d in domain):
         raise AuditUsageError(f"domain is {domain!r}; expected a tuple of "
                               f"{', '.join(map(repr, profiles_mod.DOMAINS))}")
-    import dataclasses
     base = rule if rule is not None else profiles_mod.Rule({}, "as given")
     return dataclasses.replace(base, domain=tuple(domain))
 

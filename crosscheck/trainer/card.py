@@ -36,7 +36,7 @@ class Known:
 
 @dataclass(frozen=True)
 class Row:
-    function: str                      # "module:qualname", e.g. "verl.trainer.ppo.core_algos:agg_loss"
+    function: str                      # "module:qualname" (module dotted, qualname in it)
     ref: str                           # a registry name
     adapt: Callable                    # adapt(trainer_function) -> the audited callable
     choices: Tuple[str, ...] = ()      # what the adapter decides, in words (printed on the card)
@@ -86,7 +86,7 @@ class RowResult:
     row: Row
     file: str
     line: Optional[int]
-    verdict: str                       # CONFORMS | DOES NOT CONFORM | INCONCLUSIVE | COULD NOT ADAPT
+    verdict: str               # CONFORMS | DOES NOT CONFORM | INCONCLUSIVE | COULD NOT ADAPT
     conventions: Dict[str, object] = field(default_factory=dict)
     reason: str = ""                   # could not adapt: why; inconclusive: why
     findings: List[dict] = field(default_factory=list)   # each failing check, in order
@@ -127,8 +127,8 @@ class Card:
     def functions(self) -> Tuple[int, int]:
         """(functions with at least one row that ran, functions in the inventory)."""
         ran = {(r.file, r.row.qualname) for r in self.covered}
-        listed = ran | {(f, q) for f, q, _ in self.not_covered} | \
-            {(r.file, r.row.qualname) for r in self.rows}
+        listed = {(r.file, r.row.qualname) for r in self.rows} | \
+            {(f, q) for f, q, _ in self.not_covered}
         return len(ran), len(listed)
 
     @property
@@ -230,9 +230,11 @@ class Card:
         out += ["| function | file:line | reference (conventions) | verdict |",
                 "|---|---|---|---|"]
         for r in self.rows:
-            ref = self._conv(r) if r.verdict != "COULD NOT ADAPT" else f"could not adapt: {r.reason}"
+            ref = self._conv(r) if r.verdict != "COULD NOT ADAPT" else \
+                f"could not adapt: {r.reason}"
             ran = f" ({r.report.n_cases}/{r.report.n_drawn} cases)" if r.report else ""
-            out.append(f"| `{r.row.name}` | {r.file}:{r.line or '?'} | `{ref}` | {r.verdict}{ran} |")
+            out.append(f"| `{r.row.name}` | {r.file}:{r.line or '?'} | `{ref}` | "
+                       f"{r.verdict}{ran} |")
         devs = [(r, f) for r in self.rows for f in r.findings]
         if devs:
             out += ["", "## Deviations", ""]
@@ -309,6 +311,12 @@ def per_token(call, mask, *tensors):
                if bool(mask[b, t]) else tensors[0].new_zeros(()) for t in range(T)]
         rows.append(torch.stack(row) if row else tensors[0].new_zeros((0,)))
     return torch.stack(rows) if rows else tensors[0].new_zeros((0, T))
+
+
+def per_sequence(advantages, like):
+    """Adapters' broadcast: a per-sequence advantage [B] over the response, as trainers store
+    it ([B, T] passes through)."""
+    return advantages[:, None].expand_as(like) if advantages.dim() == 1 else advantages
 
 
 def owner_class(method):

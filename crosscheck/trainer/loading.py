@@ -115,8 +115,8 @@ def locate(package: str, dist: str, path: Optional[str] = None, version_file=Non
     missing = [m for m in needs if not os.path.isfile(source.file(m))]
     if missing:
         where = "the installed package" if path is None else f"--path {path!r}"
-        raise TrainerNotFound(f"{where} lacks {', '.join(source.relative(source.file(m)) for m in missing)}"
-                              f"; is it {package}?")
+        files = ", ".join(source.relative(source.file(m)) for m in missing)
+        raise TrainerNotFound(f"{where} lacks {files}; is it {package}?")
     return source
 
 

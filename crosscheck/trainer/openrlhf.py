@@ -15,7 +15,7 @@ import types
 
 import torch
 
-from .card import Known, Row, Trainer, owner_class, per_token
+from .card import Known, Row, Trainer, owner_class, per_sequence, per_token
 
 LOSS = "openrlhf.models.loss"
 UTILS = "openrlhf.models.utils"
@@ -77,10 +77,6 @@ _GROUPED = ("RemoteExperienceMaker.compute_advantages_and_returns called with a 
 
 # ---- losses ---------------------------------------------------------------------------------
 
-def _per_token(advantages, like):
-    return advantages[:, None].expand_as(like) if advantages.dim() == 1 else advantages
-
-
 def _policy(kind, output=0):
     def make(forward):
         cls = owner_class(forward)
@@ -88,8 +84,9 @@ def _policy(kind, output=0):
         def adapter(logp, old_logp, advantages, mask, n_tokens_global=None,
                     n_sequences_global=None):
             loss = cls(clip_eps_low=0.2, clip_eps_high=0.2, policy_loss_type=kind)
-            out = loss(logp, old_logp, _per_token(advantages, logp), action_mask=mask.to(logp.dtype),
-                       batch_num_tokens=n_tokens_global, global_batch_size=n_sequences_global)
+            out = loss(logp, old_logp, per_sequence(advantages, logp),
+                       action_mask=mask.to(logp.dtype), batch_num_tokens=n_tokens_global,
+                       global_batch_size=n_sequences_global)
             return out[output]
         return adapter
     return make

@@ -9,9 +9,11 @@ Facts read in verl 0.9.1 (`volcengine/verl`); each adapter only renames and resh
 - `compute_gae_advantage_return` whitens its advantages inside and returns
   returns = advantages + values (before whitening).
 """
+import inspect
+
 import numpy as np
 
-from .card import Known, Row, Trainer, per_token
+from .card import Known, Row, Trainer, per_sequence, per_token
 
 CA = "verl.trainer.ppo.core_algos"
 TF = "verl.utils.torch_functional"
@@ -67,10 +69,9 @@ def _whiten(fn):
 
 # ---- losses ---------------------------------------------------------------------------------
 
-def _actor_config(module, n_tokens_global=None, **fields):
+def _actor_config(cls, n_tokens_global=None, **fields):
     """An ActorConfig holding only the fields the policy losses read (its __init__, which
     validates a whole training configuration, is not run)."""
-    cls = module.ActorConfig
     cfg = cls.__new__(cls)
     values = dict(clip_ratio=0.2, clip_ratio_low=None, clip_ratio_high=None, clip_ratio_c=3.0,
                   global_batch_info={} if n_tokens_global is None else
@@ -80,19 +81,14 @@ def _actor_config(module, n_tokens_global=None, **fields):
     return cfg
 
 
-def _per_token(advantages, like):
-    """A per-sequence advantage [B] broadcast over the response, as verl stores it."""
-    return advantages[:, None].expand_as(like) if advantages.dim() == 1 else advantages
-
-
 def _policy(fn, output=None):
-    module = __import__(fn.__module__, fromlist=["ActorConfig"])
+    config_class = inspect.unwrap(fn).__globals__["ActorConfig"]
 
     def adapter(logp, old_logp, advantages, mask, n_tokens_global=None):
-        advantages = _per_token(advantages, logp)
-        loss, metrics = fn(old_log_prob=old_logp, log_prob=logp, advantages=advantages,
+        loss, metrics = fn(old_log_prob=old_logp, log_prob=logp,
+                           advantages=per_sequence(advantages, logp),
                            response_mask=mask.bool(), loss_agg_mode="token-mean",
-                           config=_actor_config(module, n_tokens_global))
+                           config=_actor_config(config_class, n_tokens_global))
         return loss if output is None else metrics[output]
     return adapter
 
@@ -100,7 +96,8 @@ def _policy(fn, output=None):
 def _deprecated(fn):
     def adapter(logp, old_logp, advantages, mask):
         loss, *_ = fn(old_log_prob=old_logp, log_prob=logp,
-                      advantages=_per_token(advantages, logp), response_mask=_float(mask, logp), cliprange=0.2, clip_ratio_c=3.0,
+                      advantages=per_sequence(advantages, logp),
+                      response_mask=_float(mask, logp), cliprange=0.2, clip_ratio_c=3.0,
                       loss_agg_mode="token-mean")
         return loss
     return adapter
