@@ -168,7 +168,7 @@ def whiten(ops: Ops, x, mask_, ddof, eps, eps_mode, shift_mean, restore_mean=Fal
                          "mean that shift_mean=False keeps (verl's and TRL's masked_whiten)")
     finite(ops, "x", xa, m)
     n = ops.count(m)
-    if n - ddof <= 0:
+    if n - ddof <= 0 and 0 not in xs.shape:      # an empty batch whitens to an empty batch
         raise ValueError(f"mask has {n} valid entries; whiten with ddof={ddof} needs at least "
                          f"{ddof + 1}")
     return Whiten(xa, m, n, ddof, eps, eps_mode, shift_mean, restore_mean)
@@ -520,6 +520,29 @@ def kl_estimator_gradient(ops: Ops, logits_, ref_logits, kind, use, sample_logit
     is_weight = checks.choice("is_weight", is_weight, vocab.IS_WEIGHTS)
     zs = None if sample_logits is None else logits(ops, "sample_logits", sample_logits, s)[1]
     return EstimatorGradient(z, zr, kind, use, zs, is_weight)
+
+
+def objective_overflow(index, inputs) -> None:
+    """`index` is the first valid position where policy_objective's per-token loss is not
+    finite although every input is (or None); `inputs` maps the inputs' names to their values
+    there. Names the inputs, not the internal per-token loss."""
+    if index is not None:
+        at = ", ".join(f"{name}={value:.6g}" for name, value in inputs.items())
+        raise ValueError(
+            f"the inputs overflow the loss at valid position {tuple(index)} ({at}): the "
+            f"per-token loss there is beyond float64; log-probabilities are ≤ 0, and a ratio "
+            f"exp(logp − old_logp) or a KL term of inputs this large is not a number")
+
+
+def estimator_overflow(category: Optional[int]) -> None:
+    """`category` is the first category x where μ(x)·W(x)·k(x), the per-sample KL term a
+    trainer's expectation sums, is beyond float64 (or None). Only sampling from μ ≠ π without
+    importance weights gets there: μ·k grows like μ·ref/π where π(x) is almost 0."""
+    if category is not None:
+        raise ValueError(
+            f"sample_logits put probability on category {category}, where logits give almost "
+            f"none: the expected per-sample KL term μ·k there is beyond float64, and so is its "
+            f"gradient; sample from π (sample_logits=None) or weight the samples (is_weight)")
 
 
 def moment_cotangent(g) -> None:

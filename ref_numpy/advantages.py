@@ -195,18 +195,35 @@ def _whiten_inputs(x, mask, ddof, eps, eps_mode, shift_mean, restore_mean):
 
 
 def _whiten_stats(xs, m, ddof, eps, eps_mode):
+    """The statistics of `whiten` in units of 2^e, the power of two just above max |x|.
+
+    Whitening is scale-invariant, and so is this: x' = x·2^−e is exact, |x'| < 1, so Σ x'² and
+    every deviation stay far from overflow (and from underflow, relative to the largest) at any
+    magnitude of x, where (x − μ)² of values near 1e154 would overflow and values near 1e−160
+    would underflow to a zero spread. eps moves with the units: s' = s·2^−e is
+    sqrt(var' + eps·2^−2e), sqrt(max(var', eps·2^−2e)) or sqrt(var') + eps·2^−e, exact
+    rescalings of the unscaled formulas; for data far smaller than sqrt(eps), eps·2^−2e may
+    overflow, and s' is then sqrt(eps)·2^−e (var' < 8 is below its rounding). For ordinary x
+    every step is the unscaled one times a power of two, so the result is bit for bit the same.
+    Returns N, μ', the deviations x' − μ' (0 where masked), var', s', e.
+    """
     N = m.sum()
+    e = int(np.frexp(np.max(np.abs(xs), initial=0.0))[1])
+    xs = np.ldexp(xs, -e)
     mu = xs.sum() / N
     dev = np.where(m, xs - mu, 0.0)
     var = (dev ** 2).sum() / (N - ddof)
-    if eps_mode == "var":
-        s = np.sqrt(var + eps)
-    elif eps_mode == "clamp":
-        s = np.sqrt(max(var, eps))
-    else:
-        s = np.sqrt(var) + eps
-    args.whiten_scale(s == 0.0, int(N))
-    return N, mu, dev, var, s
+    with np.errstate(over="ignore"):
+        if eps_mode == "var":
+            s = np.sqrt(var + np.ldexp(eps, -2 * e))
+        elif eps_mode == "clamp":
+            s = np.sqrt(max(var, np.ldexp(eps, -2 * e)))
+        else:
+            s = np.sqrt(var) + np.ldexp(eps, -e)
+        if np.isinf(s) and eps_mode != "std":
+            s = np.ldexp(np.sqrt(eps), -e)
+    args.whiten_scale(s == 0.0 and eps == 0.0, int(N))
+    return N, mu, dev, var, s, e
 
 
 def whiten(x, mask=None, *, ddof=0, eps=1e-8, eps_mode="var", shift_mean=True,
@@ -241,11 +258,22 @@ def whiten(x, mask=None, *, ddof=0, eps=1e-8, eps_mode="var", shift_mean=True,
     """
     xs, m, ddof, eps, eps_mode = _whiten_inputs(x, mask, ddof, eps, eps_mode, shift_mean,
                                                 restore_mean)
-    N, mu, dev, var, s = _whiten_stats(xs, m, ddof, eps, eps_mode)
-    if restore_mean:
-        return np.where(m, dev / s + mu, 0.0)
-    num = dev if shift_mean else xs
-    return np.where(m, num / s, 0.0)
+    if xs.size == 0:
+        return np.zeros(xs.shape)
+    N, mu, dev, var, s, e = _whiten_stats(xs, m, ddof, eps, eps_mode)
+    with np.errstate(invalid="ignore"):
+        if restore_mean:
+            # y = dev/s + μ: the first part is scale-free, μ is back in the data's units
+            return np.where(m, _ratio(dev, s) + np.ldexp(mu, e), 0.0)
+        num = dev if shift_mean else np.ldexp(xs, -e)
+        return np.where(m, _ratio(num, s), 0.0)
+
+
+def _ratio(num, s):
+    """num/s, and 0 for s = 0: with eps > 0 a zero s' means every deviation is exactly 0 (var'
+    underflows only for deviations below 1e−162 of max |x'| ≥ ½, which the rounding of μ'
+    cannot leave) and the true quotient is 0/sqrt(eps)."""
+    return num / s if s > 0 else np.zeros_like(num)
 
 
 def whiten_vjp(g, x, mask=None, *, ddof=0, eps=1e-8, eps_mode="var", shift_mean=True,
@@ -265,6 +293,9 @@ def whiten_vjp(g, x, mask=None, *, ddof=0, eps=1e-8, eps_mode="var", shift_mean=
       when var = 0, where every deviation is 0 and the term vanishes anyway).
       restore_mean: y_j = n_j/s + μ with n_j = x_j − μ: the first two terms as for shift_mean,
       plus the direct path of μ, ∂/∂x_i Σ_j g_j·μ = ḡ.
+      Scale: computed in units of 2^e (`_whiten_stats`): with x' = x·2^−e, s' = s·2^−e and
+      n' = n·2^−e the two terms above are 2^−e times the same expressions in primed
+      quantities (every power of 2 cancels but one), and f'(var) becomes f'(var') with eps·2^−2e.
       Masked positions get 0.
 
     Returns:
@@ -272,24 +303,32 @@ def whiten_vjp(g, x, mask=None, *, ddof=0, eps=1e-8, eps_mode="var", shift_mean=
     """
     xs, m, ddof, eps, eps_mode = _whiten_inputs(x, mask, ddof, eps, eps_mode, shift_mean,
                                                 restore_mean)
-    N, mu, dev, var, s = _whiten_stats(xs, m, ddof, eps, eps_mode)
+    if xs.size == 0:
+        args.cotangent(OPS, g, "g", OPS.spec("x", xs))
+        return {"x": np.zeros(xs.shape)}
+    N, mu, dev, var, s, e = _whiten_stats(xs, m, ddof, eps, eps_mode)
     gm = ar.zero_masked(args.cotangent(OPS, g, "g", OPS.spec("x", xs)), m)
     centred = shift_mean or restore_mean
-    num = dev if centred else xs
     g_bar = gm.sum() / N
-    if centred:
-        gx = (gm - m * g_bar) / s
+    base = gm - m * g_bar if centred else gm
+    if s == 0.0:
+        # eps > 0 and every deviation exactly 0 (`_ratio`): y = base/s_true with s_true = sqrt(eps)
+        # or eps, and the spread term vanishes with the deviations
+        gx = base / (eps if eps_mode == "std" else np.sqrt(eps))
     else:
-        gx = gm / s
+        # in units of 2^e (`_whiten_stats`): x' = x·2^−e, so ∂/∂x = 2^−e·∂/∂x'
+        num = dev if centred else np.ldexp(xs, -e)
+        gx = base / s
+        if eps_mode == "var":
+            ds = 1.0 / (2.0 * s)
+        elif eps_mode == "clamp":
+            ds = 1.0 / (2.0 * s) if var >= np.ldexp(eps, -2 * e) else 0.0
+        else:
+            ds = 1.0 / (2.0 * np.sqrt(var)) if var > 0 else 0.0
+        with np.errstate(over="ignore"):    # ∂y/∂x ~ 1/|x|: beyond float64 for x below 1e−308
+            gx = np.ldexp(gx - (gm * num).sum() / s ** 2 * ds * 2.0 * dev / (N - ddof), -e)
     if restore_mean:
         gx = gx + m * g_bar
-    if eps_mode == "var":
-        ds = 1.0 / (2.0 * s)
-    elif eps_mode == "clamp":
-        ds = 1.0 / (2.0 * s) if var >= eps else 0.0
-    else:
-        ds = 1.0 / (2.0 * np.sqrt(var)) if var > 0 else 0.0
-    gx = gx - (gm * num).sum() / s ** 2 * ds * 2.0 * dev / (N - ddof)
     return {"x": np.where(m, gx, 0.0)}
 
 
@@ -308,13 +347,32 @@ def _group_inputs(rewards, group_size, group_ids, ddof, eps, scale, baseline, va
             a.baseline, a.singleton)
 
 
+def _group_units(r, gid, scale):
+    """e per row: the rows' rewards are taken in units of 2^e, the power of two above the
+    largest |r| of the rows that share a statistic (its group; the batch for scale="batch"),
+    so that no square or sum overflows or underflows."""
+    if scale == "batch":
+        return np.full(r.shape, np.frexp(np.max(np.abs(r), initial=0.0))[1])
+    peak = np.zeros(int(gid.max(initial=-1)) + 1)
+    np.maximum.at(peak, gid, np.abs(r))
+    return np.frexp(peak)[1][gid]
+
+
 def _group_parts(r, gid, ddof, eps, scale, baseline, singleton):
-    """Centred rewards c, the scale denominator D per row, and what the VJP needs."""
+    """Centred rewards c, the scale denominator D per row, and what the VJP needs, all in
+    each row's units of 2^e (`_group_units`): A = c/D is the same in any units, and A = c (no
+    scaling) is c/D with D = 2^−e. Rescaling by powers of two is exact, so ordinary rewards
+    give the unscaled results bit for bit. Returns those and e."""
     counts = np.bincount(gid).astype(np.float64)
     n = counts[gid]
     multi = n >= 2
     if singleton == "error":
         args.singleton_group(int(np.argmax(~multi)) if (~multi).any() else None)
+    e = _group_units(r, gid, scale)
+    r = np.ldexp(r, -e)
+    with np.errstate(over="ignore"):     # eps far above tiny rewards: A below 2/max float
+        eps = np.ldexp(eps, -e)
+        unit = np.ldexp(1.0, -e)         # 1 in the row's units
     single = ~multi & (singleton == "keep")      # alone in its group: baseline 0, spread 1
     mu = (np.bincount(gid, weights=r) / counts)[gid]
     k = np.ones_like(r) if baseline == "mean" else np.where(multi, n / np.maximum(n - 1, 1), 0)
@@ -324,13 +382,13 @@ def _group_parts(r, gid, ddof, eps, scale, baseline, singleton):
     if scale == "group":
         ss = np.bincount(gid, weights=(r - mu) ** 2)
         denom = np.maximum(counts - ddof, 1.0)
-        sigma = np.where(single, 1.0, np.sqrt(ss / denom)[gid])
+        sigma = np.where(single, unit, np.sqrt(ss / denom)[gid])
         D = sigma + eps
     elif scale == "batch":
         B = r.shape[0]
         mu_b = r.mean()
         sigma = np.sqrt(((r - mu_b) ** 2).sum() / max(B - ddof, 1))
-        D = np.full_like(r, sigma + eps)
+        D = sigma + eps
     elif scale == "leave_one_out":
         # the others' spread Σ_{j≠i}(r_j − μ_i)², μ_i the others' mean, summed directly group by
         # group (a shortcut through the whole group's sum of squares cancels when the others
@@ -348,14 +406,14 @@ def _group_parts(r, gid, ddof, eps, scale, baseline, singleton):
             ss[rows] = (dev ** 2).sum(axis=1)
         dof = n - 1 - ddof
         sigma = np.where(multi & (dof > 0), np.sqrt(np.maximum(ss, 0.0) / np.maximum(dof, 1)), 0.0)
-        D = np.where(sigma > 0, sigma + eps, 1.0)     # NeMo: no scaling where the spread is 0
+        D = np.where(sigma > 0, sigma + eps, unit)    # NeMo: no scaling where the spread is 0
     else:
-        D = np.ones_like(r)
+        D = unit
     zero = multi & (D == 0.0)
     args.group_spread(int(np.argmax(zero)) if zero.any() else None)
     active = multi | single          # the rows that get an advantage
     D = np.where(active, D, 1.0)     # singletons with A = 0: keep 0/0 out of the arithmetic
-    return counts, n, multi, single, mu, k, c, sigma, D
+    return counts, n, multi, single, mu, k, c, sigma, D, e, r
 
 
 def group_advantages(rewards, *, group_size=None, group_ids=None, ddof=0, eps=1e-4,
@@ -399,8 +457,8 @@ def group_advantages(rewards, *, group_size=None, group_ids=None, ddof=0, eps=1e
     """
     r, keep, gid, ddof, eps, scale, baseline, singleton = _group_inputs(
         rewards, group_size, group_ids, ddof, eps, scale, baseline, valid, singleton)
-    _, _, multi, single, _, _, c, _, D = _group_parts(r[keep], gid, ddof, eps, scale, baseline,
-                                                       singleton)
+    _, _, multi, single, _, _, c, _, D, _, _ = _group_parts(r[keep], gid, ddof, eps, scale,
+                                                             baseline, singleton)
     out = np.zeros(r.shape)
     out[keep] = np.where(multi | single, c / D, 0.0)
     return out
@@ -451,8 +509,16 @@ def group_advantages_vjp(g, rewards, *, group_size=None, group_ids=None, ddof=0,
 
 
 def _group_vjp_kept(g, r, gid, ddof, eps, scale, baseline, singleton):
-    counts, n, multi, single, mu, k, c, sigma, D = _group_parts(r, gid, ddof, eps, scale,
-                                                                baseline, singleton)
+    counts, n, multi, single, mu, k, c, sigma, D, e, r = _group_parts(r, gid, ddof, eps, scale,
+                                                                      baseline, singleton)
+    with np.errstate(over="ignore"):     # ∂A/∂r ~ 1/|r|: beyond float64 below 1e−308
+        return np.ldexp(_group_vjp_units(g, r, gid, ddof, counts, n, multi, single, mu, k, c,
+                                         sigma, D, scale), -e)
+
+
+def _group_vjp_units(g, r, gid, ddof, counts, n, multi, single, mu, k, c, sigma, D, scale):
+    """∂L/∂r' in the rows' units r' = r·2^−e (A is the same function of r'); ∂L/∂r is
+    2^−e times it."""
     g = np.where(multi | single, g, 0.0)
     if scale == "leave_one_out":
         m = np.maximum(n - 1, 1)

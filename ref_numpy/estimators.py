@@ -13,6 +13,7 @@ import numpy as np
 
 from ref_common import args
 
+from . import _arrays as ar
 from ._arrays import OPS
 from .kl import k_estimator
 
@@ -25,8 +26,78 @@ def _log_softmax(z):
 def _k(kind, logp, logref):
     """The estimator at every category x and its derivative wrt log π(x): k(u) at
     u = log ref − log π, and ∂k/∂log π = −k'(u)."""
-    k, dk = k_estimator(kind, logref - logp)
+    with np.errstate(over="ignore"):          # ½u² of a peaked π: `_terms` takes it from there
+        k, dk = k_estimator(kind, logref - logp)
     return k, -dk
+
+
+# ½u² leaves the float range for |u| above this (k2's overflow)
+_LOG_K2_LIMIT = 0.5 * (np.log(2.0) + np.log(np.finfo(np.float64).max))
+
+
+def _dominant(kind, u):
+    """Where k(u) leaves the float range, the log of its size written as n·u + rest.
+
+    k3 = e^u − 1 − u for u > log(max float): e^u, n = 1, rest = 0 (the other terms are below
+    e^−u·(1 + u) < 1e-305 of it); k2 = ½u² for |u| > sqrt(2·max): n = 0, rest = 2·log|u| − log 2
+    (−u and the mean are below 1e-153 of it); k1 = −u never leaves it for finite logits.
+    Every factor built from k (k − c, k + 2·∂k, and for k3 ∂k = 1 − e^u) has the same dominant
+    term at those categories, with its own sign.
+    Returns (big: bool [V], n, rest [V]).
+    """
+    if kind == "k3":
+        return u > ar.LOG_FLOAT_MAX, 1, np.zeros_like(u)
+    if kind == "k2":
+        with np.errstate(divide="ignore"):
+            log_u = np.log(np.abs(u))
+        return log_u > _LOG_K2_LIMIT, 0, 2.0 * log_u - np.log(2.0)
+    return np.zeros(u.shape, bool), 0, np.zeros_like(u)
+
+
+def _terms(direct, log_mass, logp, logref, kind, factors):
+    """Per-category products mass(x)·Π f(x), summable, for a peaked π too.
+
+    `direct` is mass·Π f evaluated directly; it is returned unchanged wherever it is finite and
+    no factor left the float range. Elsewhere (a category π almost never takes, where ref/π or
+    u² overflows, and the direct product is 0·inf, or capped) the product is evaluated in log
+    space: exp(log mass + Σ log|f|)·Π sign f, with a factor that overflowed through k's
+    dominant term contributing n·u + rest (`_dominant`). Since u = log ref − log π, the n·u
+    part is added as (log mass − n·log π) + n·log ref: for mass = π and n = 1 this is exactly
+    log ref, so π·e^u is ref, never ref·e^(rounding of a huge u) or 0·inf. A category with
+    π(x) = 0 in float64 thereby contributes exactly what the limit gives: 0 for every
+    polynomial in u, ref(x) for π·e^u, and an overflow (inf, the true size) for π·e^(2u).
+
+    factors: (value, from_k) pairs; from_k says the factor overflows where k does.
+    Returns (terms [V], fine: where `direct` was kept).
+    """
+    big, n_big, rest_big = _dominant(kind, logref - logp)
+    fine = np.isfinite(direct) & ~big
+    if fine.all():
+        return direct, fine
+    n, rest, sign = 0, np.zeros_like(logp), np.ones_like(logp)
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        for value, from_k in factors:
+            sign = sign * np.sign(value)
+            log_value = np.log(np.abs(value))
+            if from_k:
+                n = n + np.where(big, n_big, 0)
+                rest = rest + np.where(big, rest_big, log_value)
+            else:
+                rest = rest + log_value
+        robust = sign * np.exp((log_mass - n * logp) + n * logref + rest)
+    return np.where(fine, direct, robust), fine
+
+
+def _estimator_terms(kind, logp, logref):
+    """k, ∂k/∂log π and the per-category factors a gradient of E[k] and E[k²] needs:
+    k + ∂k (−u exactly for k3, where the two cancel), and ∂k itself, each as a (value, from_k)
+    factor for `_terms`."""
+    k, dk = _k(kind, logp, logref)
+    u = logref - logp
+    slope = (-u, False) if kind == "k3" else (k + dk, kind == "k2")
+    # ∂k3/∂log π = 1 − e^u keeps its sign (−) where u is past the cap (k_estimator's is 0 there)
+    d = (-np.expm1(np.minimum(u, ar.LOG_FLOAT_MAX)), True) if kind == "k3" else (dk, False)
+    return k, dk, slope, d
 
 
 def _parts(logits, ref_logits, kind):
@@ -35,9 +106,13 @@ def _parts(logits, ref_logits, kind):
     return a.logits, logp, logref, np.exp(logp), np.exp(logref), a.kind
 
 
-def _grad_expectation(p, c):
-    """∇_logits Σ_x π(x)·h(log π(x)) given c = h + h' per category: π ⊙ (c − Σ π c)."""
-    return p * (c - (p * c).sum())
+def _grad_expectation(p, c, pc, fine):
+    """∇_logits Σ_x π(x)·h(log π(x)) given c = h + h' per category and its terms pc = π ⊙ c
+    (`_terms`, finite where `fine`): π ⊙ (c − Σ π c), written π ⊙ c − π·Σ π c where c left the
+    float range."""
+    s = pc.sum()
+    with np.errstate(invalid="ignore", over="ignore"):
+        return np.where(fine, p * (c - s), pc - p * s)
 
 
 def kl_estimator_moments(logits, ref_logits, *, kind):
@@ -64,9 +139,12 @@ def kl_estimator_moments(logits, ref_logits, *, kind):
     z, logp, logref, p, q, kind = _parts(logits, ref_logits, kind)
     k, _ = _k(kind, logp, logref)
     kl_f = float((p * (logp - logref)).sum())
-    mean = float((p * k).sum())
+    with np.errstate(over="ignore", invalid="ignore"):   # direct products `_terms` replaces
+        mean = float(_terms(p * k, logp, logp, logref, kind, [(k, True)])[0].sum())
+        dev = k - mean
+        var = _terms(p * dev ** 2, logp, logp, logref, kind, [(dev, True), (dev, True)])[0]
     return {"kl_forward": kl_f, "kl_reverse": float((q * (logref - logp)).sum()), "mean": mean,
-            "bias": mean - kl_f, "var": float((p * (k - mean) ** 2).sum())}
+            "bias": mean - kl_f, "var": float(var.sum())}
 
 
 def kl_estimator_moments_vjp(g, logits, ref_logits, *, kind):
@@ -86,15 +164,23 @@ def kl_estimator_moments_vjp(g, logits, ref_logits, *, kind):
     """
     z, logp, logref, p, q, kind = _parts(logits, ref_logits, kind)
     args.moment_cotangent(g)
-    k, dk = _k(kind, logp, logref)
+    k, dk, slope, _ = _estimator_terms(kind, logp, logref)
     kl_f = (p * (logp - logref)).sum()
-    mean = (p * k).sum()
     d_kl_f = p * (logp - logref - kl_f)
     d_kl_r = p - q
-    d_mean = _grad_expectation(p, k + dk)
-    d_var = _grad_expectation(p, k ** 2 + 2 * k * dk) - 2 * mean * d_mean
-    total = (g["kl_forward"] * d_kl_f + g["kl_reverse"] * d_kl_r + g["mean"] * d_mean +
-             g["bias"] * (d_mean - d_kl_f) + g["var"] * d_var)
+    with np.errstate(over="ignore", invalid="ignore"):   # direct products `_terms` replaces
+        mean = _terms(p * k, logp, logp, logref, kind, [(k, True)])[0].sum()
+        c = k + dk
+        d_mean = _grad_expectation(p, c, *_terms(p * c, logp, logp, logref, kind, [slope]))
+        c2 = k ** 2 + 2 * k * dk
+        pc2 = _terms(p * c2, logp, logp, logref, kind, [(k, True), (k + 2 * dk, True)])
+    d_var = _grad_expectation(p, c2, *pc2) - 2 * mean * d_mean
+    parts = {"kl_forward": d_kl_f, "kl_reverse": d_kl_r, "mean": d_mean,
+             "bias": d_mean - d_kl_f, "var": d_var}
+    total = np.zeros_like(z)
+    for key, d in parts.items():      # a zero cotangent adds nothing, even to an overflowed var
+        if g[key] != 0:
+            total = total + g[key] * d
     return {"logits": total}
 
 
@@ -102,8 +188,9 @@ def _gradient_inputs(logits, ref_logits, kind, use, sample_logits, is_weight):
     a = args.kl_estimator_gradient(OPS, logits, ref_logits, kind, use, sample_logits, is_weight)
     logp, logref = _log_softmax(a.logits), _log_softmax(a.ref_logits)
     p, q = np.exp(logp), np.exp(logref)
-    mu = p if a.sample_logits is None else np.exp(_log_softmax(a.sample_logits))
-    return a.logits, logp, logref, p, q, a.kind, a.use, a.is_weight, mu
+    log_mu = logp if a.sample_logits is None else _log_softmax(a.sample_logits)
+    mu = p if a.sample_logits is None else np.exp(log_mu)
+    return a.logits, logp, logref, p, q, a.kind, a.use, a.is_weight, mu, log_mu
 
 
 def kl_estimator_gradient(logits, ref_logits, *, kind, use="loss", sample_logits=None,
@@ -142,17 +229,29 @@ def kl_estimator_gradient(logits, ref_logits, *, kind, use="loss", sample_logits
       and E_μ[c(x)(e_x − π)] = μ ⊙ c − π·Σ_x μ(x)c(x).
       On-policy, no weight, loss: k1' = 1 gives c = 1 and μ − π = 0 (zero gradient);
       k3' = 1 − ref/π gives π ⊙ c = π − ref = ∇KL(ref‖π).
+      Peaked π: each μ(x)·c(x) is formed in log space where it would be 0·inf (`_terms`), so
+      π(x)·e^u is ref(x) even where π(x) is 0 in float64. Sampling from μ ≠ π without weights
+      where π(x) ≈ 0 makes μ·k itself overflow: that is refused (ValueError), not returned as
+      NaN.
     """
-    z, logp, logref, p, q, kind, use, is_weight, mu = _gradient_inputs(
+    z, logp, logref, p, q, kind, use, is_weight, mu, log_mu = _gradient_inputs(
         logits, ref_logits, kind, use, sample_logits, is_weight)
-    k, dk = _k(kind, logp, logref)
+    k, dk, slope, d = _estimator_terms(kind, logp, logref)
     W = np.ones_like(p) if is_weight is None else p / mu
     attached = 1.0 if is_weight == "attached" else 0.0
-    if use == "loss":
-        c = W * (dk + k * attached)
-    else:
-        c = W * k * (1.0 + logp * attached)
+    log_mass = log_mu if is_weight is None else logp     # μ·W is π when weighted, exactly
+    with np.errstate(over="ignore", invalid="ignore"):
+        mu_k, _ = _terms(mu * W * k, log_mass, logp, logref, kind, [(k, True)])
+        bad = ~np.isfinite(mu_k)
+        args.estimator_overflow(int(np.argmax(bad)) if bad.any() else None)
+        if use == "loss":
+            c = W * (dk + k * attached)
+            factors = [slope if attached else d]
+        else:
+            c = W * k * (1.0 + logp * attached)
+            factors = [(k, True), (1.0 + logp * attached, False)]
+        mu_c, _ = _terms(mu * c, log_mass, logp, logref, kind, factors)
     kl_f = (p * (logp - logref)).sum()
-    return {"expected": mu * c - p * (mu * c).sum(),
+    return {"expected": mu_c - p * mu_c.sum(),
             "grad_kl_forward": p * (logp - logref - kl_f),
             "grad_kl_reverse": p - q}

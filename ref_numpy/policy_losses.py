@@ -362,6 +362,20 @@ def _policy_parts(mask, ref_logp, loss, beta, kl_kind, kl_clamp, agg):
     return fn, vjp, p.beta > 0, p.beta, dict(kind=kl_kind, clamp=kl_clamp)
 
 
+def _finite_objective(per_token, logp, old_logp, advantages, mask, ref_logp):
+    """Refuse a per-token loss that overflowed at a valid position, naming the inputs there."""
+    m = np.asarray(mask).astype(bool)
+    bad = m & ~np.isfinite(per_token)
+    if bad.any():
+        at = tuple(int(i) for i in np.argwhere(bad)[0])
+        adv = np.asarray(advantages)
+        inputs = {"logp": logp, "old_logp": old_logp,
+                  "advantages": adv if adv.ndim == 2 else adv[:, None].repeat(m.shape[1], 1)}
+        if ref_logp is not None:
+            inputs["ref_logp"] = ref_logp
+        args.objective_overflow(at, {k: float(np.asarray(v)[at]) for k, v in inputs.items()})
+
+
 def policy_objective(logp, old_logp, advantages, mask, ref_logp=None, *, loss="ppo",
                      agg="seq-mean-token-mean", beta=0.0, kl_kind="k3", kl_clamp=None, norm=None,
                      empty_rows="exclude", **loss_kwargs):
@@ -391,7 +405,9 @@ def policy_objective(logp, old_logp, advantages, mask, ref_logp=None, *, loss="p
     if ref_logp is not None:            # checked even at beta = 0: a wrong one is still a bug
         kl = kl_penalty(logp, ref_logp, mask, **kl_kw)
         if use_kl:
-            per_token = per_token + beta * kl
+            with np.errstate(over="ignore", invalid="ignore"):   # reported just below
+                per_token = per_token + beta * kl
+    _finite_objective(per_token, logp, old_logp, advantages, mask, ref_logp)
     return aggregate(per_token, mask, mode=agg, norm=norm, empty_rows=empty_rows)
 
 
@@ -412,6 +428,7 @@ def policy_objective_vjp(g, logp, old_logp, advantages, mask, ref_logp=None, *, 
     fn, vjp, use_kl, beta, kl_kw = _policy_parts(mask, ref_logp, loss, beta, kl_kind,
                                                  kl_clamp, agg)
     per_token = fn(logp, old_logp, advantages, mask, **loss_kwargs)
+    _finite_objective(per_token, logp, old_logp, advantages, mask, ref_logp)
     w = aggregate_vjp(g, per_token, mask, mode=agg, norm=norm, empty_rows=empty_rows)["loss"]
     grad = vjp(w, logp, old_logp, advantages, mask, **loss_kwargs)["logp"]
     if ref_logp is not None:

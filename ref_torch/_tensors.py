@@ -102,3 +102,30 @@ def safe_sqrt(v: torch.Tensor) -> torch.Tensor:
     pos = v > 0
     return torch.where(pos, torch.sqrt(torch.where(pos, v, torch.ones_like(v))),
                        torch.zeros_like(v))
+
+
+def binary_exponent(x: torch.Tensor) -> int:
+    """e with max|x| < 2^e ≤ 2·max|x| (0 for all-zero x): dividing by 2^e is exact and leaves
+    every |x| below 1. Not differentiated: the functions that use it are invariant to it."""
+    peak = float(x.detach().abs().max()) if x.numel() else 0.0
+    return math.frexp(peak)[1]
+
+
+def times_power_of_two(x: torch.Tensor, e) -> torch.Tensor:
+    """x·2^e, exact wherever the result is a normal number: two factors of at most 2^±538,
+    since 2^e itself is not a float64 for |e| > 1023 (e.g. data near the smallest subnormal).
+    e: an int, or an integer tensor of x's shape."""
+    if isinstance(e, torch.Tensor):       # one exponent per element
+        half = torch.div(e, 2, rounding_mode="floor")
+        return (x * torch.exp2(half.to(torch.float64)).to(x.dtype)
+                * torch.exp2((e - half).to(torch.float64)).to(x.dtype))
+    half = e // 2
+    return x * math.ldexp(1.0, half) * math.ldexp(1.0, e - half)
+
+
+def ldexp_or_inf(v: float, e: int) -> float:
+    """v·2^e as a Python float, inf where it overflows (math.ldexp raises there)."""
+    try:
+        return math.ldexp(v, e)
+    except OverflowError:
+        return math.inf

@@ -4,6 +4,8 @@ Written from the equations, independently of ref_numpy: GAE as a log-depth affin
 blocked matmul kernel, `gae_blocked`, for the common case of no episode ending inside a row);
 group statistics through a membership matrix.
 """
+import math
+
 import torch
 
 from ref_common import args
@@ -126,22 +128,40 @@ def whiten(x, mask=None, *, ddof=0, eps=1e-8, eps_mode="var", shift_mean=True,
     """
     a = args.whiten(OPS, x, mask, ddof, eps, eps_mode, shift_mean, restore_mean)
     x, m, n_valid, eps = a.x, a.mask, a.n_valid, a.eps
+    if x.numel() == 0:
+        return x * 0
     zero = tt.zero(x)
     xm = torch.where(m, x, zero)
-    mean = xm.sum() / n_valid
-    centred = torch.where(m, xm - mean, zero)
+    # Scale-invariant: whiten x·2^−e (exact, |·| < 1) so that no square overflows or
+    # underflows at any magnitude; eps then sits at eps·2^−2e (var, clamp) or eps·2^−e (std)
+    e = tt.binary_exponent(xm)
+    xs = tt.times_power_of_two(xm, -e)
+    mean = xs.sum() / n_valid
+    centred = torch.where(m, xs - mean, zero)
     var = centred.pow(2).sum() / (n_valid - a.ddof)
+    eps_units = tt.ldexp_or_inf(eps, -e if a.eps_mode == "std" else -2 * e)
     if a.eps_mode == "var":
-        scale = torch.sqrt(var + eps)
+        scale = torch.sqrt(var + eps_units)
     elif a.eps_mode == "clamp":
-        scale = torch.sqrt(torch.clamp(var, min=eps))
+        scale = torch.sqrt(torch.clamp(var, min=eps_units))
     else:
-        scale = tt.safe_sqrt(var) + eps
-    args.whiten_scale(bool(scale == 0), n_valid)
+        scale = tt.safe_sqrt(var) + eps_units
+    if math.isinf(eps_units):
+        # data far below sqrt(eps): var' is below the rounding of eps·2^−2e, s = sqrt(eps)
+        # (std: y is below 8/max float and 0 is its value to float64's range)
+        scale = torch.full_like(scale, math.inf if a.eps_mode == "std"
+                                else tt.ldexp_or_inf(math.sqrt(eps), -e))
+    args.whiten_scale(bool(scale == 0) and eps == 0, n_valid)
+    if bool(scale == 0):
+        # eps > 0 and every deviation exactly 0: y = 0/sqrt(eps) (or 0/eps) = 0, and its
+        # gradient is the centring over the true scale
+        true = eps if a.eps_mode == "std" else math.sqrt(eps)
+        num = (centred if a.shift_mean or a.restore_mean else xs)
+        out = tt.times_power_of_two(num, e) / true
+    else:
+        out = (centred if a.shift_mean or a.restore_mean else xs) / scale
     if a.restore_mean:
-        out = centred / scale + mean
-    else:
-        out = (centred if a.shift_mean else xm) / scale
+        out = out + tt.times_power_of_two(mean, e)
     return torch.where(m, out, zero)
 
 
@@ -177,9 +197,22 @@ def _group_advantages_of(r, ids, ddof, eps, scale, baseline, singleton):
     member = (inverse[None, :] == torch.arange(n_groups, device=r.device)[:, None]).to(r.dtype)
     size_g = member.sum(dim=1)                      # [G]
     size = member.T @ size_g                        # [B]: size of each row's group
+    multi = size >= 2
+    # Scale-invariant: each row in units of 2^e, the power of two above the largest |r| of
+    # the rows it shares a statistic with (the batch under scale="batch", else its group).
+    # Exact; eps moves to eps·2^−e, a 1 to 2^−e.
+    with torch.no_grad():
+        if scale == "batch":
+            e = torch.full_like(inverse, tt.binary_exponent(r))
+        else:
+            peak = torch.zeros(n_groups, dtype=r.dtype, device=r.device).scatter_reduce(
+                0, inverse, r.abs(), reduce="amax")
+            e = torch.frexp(peak)[1].to(inverse.dtype)[inverse]
+    r = tt.times_power_of_two(r, -e)
+    eps = tt.times_power_of_two(torch.full_like(r, eps), -e)
+    unit = tt.times_power_of_two(torch.ones_like(r), -e)
     sum_g = member @ r
     mean = member.T @ (sum_g / size_g)
-    multi = size >= 2
     if singleton == "error":
         args.singleton_group(int(torch.nonzero(~multi)[0]) if bool((~multi).any()) else None)
     alone = ~multi & (singleton == "keep")          # baseline 0 and spread 1
@@ -193,10 +226,10 @@ def _group_advantages_of(r, ids, ddof, eps, scale, baseline, singleton):
     if scale == "group":
         dof_g = torch.clamp(size_g - ddof, min=1)
         sigma = member.T @ tt.safe_sqrt(member @ (r - mean).pow(2) / dof_g)
-        denom = torch.where(alone, torch.ones_like(sigma), sigma) + eps
+        denom = torch.where(alone, unit, sigma) + eps
     elif scale == "batch":
         sigma = tt.safe_sqrt((r - r.mean()).pow(2).sum() / max(B - ddof, 1))
-        denom = (sigma + eps).expand(B)
+        denom = sigma + eps
     elif scale == "leave_one_out":
         # others[i, j] = 1 when j is in i's group and j ≠ i: the others' mean and spread directly
         others = member.T @ member - torch.eye(B, dtype=r.dtype, device=r.device)
@@ -206,9 +239,9 @@ def _group_advantages_of(r, ids, ddof, eps, scale, baseline, singleton):
         dof = n_others - ddof
         var = torch.where(dof > 0, spread / torch.clamp(dof, min=1), torch.zeros_like(spread))
         sigma = tt.safe_sqrt(var)
-        denom = torch.where(sigma > 0, sigma + eps, torch.ones_like(sigma))
+        denom = torch.where(sigma > 0, sigma + eps, unit)
     else:
-        denom = torch.ones_like(r)
+        denom = unit
     bad = multi & (denom == 0)
     args.group_spread(int(torch.nonzero(bad)[0]) if bool(bad.any()) else None)
     active = multi | alone

@@ -1,15 +1,89 @@
 """Exact KL-estimator analysis in torch: enumeration over a categorical policy, autograd for
-every gradient (see ref_numpy.estimators for the definitions)."""
+every gradient (see ref_numpy.estimators for the definitions).
+
+Expectations are sums of per-category products mass(x)·f(x). For a peaked π, a category with
+π(x) = 0 in float64 can still carry mass·f: π·e^u is ref(x) (u = log ref − log π), and ½u² of a
+huge logit gap overflows while π·½u² is 0. `_terms` forms such products in log space, and
+autograd differentiates that form; elsewhere it multiplies directly.
+"""
+import math
+
 import torch
 
 from ref_common import args
 
+from . import _tensors as tt
 from ._tensors import OPS
 from .kl import k_estimate
 
 
 def _estimate(kind, log_pi, log_ref):
     return k_estimate(kind, log_ref - log_pi)   # log(ref(x)/π(x)) at every category x
+
+
+def _overflows(kind, u):
+    """Where k(u) is beyond float64, and the log of its size there as n·u + rest:
+    k3 = e^u − 1 − u → e^u (n = 1, rest 0); k2 = ½u² → (n = 0, rest = 2·log|u| − log 2).
+    The terms dropped are below 1e-150 of the kept one."""
+    if kind == "k3":
+        return u > tt.log_float_max(u.dtype), 1, torch.zeros_like(u)
+    if kind == "k2":
+        log_u = torch.log(u.abs())
+        big = log_u > 0.5 * (math.log(2.0) + math.log(torch.finfo(u.dtype).max))
+        return big, 0, 2.0 * torch.where(big, log_u, torch.zeros_like(u)) - math.log(2.0)
+    return torch.zeros_like(u, dtype=torch.bool), 0, torch.zeros_like(u)
+
+
+def _terms(kind, log_mass, log_pi, log_ref, factors, direct, as_written):
+    """mass(x)·Π_i f_i(x) at every category x, differentiable.
+
+    direct: u ↦ the product as written (u = log ref − log π, made 0 where it is not used);
+    as_written: its value at u itself, already formed by the caller.
+    factors: callables u ↦ (tensor, from_k): a factor of u (from_k: it overflows where k(u)
+    does, with k's size), or tensors (plain factors that never overflow), for the log form.
+    Categories where Π f is finite and no k overflowed take `direct` (mass ≤ 1, or bounded
+    by μ/π, so the product and its gradient stay finite); the others
+    exp((log mass − n·log π) + n·log ref + Σ rest)·Π sign, so that mass = π and one e^u give
+    exactly ref(x). Each branch sees inputs made safe where it is not used, so no NaN or inf
+    reaches the gradient.
+    """
+    u = (log_ref - log_pi).detach()
+    big, n_big, rest_big = _overflows(kind, u)
+    with torch.no_grad():
+        value = torch.ones_like(u)
+        for f in factors:
+            value = value * (f(u)[0] if callable(f) else f)
+        direct_ok = torch.isfinite(value) & ~big
+    if bool(direct_ok.all()):
+        return as_written
+    u = log_ref - log_pi
+    one = torch.ones_like(u)
+    near = direct(torch.where(direct_ok, u, torch.zeros_like(u)))
+    u_log = torch.where(direct_ok | big, one, u)
+    n, rest, sign = 0, torch.zeros_like(u), one
+    for f in factors:
+        if callable(f):
+            v, from_k = f(u_log)
+            v = torch.where(direct_ok, one, v)
+            part = torch.log(v.abs())
+            sign = sign * torch.where(big & from_k, one, torch.sign(v))
+            if from_k:
+                n = n + torch.where(big, n_big, 0)
+                part = torch.where(big, rest_big, part)
+        else:
+            v = torch.where(direct_ok, one, f)
+            sign, part = sign * torch.sign(v), torch.log(v.abs())
+        rest = rest + part
+    exponent = (log_mass - n * log_pi) + n * log_ref + rest
+    exponent = torch.where(direct_ok, torch.zeros_like(u), exponent)
+    return torch.where(direct_ok, near, sign * exponent.exp())
+
+
+def _k_factor(kind, shift=None):
+    """The factor k(u) − shift, which overflows where k does."""
+    if shift is None:
+        return lambda u: (k_estimate(kind, u), True)
+    return lambda u: (k_estimate(kind, u) - shift, True)
 
 
 def kl_estimator_moments(logits, ref_logits, *, kind):
@@ -23,9 +97,13 @@ def kl_estimator_moments(logits, ref_logits, *, kind):
     pi, ref = log_pi.exp(), log_ref.exp()
     est = _estimate(kind, log_pi, log_ref)
     forward = torch.sum(pi * (log_pi - log_ref))
-    mean = torch.sum(pi * est)
+    mean = torch.sum(_terms(kind, log_pi, log_pi, log_ref, [_k_factor(kind)],
+                            lambda u: pi * k_estimate(kind, u), pi * est))
+    var = torch.sum(_terms(kind, log_pi, log_pi, log_ref, [_k_factor(kind, mean)] * 2,
+                           lambda u: pi * (k_estimate(kind, u) - mean).pow(2),
+                           pi * (est - mean).pow(2)))
     return {"kl_forward": forward, "kl_reverse": torch.sum(ref * (log_ref - log_pi)),
-            "mean": mean, "bias": mean - forward, "var": torch.sum(pi * (est - mean).pow(2))}
+            "mean": mean, "bias": mean - forward, "var": var}
 
 
 def kl_estimator_gradient(logits, ref_logits, *, kind, use="loss", sample_logits=None,
@@ -49,17 +127,43 @@ def _kl_estimator_gradient(logits, ref_logits, kind, use, sample_logits, is_weig
     log_ref = torch.log_softmax(ref_logits.detach(), dim=-1)
     if sample_logits is None:
         mu = log_pi.exp().detach()
+        log_mu = log_pi.detach()
     else:
         mu = torch.softmax(sample_logits.detach(), dim=-1)
+        log_mu = torch.log_softmax(sample_logits.detach(), dim=-1)
     if is_weight is None:
         weight = torch.ones_like(mu)
+        log_mass = log_mu                                   # log(μ·W)
     else:
         weight = log_pi.exp() / mu
+        log_mass = log_pi
         if is_weight == "detached":
             weight = weight.detach()
+            log_mass = log_mu + (log_pi - log_mu).detach()
     est = _estimate(kind, log_pi, log_ref)
-    per_sample = weight * est if use == "loss" else weight * est.detach() * log_pi
-    (expected,) = torch.autograd.grad(torch.sum(mu * per_sample), theta)
+    per_sample = _terms(kind, log_mass, log_pi, log_ref, [_k_factor(kind)],
+                        lambda u: mu * (weight * k_estimate(kind, u)), mu * (weight * est))
+    bad = ~torch.isfinite(per_sample.detach())
+    args.estimator_overflow(int(torch.nonzero(bad)[0]) if bool(bad.any()) else None)
+    if use == "loss":
+        total = per_sample.sum()
+    else:
+        # S = W·sg(k)·log π(x). Where every μ·W·k is formed directly, as written; else
+        # Σ sg(μ·W·k)·log π, whose value may overflow while its gradient does not (a product
+        # with a constant is not used backwards), plus, for an attached W, Σ μ·W·sg(k·log π)
+        # for the gradient through W
+        if bool(torch.isfinite(est * log_pi).all() &
+                ~_overflows(kind, (log_ref - log_pi).detach())[0].any()):
+            total = torch.sum(mu * (weight * est.detach() * log_pi))
+        else:
+            total = torch.sum(per_sample.detach() * log_pi)
+            if is_weight == "attached":
+                total = total + torch.sum(_terms(
+                    kind, log_mass, log_pi.detach(), log_ref,
+                    [_k_factor(kind), log_pi.detach()],
+                    lambda u: mu * (weight * (k_estimate(kind, u) * log_pi).detach()),
+                    mu * (weight * (est * log_pi).detach())))
+    (expected,) = torch.autograd.grad(total, theta)
 
     def grad_of(f):
         t = logits.detach().clone().requires_grad_(True)

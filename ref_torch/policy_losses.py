@@ -146,4 +146,12 @@ def policy_objective(logp, old_logp, advantages, mask, ref_logp=None, *, loss="p
         kl = kl_penalty(logp, ref_logp, mask, kind=kl_kind, clamp=kl_clamp)
         if p.beta > 0:
             per_token = per_token + p.beta * kl
+    bad = mask.bool() & ~torch.isfinite(per_token)
+    if bool(bad.any()):        # finite inputs whose loss overflowed: name the inputs there
+        at = tuple(int(i) for i in torch.nonzero(bad)[0])
+        adv = advantages if advantages.dim() == 2 else advantages[:, None].expand_as(logp)
+        inputs = {"logp": logp, "old_logp": old_logp, "advantages": adv}
+        if ref_logp is not None:
+            inputs["ref_logp"] = ref_logp
+        args.objective_overflow(at, {k: float(v[at]) for k, v in inputs.items()})
     return aggregate(per_token, mask, mode=agg, norm=norm, empty_rows=empty_rows)

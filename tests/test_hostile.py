@@ -12,6 +12,7 @@ import ref_torch
 from tests.helpers import EXAMPLES, run_cli
 from crosscheck import audit
 from crosscheck.audit import AuditUsageError
+from crosscheck.bridge import tensor as to_torch
 
 LP = np.full((2, 3), -1.0)
 EX = EXAMPLES
@@ -196,6 +197,56 @@ def _meta_call(name):
 def test_every_torch_reference_refuses_meta_tensors_by_name(name):
     with pytest.raises(ValueError, match=r"^\w+ is on the meta device; ref_torch computes "):
         _meta_call(name)()
+
+
+def _first_case(name):
+    from crosscheck.check import cases, registry
+    entry = registry.build()[name]
+    return entry, entry.case(cases.rng_for(0, name, 0), 0)
+
+
+def _outputs(out):
+    """A function's outputs as a list of numpy arrays (dicts in key order, tuples in order)."""
+    if isinstance(out, dict):
+        out = [out[k] for k in sorted(out)]
+    elif not isinstance(out, tuple):
+        out = [out]
+    return [o.detach().numpy() if isinstance(o, torch.Tensor) else np.asarray(o) for o in out]
+
+
+REGISTRY = list(__import__("crosscheck.check.registry", fromlist=["build"]).build())
+# the KL-estimator analyses take one categorical distribution [V], V ≥ 2: no batch to empty
+BATCHED = [n for n in REGISTRY if not n.startswith("kl_estimator")]
+
+
+# B = 0 (axis 0) and T = 0 (axis 1); group_advantages takes rewards [B]: it has no T axis
+EMPTY = [(n, axis) for n in BATCHED for axis in (0, 1) if (n, axis) != ("group_advantages", 1)]
+
+
+@pytest.mark.parametrize("name, axis", EMPTY)
+def test_an_empty_batch_gives_the_same_empty_outputs_in_both_twins(name, axis):
+    entry, case = _first_case(name)
+    arrays = {k: (np.take(v, np.arange(0), axis=axis) if isinstance(v, np.ndarray) and
+                  v.ndim > axis else v) for k, v in case.arrays.items()}
+    got_np = _outputs(entry.numpy_fn(**arrays, **case.params))
+    got_t = _outputs(entry.torch_fn(**{k: to_torch(v) for k, v in arrays.items()},
+                                    **case.params))
+    assert [o.shape for o in got_np] == [o.shape for o in got_t]
+    for a, b in zip(got_np, got_t):
+        np.testing.assert_array_equal(a, b)     # empty, or the 0 of an empty sum
+        assert a.size == 0 or not np.any(a), (name, a)
+
+
+@pytest.mark.parametrize("name", REGISTRY)
+def test_every_torch_reference_gives_the_same_values_under_no_grad(name):
+    entry, case = _first_case(name)
+    call = lambda: _outputs(entry.torch_fn(      # noqa: E731
+        **{k: to_torch(v) for k, v in case.arrays.items()}, **case.params))
+    outside = call()
+    with torch.no_grad():
+        inside = call()
+    for a, b in zip(outside, inside):
+        np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.parametrize("B, T", [(0, 5), (3, 0)])
