@@ -8,6 +8,7 @@
 
 Importing crosscheck does not import torch; the registry loads on first use.
 """
+__version__ = "0.1.0"          # setup.cfg reads it from here
 from .audit import AuditReport, assert_conforms, audit
 
 __all__ = ["REGISTRY", "Entry", "build", "audit", "assert_conforms", "AuditReport"]

@@ -28,6 +28,8 @@ def check_parser():
         epilog=f"subcommands: '{_prog('audit')}' audits your own function against a reference; "
                f"'{_prog('trainer')}' prints a trainer's report card; "
                f"'{_prog('explain')}' walks through the math. Each has its own --help.")
+    from . import __version__
+    p.add_argument("--version", action="version", version=f"rl-crosscheck {__version__}")
     p.add_argument("--seed", type=int, default=0, help="case seed (default 0)")
     p.add_argument("--cases", type=int, default=12, metavar="N",
                    help="cases per function (default 12)")

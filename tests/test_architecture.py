@@ -146,11 +146,13 @@ def _modules_loaded_by(argv):
     return out.stdout, set(ast.literal_eval(out.stdout.strip().splitlines()[-1]))
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["audit", "--help"], ["explain", "--help"],
-                                  ["trainer", "--help"]])
-def test_help_is_printed_without_importing_torch(argv):
+@pytest.mark.parametrize("argv, says", [(["--help"], "usage:"), (["audit", "--help"], "usage:"),
+                                        (["explain", "--help"], "usage:"),
+                                        (["trainer", "--help"], "usage:"),
+                                        (["--version"], "rl-crosscheck 0.")])
+def test_help_and_version_are_printed_without_importing_torch(argv, says):
     text, loaded = _modules_loaded_by(argv)
-    assert "usage:" in text
+    assert says in text
     assert "torch" not in loaded and "numpy" not in loaded, sorted(m for m in loaded
                                                                    if m.split(".")[0] in
                                                                    ("torch", "numpy"))
