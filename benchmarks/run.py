@@ -1,19 +1,27 @@
-"""Benchmarks: GAE implementations side by side, and the harness's own speed.
+"""Benchmarks: GAE implementations side by side, start-up latency, and the cross-check's cost.
 
-    python benchmarks/run.py                 # CPU, the full table (about 5 minutes here)
+    python benchmarks/run.py                 # CPU, everything (about 6 minutes here)
     python benchmarks/run.py --quick         # smaller sizes only
     python benchmarks/run.py --device cuda   # the torch rows on a GPU
 
-Every figure is a median over repeats, and every comparison a ratio against a baseline timed in
-turn with it (one call each per round): the verl-style per-step torch loop (written here from
-the GAE recursion, as verl, TRL and OpenRLHF write it). The bandwidth bound is (bytes read +
-written) ÷ the bandwidth of a 32 MiB copy timed in turn with the same calls; "peak extra
-memory" is the peak resident (or CUDA) memory a call adds, over the bytes of its inputs.
-Errors are against ref_numpy's float64 recursion.
-No timing is asserted anywhere: this prints, the reader judges.
+Every figure is a median over rounds; every comparison is a ratio of times taken in the same
+rounds: the callables of one comparison are each called once per round, in an order shuffled
+every round, so that neither a slow spell of a shared machine nor a position (straight after a
+cache-thrashing loop) favours one of them. A control pair, the same call timed twice per round,
+gives the noise floor of those ratios: it is printed beside every speed-up, and a warning is
+printed when it is off by more than 1.2×. The load average is printed before and after.
+GAE is compared with the verl-style per-step torch loop (written here from the GAE recursion,
+as verl, TRL and OpenRLHF write it); the bandwidth bound is (bytes read + written) ÷ the
+bandwidth of a 32 MiB copy timed in the same rounds; "peak extra memory" is the peak resident
+(or CUDA) memory a call adds, over the bytes of its inputs. Errors are against ref_numpy's
+float64 recursion. No timing is asserted anywhere: this prints, the reader judges.
 """
 import argparse
+import collections
+import cProfile
 import os
+import pstats
+import random
 import statistics
 import subprocess
 import sys
@@ -67,23 +75,41 @@ def median_time(f, repeats, device="cpu"):
     return interleaved_medians([f], [repeats], device)[0]
 
 
-def interleaved_medians(fs, repeats, device="cpu"):
-    """The median time of each callable of fs, timed in turns: one call of each per round
-    (fs[i] in its first repeats[i] rounds), after one untimed warm-up call each. On a shared,
-    noisy host a slow spell then slows every callable alike, so their ratios hold even when the
-    times themselves drift."""
+CONTROL_LIMIT = 1.2      # a control pair off by more than this: the ratios are noise
+
+
+def interleaved_medians(fs, repeats, device="cpu", seed=0):
+    """The median time of each callable of fs, timed in rounds: one call of each per round
+    (fs[i] in its first repeats[i] rounds), in an order shuffled every round, after one untimed
+    warm-up call each. On a shared, noisy host a slow spell then slows every callable alike,
+    and no callable always runs straight after the same other one."""
+    order = random.Random(seed)
     for f in fs:
         f()
     sync(device)
     times = [[] for _ in fs]
     for k in range(max(repeats)):
-        for f, n, ts in zip(fs, repeats, times):
-            if k < n:
-                t0 = time.perf_counter()
-                f()
-                sync(device)
-                ts.append(time.perf_counter() - t0)
+        turn = [i for i in range(len(fs)) if k < repeats[i]]
+        order.shuffle(turn)
+        for i in turn:
+            t0 = time.perf_counter()
+            fs[i]()
+            sync(device)
+            times[i].append(time.perf_counter() - t0)
     return [statistics.median(ts) for ts in times]
+
+
+def control_ratio(t_a, t_b):
+    """The control pair's ratio (≥ 1) and whether it is within CONTROL_LIMIT."""
+    r = max(t_a, t_b) / min(t_a, t_b)
+    return r, r <= CONTROL_LIMIT
+
+
+def load_average() -> str:
+    try:
+        return " ".join(f"{v:.2f}" for v in os.getloadavg()) + f" ({os.cpu_count()} cores)"
+    except OSError:
+        return "unavailable"
 
 
 COPY_BYTES = 32 * 2 ** 20
@@ -146,16 +172,18 @@ def _child_mem(B, T, dtype, mask, impl):
 
 
 def gae_table(sizes, device, repeats):
-    """One row per implementation, size, dtype and mask. The implementations of one row group
-    and a 32 MiB copy are timed in turns (interleaved_medians): the speed-ups and the bandwidth
-    bound are ratios of times taken in the same seconds. Returns the rows."""
+    """One row per implementation, size, dtype and mask. The implementations of one row group,
+    a 32 MiB copy and the control pair (ref_torch.gae twice) are timed in the same shuffled
+    rounds (interleaved_medians): the speed-ups and the bandwidth bound are ratios of times
+    taken in the same seconds, and the control pair's ratio is their noise floor. Returns the
+    rows; the last field of each is its group's control ratio."""
     copy = copy_timer(device)
     head = ("| B | T | dtype | mask | impl | median | speed-up vs loop | × copy bound | "
-            "peak extra mem / input | max rel err |")
+            "peak extra mem / input | max rel err | control pair |")
     print()
     print(head)
-    print("|---" * 10 + "|")
-    rows, bandwidths = [], []
+    print("|---" * 11 + "|")
+    rows, bandwidths, warnings = [], [], []
     rng = np.random.default_rng(0)
     for B, T in sizes:
         r64, v64 = rng.normal(size=(B, T)), rng.normal(size=(B, T))
@@ -170,8 +198,9 @@ def gae_table(sizes, device, repeats):
                 rt = torch.tensor(r64, dtype=dtype, device=device)
                 vt = torch.tensor(v64, dtype=dtype, device=device)
                 mt = torch.tensor(m, device=device)
+                ours = lambda: ref_torch.gae(rt, vt, mt, gamma=GAMMA, lam=LAM)  # noqa: E731
                 impls = [("per-step loop", lambda: verl_loop(rt, vt, mt)),
-                         ("ref_torch.gae", lambda: ref_torch.gae(rt, vt, mt, gamma=GAMMA, lam=LAM))]
+                         ("ref_torch.gae", ours)]
                 if dtype == torch.float64 and device == "cpu":
                     impls.append(("ref_numpy.gae",
                                   lambda: ref_numpy.gae(r64, v64, m, gamma=GAMMA, lam=LAM)))
@@ -179,8 +208,14 @@ def gae_table(sizes, device, repeats):
                         impls.append(("scipy lfilter", lambda: lfilter_gae(r64, v64, lengths)))
                 reps = [max(1, repeats if (T * B < 2e6 or name != "per-step loop") else 3)
                         for name, _ in impls]
-                *times, t_copy = interleaved_medians([f for _, f in impls] + [copy],
-                                                     reps + [max(reps)], device)
+                control = [lambda: ours(), lambda: ours()]
+                *times, t_copy, t_a, t_b = interleaved_medians(
+                    [f for _, f in impls] + [copy] + control, reps + [max(reps)] * 3, device,
+                    seed=B * T)
+                ctrl, ok = control_ratio(t_a, t_b)
+                if not ok:
+                    warnings.append(f"B={B} T={T} {dtype} {mask_name}: control pair off by "
+                                    f"{ctrl:.2f}×")
                 bw = 2 * COPY_BYTES / t_copy
                 bandwidths.append(bw)
                 bound = (4 * es + 1) * B * T / bw          # r, v, mask in; adv, returns out
@@ -194,35 +229,110 @@ def gae_table(sizes, device, repeats):
                         extra = peak_extra_bytes(B, T, dtype, mask_name, name, device)
                         mem = f"{extra / ((2 * es + 1) * B * T):.2f}"
                     row = (B, T, str(dtype).replace("torch.", ""), mask_name, name, t, base / t,
-                           t / bound, mem, err)
+                           t / bound, mem, err, ctrl)
                     rows.append(row)
                     print(f"| {B} | {T} | {row[2]} | {mask_name} | {name} | {t * 1e3:.2f} ms | "
-                          f"{base / t:.1f}× | {t / bound:.1f} | {mem or '-'} | {err:.1e} |",
-                          flush=True)
-    print(f"\ncopy bandwidth ({device}; 32 MiB, read + write, timed in turn with each row group): "
+                          f"{base / t:.1f}× | {t / bound:.1f} | {mem or '-'} | {err:.1e} | "
+                          f"{ctrl:.2f}×{'' if ok else ' (!)'} |", flush=True)
+    print(f"\ncopy bandwidth ({device}; 32 MiB, read + write, timed in the same rounds): "
           f"{min(bandwidths) / 1e9:.1f}–{max(bandwidths) / 1e9:.1f} GB/s, median "
           f"{statistics.median(bandwidths) / 1e9:.1f}")
+    for w in warnings:
+        print(f"WARNING: {w}: that row group's ratios are within noise of {CONTROL_LIMIT}×")
     return rows
 
 
+def reference_calls(run) -> collections.Counter:
+    """Calls into ref_numpy made from outside it while `run()` runs, by function, counted by a
+    profiler (values, hand VJPs and ref_numpy.many's batched evaluations alike; a reference's
+    calls to other references are part of its one evaluation)."""
+    import ref_numpy.many
+    pkg = os.path.dirname(ref_numpy.__file__)
+    public = {(f.__code__.co_filename, f.__code__.co_firstlineno, f.__name__)
+              for f in [getattr(ref_numpy, n) for n in ref_numpy.__all__] +
+              [ref_numpy.many.evaluate, ref_numpy.many.vjps]}
+    prof = cProfile.Profile()
+    prof.enable()
+    try:
+        run()
+    finally:
+        prof.disable()
+    counts = collections.Counter()
+    for func, (_, _, _, _, callers) in pstats.Stats(prof).stats.items():
+        if func in public:
+            for caller, c in callers.items():
+                if not caller[0].startswith(pkg):
+                    counts[func[2]] += c[1] if isinstance(c, tuple) else c
+    return counts
+
+
 def harness_table(repeats):
-    """Cases per second per stage, and the whole default run."""
-    from crosscheck import harness, registry
+    """Cases per second per stage, and the reference evaluations of the default run."""
+    from crosscheck.check import registry, stages
 
     entries = registry.build()
     print()
     print("| stage | cases/s (all functions, 12 cases each) |")
     print("|---|---|")
-    for stage in harness.STAGES:
+    for stage in stages.STAGES:
         t0 = time.perf_counter()
-        n = 0
-        for e in entries.values():
-            n += sum(r.cases for r in harness.run_entry(e, 0, 12, stages=(stage,)))
+        n = sum(r.cases for r in stages.run(entries, seed=0, n_cases=12, stages=(stage,)))
         dt = time.perf_counter() - t0
         print(f"| {stage} | {n / dt:.0f} ({n} cases in {dt:.2f} s) |")
-    t = median_time(lambda: harness.run(entries, seed=0, n_cases=12), max(1, repeats // 2))
-    print(f"\nthe default run (`python -m crosscheck`, in-process, torch already imported): "
-          f"{t:.1f} s")
+    counts = reference_calls(lambda: stages.run(entries, seed=0, n_cases=12))
+    top = ", ".join(f"{name} {n}" for name, n in counts.most_common(6))
+    print(f"\nreference evaluations in the default run (profiler): {sum(counts.values())} "
+          f"(target ≤ 3000; most: {top})")
+
+
+def _command_time(argv):
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable] + argv, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL, cwd=ROOT, check=False)
+    return time.perf_counter() - t0
+
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+STARTUP = [["-m", "crosscheck", "--help"], ["-m", "crosscheck", "audit", "--help"],
+           ["-m", "crosscheck", "explain", "--help"], ["-m", "crosscheck", "trainer", "--help"],
+           ["-m", "crosscheck", "--version"]]
+IMPORT_BASELINE = ["-c", "import torch, scipy.differentiate"]
+
+
+def command_table(repeats, scale=True):
+    """Start-up latencies, and the default run beside `import torch, scipy.differentiate`,
+    each a fresh interpreter, all timed in the same shuffled rounds with a control pair (the
+    import twice)."""
+    cmds = [(" ".join(["python"] + c), c) for c in STARTUP]
+    cmds += [("python -m crosscheck -q", ["-m", "crosscheck", "-q"]),
+             ("python -c 'import torch, scipy.differentiate'", IMPORT_BASELINE),
+             ("(control) the same import again", IMPORT_BASELINE)]
+    if scale:
+        cmds.append(("python -m crosscheck -q --scale 1000000",
+                     ["-m", "crosscheck", "-q", "--scale", "1000000"]))
+    fs = [lambda c=c: _command_time(c) for _, c in cmds]
+    rounds = [[] for _ in fs]
+    order = random.Random(1)
+    for _ in range(repeats):
+        turn = list(range(len(fs)))
+        order.shuffle(turn)
+        for i in turn:
+            rounds[i].append(fs[i]())
+    med = [statistics.median(r) for r in rounds]
+    print()
+    print("| command (fresh interpreter) | median | all rounds |")
+    print("|---|---|---|")
+    for (label, _), m, r in zip(cmds, med, rounds):
+        print(f"| `{label}` | {m:.2f} s | {', '.join(f'{t:.2f}' for t in r)} |")
+    default, base, again = med[len(STARTUP)], med[len(STARTUP) + 1], med[len(STARTUP) + 2]
+    ctrl, ok = control_ratio(base, again)
+    print(f"\nthe default run ÷ the import: {default / base:.2f}× (target ≤ 1.6×); control pair "
+          f"{ctrl:.2f}×" + ("" if ok else f" — WARNING: beyond {CONTROL_LIMIT}×, the ratio is "
+                                            f"within noise"))
+    print(f"slowest start-up: {max(med[:len(STARTUP)]):.2f} s (target < 0.3 s)")
+    if scale:
+        print(f"--scale 1000000: slowest round {max(rounds[-1]):.1f} s (target < 10 s)")
+    return dict(zip([label for label, _ in cmds], med))
 
 
 def main(argv=None):
@@ -240,10 +350,13 @@ def main(argv=None):
         p.error("--device cuda but torch sees no CUDA device")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {args.device}"
           + (f" ({torch.cuda.get_device_name()})" if args.device == "cuda" else ""))
+    print(f"load average before: {load_average()}")
     sizes = [(64, 1024)] if args.quick else [(64, 1024), (64, 8192), (512, 1024), (512, 8192)]
     gae_table(sizes, args.device, args.repeats)
     if not args.no_harness:
         harness_table(args.repeats)
+        command_table(max(3, args.repeats), scale=not args.quick)
+    print(f"\nload average after: {load_average()}")
 
 
 if __name__ == "__main__":

@@ -205,24 +205,28 @@ def _whiten_stats(xs, m, ddof, eps, eps_mode):
     rescalings of the unscaled formulas; for data far smaller than sqrt(eps), eps·2^−2e may
     overflow, and s' is then sqrt(eps)·2^−e (var' < 8 is below its rounding). For ordinary x
     every step is the unscaled one times a power of two, so the result is bit for bit the same.
-    Returns N, μ', the deviations x' − μ' (0 where masked), var', s', e.
+    xs may carry leading axes beyond the mask's (many points at once: ref_numpy.many); the
+    statistics are taken over the mask's axes, per leading index.
+    Returns N, μ', the deviations x' − μ' (0 where masked), var', s', e (the last four with
+    the mask's axes kept, of size 1).
     """
+    axes = tuple(range(-m.ndim, 0))
     N = m.sum()
-    e = int(np.frexp(np.max(np.abs(xs), initial=0.0))[1])
+    e = np.frexp(np.max(np.abs(xs), axis=axes, keepdims=True, initial=0.0))[1]
     xs = np.ldexp(xs, -e)
-    mu = xs.sum() / N
+    mu = xs.sum(axis=axes, keepdims=True) / N
     dev = np.where(m, xs - mu, 0.0)
-    var = (dev ** 2).sum() / (N - ddof)
+    var = (dev ** 2).sum(axis=axes, keepdims=True) / (N - ddof)
     with np.errstate(over="ignore"):
         if eps_mode == "var":
             s = np.sqrt(var + np.ldexp(eps, -2 * e))
         elif eps_mode == "clamp":
-            s = np.sqrt(max(var, np.ldexp(eps, -2 * e)))
+            s = np.sqrt(np.maximum(var, np.ldexp(eps, -2 * e)))
         else:
             s = np.sqrt(var) + np.ldexp(eps, -e)
-        if np.isinf(s) and eps_mode != "std":
-            s = np.ldexp(np.sqrt(eps), -e)
-    args.whiten_scale(s == 0.0 and eps == 0.0, int(N))
+        if eps_mode != "std":
+            s = np.where(np.isinf(s), np.ldexp(np.sqrt(eps), -e), s)
+    args.whiten_scale(bool(np.any(s == 0.0)) and eps == 0.0, int(N))
     return N, mu, dev, var, s, e
 
 
@@ -260,6 +264,11 @@ def whiten(x, mask=None, *, ddof=0, eps=1e-8, eps_mode="var", shift_mean=True,
                                                 restore_mean)
     if xs.size == 0:
         return np.zeros(xs.shape)
+    return _whiten_values(xs, m, ddof, eps, eps_mode, shift_mean, restore_mean)
+
+
+def _whiten_values(xs, m, ddof, eps, eps_mode, shift_mean, restore_mean):
+    """`whiten` of validated inputs (xs zero at masked positions; leading axes allowed)."""
     N, mu, dev, var, s, e = _whiten_stats(xs, m, ddof, eps, eps_mode)
     with np.errstate(invalid="ignore"):
         if restore_mean:
@@ -270,10 +279,11 @@ def whiten(x, mask=None, *, ddof=0, eps=1e-8, eps_mode="var", shift_mean=True,
 
 
 def _ratio(num, s):
-    """num/s, and 0 for s = 0: with eps > 0 a zero s' means every deviation is exactly 0 (var'
-    underflows only for deviations below 1e−162 of max |x'| ≥ ½, which the rounding of μ'
-    cannot leave) and the true quotient is 0/sqrt(eps)."""
-    return num / s if s > 0 else np.zeros_like(num)
+    """num/s, and 0 where s = 0: with eps > 0 a zero s' means every deviation is exactly 0
+    (var' underflows only for deviations below 1e−162 of max |x'| ≥ ½, which the rounding of
+    μ' cannot leave) and the true quotient is 0/sqrt(eps)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(s > 0, num / s, 0.0)
 
 
 def whiten_vjp(g, x, mask=None, *, ddof=0, eps=1e-8, eps_mode="var", shift_mean=True,
@@ -306,10 +316,17 @@ def whiten_vjp(g, x, mask=None, *, ddof=0, eps=1e-8, eps_mode="var", shift_mean=
     if xs.size == 0:
         args.cotangent(OPS, g, "g", OPS.spec("x", xs))
         return {"x": np.zeros(xs.shape)}
-    N, mu, dev, var, s, e = _whiten_stats(xs, m, ddof, eps, eps_mode)
     gm = ar.zero_masked(args.cotangent(OPS, g, "g", OPS.spec("x", xs)), m)
+    return {"x": _whiten_vjp_values(gm, xs, m, ddof, eps, eps_mode, shift_mean, restore_mean)}
+
+
+def _whiten_vjp_values(gm, xs, m, ddof, eps, eps_mode, shift_mean, restore_mean):
+    """`whiten_vjp` of validated inputs; gm (0 where masked) may carry leading axes: many
+    cotangents at once (ref_numpy.many), the rows of a Jacobian."""
+    N, mu, dev, var, s, e = _whiten_stats(xs, m, ddof, eps, eps_mode)
+    axes = tuple(range(-m.ndim, 0))
     centred = shift_mean or restore_mean
-    g_bar = gm.sum() / N
+    g_bar = gm.sum(axis=axes, keepdims=True) / N
     base = gm - m * g_bar if centred else gm
     if s == 0.0:
         # eps > 0 and every deviation exactly 0 (`_ratio`): y = base/s_true with s_true = sqrt(eps)
@@ -326,10 +343,11 @@ def whiten_vjp(g, x, mask=None, *, ddof=0, eps=1e-8, eps_mode="var", shift_mean=
         else:
             ds = 1.0 / (2.0 * np.sqrt(var)) if var > 0 else 0.0
         with np.errstate(over="ignore"):    # ∂y/∂x ~ 1/|x|: beyond float64 for x below 1e−308
-            gx = np.ldexp(gx - (gm * num).sum() / s ** 2 * ds * 2.0 * dev / (N - ddof), -e)
+            gx = np.ldexp(gx - (gm * num).sum(axis=axes, keepdims=True) / s ** 2 * ds * 2.0 *
+                          dev / (N - ddof), -e)
     if restore_mean:
         gx = gx + m * g_bar
-    return {"x": np.where(m, gx, 0.0)}
+    return np.where(m, gx, 0.0)
 
 
 # ====================================================================== group advantages

@@ -19,8 +19,9 @@ from .kl import k_estimator
 
 
 def _log_softmax(z):
-    z = z - z.max()
-    return z - np.log(np.exp(z).sum())
+    """log softmax over the last axis (leading axes: many distributions, ref_numpy.many)."""
+    z = z - z.max(axis=-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
 
 
 def _k(kind, logp, logref):
@@ -137,14 +138,19 @@ def kl_estimator_moments(logits, ref_logits, *, kind):
       dict kl_forward, kl_reverse, mean, bias, var: float64 scalars.
     """
     z, logp, logref, p, q, kind = _parts(logits, ref_logits, kind)
+    return {key: float(v) for key, v in _moments(logp, logref, p, q, kind).items()}
+
+
+def _moments(logp, logref, p, q, kind):
+    """The five moments over the last axis (leading axes: many policies, ref_numpy.many)."""
     k, _ = _k(kind, logp, logref)
-    kl_f = float((p * (logp - logref)).sum())
+    kl_f = (p * (logp - logref)).sum(axis=-1)
     with np.errstate(over="ignore", invalid="ignore"):   # direct products `_terms` replaces
-        mean = float(_terms(p * k, logp, logp, logref, kind, [(k, True)])[0].sum())
-        dev = k - mean
+        mean = _terms(p * k, logp, logp, logref, kind, [(k, True)])[0].sum(axis=-1)
+        dev = k - mean[..., None]
         var = _terms(p * dev ** 2, logp, logp, logref, kind, [(dev, True), (dev, True)])[0]
-    return {"kl_forward": kl_f, "kl_reverse": float((q * (logref - logp)).sum()), "mean": mean,
-            "bias": mean - kl_f, "var": float(var.sum())}
+    return {"kl_forward": kl_f, "kl_reverse": (q * (logref - logp)).sum(axis=-1), "mean": mean,
+            "bias": mean - kl_f, "var": var.sum(axis=-1)}
 
 
 def kl_estimator_moments_vjp(g, logits, ref_logits, *, kind):

@@ -9,19 +9,37 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 import run as bench  # noqa: E402
 
 
-def test_calls_are_timed_in_turns_after_one_warm_up_each():
+def test_calls_are_timed_in_shuffled_rounds_after_one_warm_up_each():
     calls = []
     fs = [lambda: calls.append("a"), lambda: calls.append("b"), lambda: calls.append("c")]
-    medians = bench.interleaved_medians(fs, [3, 1, 2])
-    assert calls == ["a", "b", "c",            # warm-up
-                     "a", "b", "c", "a", "c", "a"]
+    medians = bench.interleaved_medians(fs, [30, 1, 30])
+    assert calls[:3] == ["a", "b", "c"]                        # warm-up, in order
+    rounds = [calls[3:6]] + [calls[6 + 2 * k:8 + 2 * k] for k in range(29)]
+    assert sorted(rounds[0]) == ["a", "b", "c"]                # b only in the first round
+    assert all(sorted(r) == ["a", "c"] for r in rounds[1:])
+    assert len({tuple(r) for r in rounds[1:]}) == 2            # both orders occur
     assert len(medians) == 3 and all(t >= 0 for t in medians)
+
+
+def test_the_control_pair_flags_a_ratio_beyond_its_limit():
+    assert bench.control_ratio(1.0, 1.1) == (pytest.approx(1.1), True)
+    assert bench.control_ratio(1.3, 1.0) == (pytest.approx(1.3), False)
+
+
+def test_reference_calls_are_counted_from_outside_ref_numpy_only():
+    import numpy as np
+    import ref_numpy
+    lp = np.zeros((2, 3))
+    counts = bench.reference_calls(lambda: [ref_numpy.policy_objective(
+        lp, lp, np.ones((2, 3)), np.ones((2, 3), bool)) for _ in range(3)])
+    # policy_objective calls ppo_clip_loss and aggregate itself: those are part of it
+    assert counts == {"policy_objective": 3}
 
 
 def test_the_table_compares_every_implementation_with_the_loop_on_the_same_inputs(capsys):
     rows = bench.gae_table([(3, 40)], "cpu", 2)
     out = capsys.readouterr().out
-    assert "copy bandwidth (cpu; 32 MiB" in out
+    assert "copy bandwidth (cpu; 32 MiB" in out and "| control pair |" in out
     names = {(mask, dtype): [row[4] for row in rows if row[3] == mask and row[2] == dtype]
              for mask in ("right", "holed") for dtype in ("float32", "float64")}
     assert names[("right", "float32")] == ["per-step loop", "ref_torch.gae"]
@@ -29,8 +47,8 @@ def test_the_table_compares_every_implementation_with_the_loop_on_the_same_input
     assert names[("right", "float64")] == ["per-step loop", "ref_torch.gae", "ref_numpy.gae",
                                            "scipy lfilter"]
     assert names[("holed", "float64")] == ["per-step loop", "ref_torch.gae", "ref_numpy.gae"]
-    for B, T, dtype, mask, name, t, speedup, bound, mem, err in rows:
-        assert t > 0 and bound > 0
+    for B, T, dtype, mask, name, t, speedup, bound, mem, err, control in rows:
+        assert t > 0 and bound > 0 and control >= 1.0
         if name == "per-step loop":
             assert speedup == 1.0
         # every implementation computes the same advantages (float32: a few ulps of |A|)

@@ -21,26 +21,95 @@ def roundoff(f_scale: float, step: float) -> float:
     return 16.0 * EPS * f_scale / h_min
 
 
-def jacobian(f, x0: np.ndarray, step: float) -> np.ndarray:
-    """Full Jacobian [m, n] of f: R^n → R^m at x0 (each stencil point is one call of f)."""
-    m = np.asarray(f(x0)).size
+def jacobian(f_many, x0: np.ndarray, step: float) -> np.ndarray:
+    """Full Jacobian [m, n] of f: R^n → R^m at x0.
+
+    f_many evaluates f at many points at once: [P, n] → [P, m]. scipy's vectorised calling
+    convention hands over every stencil point of every input entry of one iteration together,
+    so each iteration is one call of f_many (which may stack them into one reference call).
+    """
+    x0 = np.asarray(x0, dtype=np.float64)
+    m = np.asarray(f_many(x0[None, :])).shape[1]
 
     def batched(x):                         # scipy passes x as (n, *extra)
         flat = x.reshape(x.shape[0], -1)
-        out = np.stack([f(flat[:, k]) for k in range(flat.shape[1])], axis=-1)
-        return out.reshape((m,) + x.shape[1:])
+        out = np.asarray(f_many(flat.T))    # [P, m]
+        return out.T.reshape((m,) + x.shape[1:])
 
-    res = differentiate.jacobian(batched, np.asarray(x0, dtype=np.float64), initial_step=step,
-                                 maxiter=MAXITER)
+    res = differentiate.jacobian(batched, x0, initial_step=step, maxiter=MAXITER)
     return np.asarray(res.df).reshape(m, x0.size)
 
 
-def directional(phi, step: float) -> float:
+def directional(phi_many, step: float) -> float:
     """d/dt φ(t) at t = 0 for a scalar φ (a directional derivative ⟨u, J v⟩ when
-    φ(t) = ⟨u, f(x0 + t·v)⟩)."""
+    φ(t) = ⟨u, f(x0 + t·v)⟩); phi_many evaluates φ at an array of t at once."""
     def batched(t):
         t = np.asarray(t, dtype=np.float64)
-        return np.array([phi(float(s)) for s in t.ravel()]).reshape(t.shape)
+        return np.asarray(phi_many(t.ravel()), dtype=np.float64).reshape(t.shape)
 
     res = differentiate.derivative(batched, 0.0, initial_step=step, maxiter=MAXITER)
     return float(res.df)
+
+
+def solve(requests):
+    """Many finite-difference problems in one scipy call per kind, with the same per-element
+    results as one call each (scipy iterates every element on its own abscissae).
+
+    requests: ("jacobian", f_many, x0, step[, m]) → the Jacobian [m, n] (as `jacobian`; m,
+    the number of outputs, saves a call to learn it), or
+    ("directional", phi_many, step) → d/dt φ at 0 (as `directional`). Each iteration evaluates
+    each problem's function once, on all of its points; scipy's own bookkeeping then runs once
+    for all problems instead of once each. Returns the answers in order.
+    """
+    answers = [None] * len(requests)
+    jac = [(i, r) for i, r in enumerate(requests) if r[0] == "jacobian"]
+    dirs = [(i, r) for i, r in enumerate(requests) if r[0] == "directional"]
+    if jac:
+        for i, J in zip([i for i, _ in jac], _jacobians([r[1:] for _, r in jac])):
+            answers[i] = J
+    if dirs:
+        for i, d in zip([i for i, _ in dirs], _directionals([r[1:] for _, r in dirs])):
+            answers[i] = d
+    return answers
+
+
+def _jacobians(problems):
+    problems = [p if len(p) == 4 else p + (None,) for p in problems]
+    x0s = [np.asarray(x0, dtype=np.float64).reshape(-1) for _, x0, _, _ in problems]
+    ms = [m if m is not None else np.asarray(f(x0[None, :])).shape[1]
+          for (f, _, _, m), x0 in zip(problems, x0s)]
+    offsets = np.cumsum([0] + [x0.size for x0 in x0s])
+    M, N = max(ms), int(offsets[-1])
+    x = np.concatenate(x0s)
+    steps = np.concatenate([np.full(x0.size, step) for (_, _, step, _), x0 in
+                            zip(problems, x0s)])
+
+    def wrapped(X):                        # X: (N,) or (N, P) abscissae, one row per entry
+        X2 = X.reshape(N, -1)
+        P = X2.shape[1]
+        out = np.zeros((M, N, P))
+        for (f, _, _, _), x0, m, lo, hi in zip(problems, x0s, ms, offsets[:-1], offsets[1:]):
+            n = hi - lo
+            pts = np.repeat(x0[None, :], n * P, axis=0)      # entry j moved to X[j, p]
+            pts[np.arange(n * P), np.repeat(np.arange(n), P)] = X2[lo:hi].reshape(-1)
+            F = np.asarray(f(pts))                            # [n·P, m]
+            out[:m, lo:hi, :] = F.reshape(n, P, m).transpose(2, 0, 1)
+        return out.reshape((M,) + X.shape)
+
+    res = differentiate.derivative(wrapped, x, initial_step=steps, maxiter=MAXITER,
+                                   preserve_shape=True)
+    df = np.asarray(res.df)
+    return [df[:m, lo:hi] for m, lo, hi in zip(ms, offsets[:-1], offsets[1:])]
+
+
+def _directionals(problems):
+    R = len(problems)
+    steps = np.array([step for _, step in problems], dtype=np.float64)
+
+    def wrapped(T):                        # T: (R,) or (R, P)
+        T2 = T.reshape(R, -1)
+        return np.stack([np.asarray(phi(t), dtype=np.float64) for (phi, _), t in
+                         zip(problems, T2)]).reshape(T.shape)
+
+    res = differentiate.derivative(wrapped, np.zeros(R), initial_step=steps, maxiter=MAXITER)
+    return [float(v) for v in np.asarray(res.df).reshape(-1)]

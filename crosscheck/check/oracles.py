@@ -9,12 +9,14 @@ frozen at the unperturbed point. `fn` is the registry entry's own NumPy function
 Objectives. `kl_estimator_gradient` returns gradients; each output must equal the finite
 differences of the expectation it is the gradient of.
 """
+import functools
 import inspect
 
 import numpy as np
 from scipy.special import log_softmax
 
 import ref_numpy
+from ref_numpy import many
 
 
 def keyword_defaults(fn):
@@ -78,24 +80,54 @@ def objective_rule(params):
         _, out, ppo = freeze_sequence_ratio(fn, arrays, params, name, delta)
         rest = {k: v for k, v in params.items()
                 if k not in ("form", "log_ratio_max", "clip_low", "clip_high", "loss")}
-
-        def objective(logp, old_logp, advantages, mask=None, ref_logp=None, **kw):
-            data = dict(old_logp=old_logp, advantages=advantages, mask=mask, ref_logp=ref_logp)
-            policy = fn(logp, **data, **dict(kw, beta=0.0), loss="ppo", **ppo)
-            if kw.get("beta", 0.0) == 0.0:
-                return policy
-            real = arrays["logp"] + delta
-            return policy + fn(real, **dict(data, old_logp=real,
-                                            advantages=np.zeros_like(advantages)),
-                               **kw, loss="ppo", **ppo)
-        return objective, out, rest
+        out["real_logp"] = arrays["logp"] + delta
+        return _frozen_sequence_objective(fn, tuple(sorted(ppo.items()))), out, rest
     return rule
+
+
+@functools.lru_cache(maxsize=None)
+def _frozen_sequence_objective(fn, ppo):
+    """GSPO-token's objective with its sequence ratio frozen: the policy part as PPO on the
+    frozen arrays (β = 0), plus the KL part on the real logp (`real_logp`). One object per
+    (fn, clip bounds), the same at every point, so that finite differences can evaluate all
+    points together (`many`, when fn is the reference itself)."""
+    ppo = dict(ppo)
+
+    def parts(logp, old_logp, advantages, mask, ref_logp, real_logp, kw):
+        data = dict(old_logp=old_logp, advantages=advantages, mask=mask, ref_logp=ref_logp)
+        policy = (dict(logp=logp, **data), dict(kw, beta=0.0, loss="ppo", **ppo))
+        if kw.get("beta", 0.0) == 0.0:
+            return [policy]
+        real = dict(data, logp=real_logp, old_logp=real_logp,
+                    advantages=np.zeros_like(advantages))
+        return [policy, (real, dict(kw, loss="ppo", **ppo))]
+
+    def objective(logp, old_logp, advantages, mask=None, ref_logp=None, real_logp=None, **kw):
+        return sum(fn(**a, **p) for a, p in parts(logp, old_logp, advantages, mask, ref_logp,
+                                                   real_logp, kw))
+
+    def at_many(shared, varying, params):
+        """The same sum at every point: each part through ref_numpy.many."""
+        whole = dict(shared, **varying)
+        args = {k: whole.get(k) for k in ("logp", "old_logp", "advantages", "mask", "ref_logp",
+                                           "real_logp")}
+        totals = []
+        for arrays, kw in parts(**args, kw=params):
+            moving = {k: arrays[k] for k in ("logp", "old_logp")}
+            fixed = {k: val for k, val in arrays.items() if k not in moving}
+            totals.append(many.evaluate("policy_objective", fixed, moving, kw))
+        return [sum(t[j] for t in totals) for j in range(len(totals[0]))]
+
+    objective.many = at_many if fn is ref_numpy.policy_objective else None
+    return objective
 
 
 def estimator_objectives(arrays, params):
     """The expectations whose gradients kl_estimator_gradient returns, written from the per-token
     `kl_penalty` reference and scipy's log_softmax. The sampling distribution μ is frozen at the
-    base point (samples are data); so is a detached weight, and k itself for use="reward"."""
+    base point (samples are data); so is a detached weight, and k itself for use="reward".
+    Each objective takes many points at once, Z [P, V] → [P]: kl_penalty sees them as the rows
+    of one batch, kl_estimator_moments through ref_numpy.many."""
     z0, zr, zs = arrays["logits"], arrays["ref_logits"], arrays.get("sample_logits")
     kind, use, is_weight = params["kind"], params.get("use", "loss"), params.get("is_weight")
     log_ref = log_softmax(zr)
@@ -103,16 +135,17 @@ def estimator_objectives(arrays, params):
     mu = p0 if zs is None else np.exp(log_softmax(zs))
     k0 = ref_numpy.kl_penalty(log_softmax(z0), log_ref, kind=kind)
 
-    def expected(z):
-        logp = log_softmax(z)
-        k = ref_numpy.kl_penalty(logp, log_ref, kind=kind)
+    def expected(Z):
+        logp = log_softmax(Z, axis=-1)
+        k = ref_numpy.kl_penalty(logp, np.broadcast_to(log_ref, logp.shape), kind=kind)
         weight = {None: np.ones_like(mu), "attached": np.exp(logp) / mu,
                   "detached": p0 / mu}[is_weight]
         per_sample = weight * k if use == "loss" else weight * k0 * logp
-        return float((mu * per_sample).sum())
+        return (mu * per_sample).sum(axis=-1)
 
     def moment(key):
-        return lambda z: float(ref_numpy.kl_estimator_moments(z, zr, kind=kind)[key])
+        return lambda Z: np.array([m[key] for m in many.evaluate(
+            "kl_estimator_moments", dict(ref_logits=zr), dict(logits=Z), dict(kind=kind))])
 
     return {"expected": expected, "grad_kl_forward": moment("kl_forward"),
             "grad_kl_reverse": moment("kl_reverse")}

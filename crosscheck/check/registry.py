@@ -60,6 +60,12 @@ class Entry:
     # the condition number κ ≥ 1 of each output on given data and conventions (None: 1); the
     # closeness rule widens its tolerance by κ (crosscheck.bridge)
     condition: Optional[Callable[[Mapping[str, object], Mapping[str, object]], list]] = None
+    # how finite differences evaluate many perturbed copies in one call (crosscheck/check/
+    # stacking.py): "rows" (each output row depends on that row of the inputs only; its freeze
+    # rule must keep that true), "groups" (rows interact within a group only), "many" (it
+    # couples the batch; ref_numpy.many evaluates many points in one call), or None (one call
+    # per point)
+    stack: Optional[str] = None
     # the inputs that cannot change the output under given conventions (policy_objective's
     # ref_logp when beta = 0): an audited function need not take them
     unused: Optional[Callable[[Mapping[str, object]], Tuple[str, ...]]] = None
@@ -115,54 +121,56 @@ def build() -> Dict[str, Entry]:
     """A fresh registry, in the order the harness reports."""
     entries = [
         _entry("gae", ("rewards", "values"), outputs=("advantages", "returns"),
+               stack="rows",
                trainer_grad=False, data_keywords=("dones", "last_value"),
                grid=dict(gamma=(1.0, 0.99), lam=(1.0, 0.95))),
-        _entry("whiten", ("x",), trainer_grad=False,
+        _entry("whiten", ("x",), trainer_grad=False, stack="many",
                grid=dict(ddof=(0, 1), eps=(1e-8, 1e-6, 1e-5), eps_mode=vocab.EPS_MODES,
                          shift_mean=(True, False), restore_mean=(False, True)),
                known_bugs=variants.WHITEN, kinks=oracles.whiten_kinks,
                condition=oracles.whiten_condition),
-        _entry("group_advantages", ("rewards",), trainer_grad=False,
+        _entry("group_advantages", ("rewards",), trainer_grad=False, stack="groups",
                data_keywords=("group_size", "group_ids", "valid"), checks=("permutation",),
                grid=dict(ddof=(0, 1), eps=(1e-4, 1e-6, 1e-8, 1e-9, 0.0),
                          scale=("group", "batch", "none", "leave_one_out"),
                          baseline=vocab.GROUP_BASELINES, singleton=("zero", "keep")),
                known_bugs=variants.GROUPS, kinks=oracles.group_kinks,
                condition=oracles.group_condition),
-        _entry("ppo_clip_loss", ("logp",), grid=_PPO_GRID, known_bugs=variants.PPO),
+        _entry("ppo_clip_loss", ("logp",), grid=_PPO_GRID, known_bugs=variants.PPO, stack="rows"),
         _entry("cispo_loss", ("logp",), detached="w = clip(ratio): CISPO's importance weight",
+               stack="rows",
                freeze=lambda params: oracles.freeze_ratio,
                grid=dict(bound=vocab.CISPO_BOUNDS, clip_high=(5.0, 4.0, 2.0, 0.28, 0.2),
                          clip_low=(None, 0.2)),
                known_bugs=variants.CISPO),
-        _entry("gspo_loss", ("logp",),
+        _entry("gspo_loss", ("logp",), stack="rows",
                detached="the sequence ratio in form='token' (straight-through GSPO-token)",
                freeze=oracles.gspo_rule, undetached=_gspo_undetached,
                grid=dict(form=vocab.GSPO_FORMS, clip_low=(3e-4, 0.2), clip_high=(4e-4, 0.2, 0.28),
                          log_ratio_max=(None, 10.0)),
                known_bugs=variants.GSPO),
-        _entry("value_loss", ("values",), grid=dict(clip=(None, 0.2, 0.5)),
+        _entry("value_loss", ("values",), grid=dict(clip=(None, 0.2, 0.5)), stack="rows",
                known_bugs=variants.VALUE),
-        _entry("kl_penalty", ("logp",), checks=("kl_direction",),
+        _entry("kl_penalty", ("logp",), checks=("kl_direction",), stack="rows",
                grid=dict(kind=vocab.KL_KINDS, clamp=(None, (20.0, 10.0), (None, 10.0))),
                known_bugs=variants.KL),
-        _entry("aggregate", ("loss",), checks=("microbatch",),
+        _entry("aggregate", ("loss",), checks=("microbatch",), stack="many",
                grid=dict(mode=vocab.AGG_MODES, empty_rows=vocab.EMPTY_ROWS)),
         _entry("policy_objective", ("logp",),
                detached="CISPO's weight, or GSPO-token's sequence ratio",
                freeze=oracles.objective_rule, undetached=_objective_undetached,
-               checks=("microbatch",),
+               checks=("microbatch",), stack="many",
                grid=dict(agg=vocab.AGG_MODES, empty_rows=vocab.EMPTY_ROWS,
                          loss=vocab.POLICY_LOSSES),
                unused=lambda params: () if params.get("beta") else ("ref_logp",)),
         _entry("kl_estimator_moments", ("logits",), outputs=vocab.MOMENT_KEYS, dict_output=True,
-               trainer_grad=False),
+               trainer_grad=False, stack="many"),
         _entry("kl_estimator_gradient", ("logits",), outputs=vocab.GRADIENT_KEYS,
                dict_output=True, objectives=oracles.estimator_objectives, trainer_grad=False,
                data_keywords=("sample_logits",)),
-        _entry("discounted_returns", ("rewards",), trainer_grad=False,
+        _entry("discounted_returns", ("rewards",), trainer_grad=False, stack="rows",
                grid=dict(gamma=(1.0, 0.99))),
-        _entry("approx_kl", ("logp",), trainer_grad=False,
+        _entry("approx_kl", ("logp",), trainer_grad=False, stack="many",
                grid=dict(kind=vocab.ESTIMATOR_KINDS)),
         _entry("clip_fraction", (), trainer_grad=False,             # a count: value stage only
                grid=dict(definition=vocab.CLIP_FRACTIONS)),

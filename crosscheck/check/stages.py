@@ -14,7 +14,7 @@ import numpy as np
 
 from .. import bridge, tolerances
 from . import cases as cases_mod
-from . import finite_diff
+from . import finite_diff, stacking
 from .registry import Entry
 from .results import STAGES, StageResult, fail, record
 
@@ -35,12 +35,13 @@ def _cotangent(entry: Entry, outs: Sequence[np.ndarray], vec: np.ndarray):
     return bridge.cotangent(outs, vec, entry.outputs, entry.dict_output)
 
 
-def _hand_vjp(entry: Entry, case: cases_mod.Case, g):
-    return entry.numpy_vjp(g, **case.arrays, **case.params)
+def _hand_vjp(entry: Entry, case: cases_mod.Case, g, arrays=None):
+    return entry.numpy_vjp(g, **(case.arrays if arrays is None else arrays), **case.params)
 
 
-def _autograd_vjp(entry: Entry, case: cases_mod.Case, g):
-    return bridge.autograd_vjp(entry.torch_fn, case.arrays, case.params, entry.diff, g,
+def _autograd_vjp(entry: Entry, case: cases_mod.Case, g, arrays=None):
+    return bridge.autograd_vjp(entry.torch_fn, case.arrays if arrays is None else arrays,
+                               case.params, entry.diff, g,
                                entry.outputs if entry.dict_output else None)
 
 
@@ -105,8 +106,8 @@ def stage_vjp(entry: Entry, case, index, seed, res: StageResult, rng) -> None:
 
 
 def _fd_against(entry: Entry, case, index, seed, res, stage, grad_of, freeze, rng,
-                got_from, undetached=False):
-    """Compare grad_of(cotangent)[input] with finite differences of the NumPy value."""
+                got_from, undetached=False, hand=None):
+    """Compare grad_of(arrays, cotangent)[input] with finite differences of the NumPy value."""
     tol = tolerances.get(stage)
     outs = bridge.outputs(entry.numpy_fn(**case.arrays, **case.params), entry.outputs)
     n_out = sum(o.size for o in outs)
@@ -119,29 +120,35 @@ def _fd_against(entry: Entry, case, index, seed, res, stage, grad_of, freeze, rn
         if idx.size == 0:
             continue
         base = x0.reshape(-1)[idx].copy()
+        how = stacking.mode(entry.stack, case.arrays, case.params, name)
 
-        def f(xv, frozen=freeze):
-            delta = np.zeros(x0.size)
-            delta[idx] = xv - base
-            delta = delta.reshape(x0.shape)
+        def f_many(X, frozen=freeze):
+            """The NumPy value at each row of X [P, valid entries of `name`]: [P, outputs].
+            The freeze rule sees all P perturbations at once (a leading axis on delta)."""
+            X = np.atleast_2d(X)
+            delta = np.zeros((len(X), x0.size))
+            delta[:, idx] = X - base
+            delta = delta.reshape((len(X),) + x0.shape)
             if frozen is not None:
                 fn, arrays, params = frozen(entry.numpy_fn, case.arrays, case.params, name, delta)
             else:
                 fn, arrays, params = entry.numpy_fn, dict(case.arrays, **{name: x0 + delta}), \
                     case.params
-            return np.concatenate([o.reshape(-1) for o in
-                                   bridge.outputs(fn(**arrays, **params), entry.outputs)])
+            # the arrays that moved carry the point axis: one dimension more than x0
+            varying = {k: v for k, v in arrays.items()
+                       if isinstance(v, np.ndarray) and v.ndim == x0.ndim + 1}
+            shared = {k: v for k, v in arrays.items() if k not in varying}
+            return stacking.evaluate(how, fn, shared, varying, params, entry.outputs)
 
         info = _info(entry, case, index, seed, input=name, got_from=got_from,
                      expected_from="scipy finite differences" +
                      (" (detached factor frozen)" if freeze is not None else ""))
         if idx.size <= finite_diff.FULL_JACOBIAN_MAX_INPUTS:
-            J_fd = finite_diff.jacobian(f, base, case.fd_step)
-            J_got = np.empty_like(J_fd)
-            for k in range(n_out):
-                e = np.zeros(n_out)
-                e[k] = 1.0
-                J_got[k] = np.asarray(grad_of(_cotangent(entry, outs, e))[name]).reshape(-1)[idx]
+            J_fd = yield ("jacobian", f_many, base, case.fd_step, n_out)
+            units = [_cotangent(entry, outs, e) for e in np.eye(n_out)]
+            J_got = np.array([row.reshape(-1)[idx] for row in
+                              stacking.vjps(how, grad_of, case.arrays, units, name, hand,
+                                            case.params)])
             scale = max(1.0, float(np.abs(J_fd).max()))
             cmp = bridge.compare(J_got, J_fd, tol, scale, noise)
             out_i, in_i = cmp.index if cmp.index else (0, 0)
@@ -149,26 +156,28 @@ def _fd_against(entry: Entry, case, index, seed, res, stage, grad_of, freeze, rn
                          input_index=[int(i) for i in np.unravel_index(idx[in_i], x0.shape)])
             extra = {}
             if undetached:
-                J_plain = finite_diff.jacobian(lambda xv: f(xv, None), base, case.fd_step)
+                J_plain = yield ("jacobian", lambda X: f_many(X, None), base, case.fd_step,
+                                 n_out)
                 extra["undetached_fd_max_abs_diff"] = float(np.abs(J_got - J_plain).max())
             record(res, cmp, dict(info, mode="full Jacobian", **where, **extra))
         else:
             for k in range(3):
                 u = rng.normal(size=n_out)
                 v = rng.normal(size=idx.size)
-                d_fd = finite_diff.directional(lambda t: float(u @ f(base + t * v)),
-                                               case.fd_step)
-                d_got = float(np.asarray(grad_of(_cotangent(entry, outs, u))[name])
+                along = lambda ts, frozen=freeze: np.array([  # noqa: E731
+                    float(u @ row) for row in
+                    f_many(base[None, :] + np.asarray(ts)[:, None] * v[None, :], frozen)])
+                d_fd = yield ("directional", along, case.fd_step)
+                d_got = float(np.asarray(grad_of(case.arrays, _cotangent(entry, outs, u))[name])
                               .reshape(-1)[idx] @ v)
                 extra = {}
                 if undetached:
-                    d_plain = finite_diff.directional(
-                        lambda t: float(u @ f(base + t * v, None)), case.fd_step)
+                    d_plain = yield ("directional", lambda ts: along(ts, None), case.fd_step)
                     extra["undetached_fd_max_abs_diff"] = abs(d_got - d_plain)
                 cmp = bridge.compare(d_got, d_fd, tol, max(1.0, abs(d_fd)),
-                              noise * float(np.abs(u).sum()))
+                                     noise * float(np.abs(u).sum()))
                 record(res, cmp, dict(info, mode=f"directional ⟨u, J v⟩, direction {k}",
-                                       **extra))
+                                      **extra))
 
 
 def unflat_index(outs, flat_index, names):
@@ -187,8 +196,9 @@ def _fd_of_objectives(entry: Entry, case, index, seed, res) -> None:
     grads = dict(zip(entry.outputs,
                      bridge.outputs(entry.numpy_fn(**case.arrays, **case.params), entry.outputs)))
     for key, objective in entry.objectives(case.arrays, case.params).items():
-        J = finite_diff.jacobian(lambda x: np.array([objective(x)]), x0, case.fd_step)[0]
-        noise = finite_diff.roundoff(abs(objective(x0)), case.fd_step)
+        J = (yield ("jacobian", lambda X, objective=objective: np.asarray(objective(X))[:, None],
+                    x0, case.fd_step, 1))[0]
+        noise = finite_diff.roundoff(abs(float(objective(x0[None, :])[0])), case.fd_step)
         cmp = bridge.compare(grads[key], J, tol, max(1.0, float(np.abs(J).max())), noise)
         record(res, cmp, _info(entry, case, index, seed, input=name, output=key,
                                 got_from=f"ref_numpy {key}",
@@ -196,15 +206,21 @@ def _fd_of_objectives(entry: Entry, case, index, seed, res) -> None:
 
 
 def stage_fd(entry, case, index, seed, res, rng):
+    """A generator: it yields its finite-difference problems (`finite_diff.solve` requests)
+    and records once it has their answers (`_drive`)."""
     if entry.objectives is not None:
-        return _fd_of_objectives(entry, case, index, seed, res)
-    _fd_against(entry, case, index, seed, res, "fd", lambda g: _hand_vjp(entry, case, g),
-                entry.freeze_for(case.params), rng, "ref_numpy hand VJP")
+        return (yield from _fd_of_objectives(entry, case, index, seed, res))
+    yield from _fd_against(entry, case, index, seed, res, "fd",
+                lambda arrays, g: _hand_vjp(entry, case, g, arrays),
+                entry.freeze_for(case.params), rng, "ref_numpy hand VJP",
+                hand=entry.numpy_vjp)
 
 
 def stage_detach(entry, case, index, seed, res, rng):
-    _fd_against(entry, case, index, seed, res, "detach",
-                lambda g: _autograd_vjp(entry, case, g), entry.freeze_for(case.params), rng,
+    """A generator, as `stage_fd`."""
+    yield from _fd_against(entry, case, index, seed, res, "detach",
+                lambda arrays, g: _autograd_vjp(entry, case, g, arrays),
+                entry.freeze_for(case.params), rng,
                 "torch autograd", undetached=True)
 
 
@@ -224,6 +240,7 @@ def applicable(entry: Entry, case: cases_mod.Case, stage: str) -> bool:
 def run_entry(entry: Entry, seed: int, n_cases: int,
               stages: Sequence[str] = STAGES) -> List[StageResult]:
     results = {s: StageResult(entry.name, s) for s in stages}
+    jobs = []
     for i in range(n_cases):
         rng = cases_mod.rng_for(seed, entry.name, i)
         case = entry.case(rng, i)
@@ -232,25 +249,79 @@ def run_entry(entry: Entry, seed: int, n_cases: int,
                 continue
             res = results[stage]
             res.cases += 1
-            run_stage(entry, stage, case, i, seed, res)
+            job = _stage_job(entry, stage, case, i, seed, res)
+            if job is not None:
+                jobs.append(job)
+    _drive(jobs)
     return [r for r in results.values() if r.cases > 0]
 
 
 def run_stage(entry: Entry, stage: str, case, index: int, seed: int, res: StageResult) -> None:
     """One stage on one case, recorded into `res`; a twin that raises is a reported failure."""
+    job = _stage_job(entry, stage, case, index, seed, res)
+    if job is not None:
+        _drive([job])
+
+
+def _stage_job(entry, stage, case, index, seed, res):
+    """Run a value or vjp stage now; return an fd or detach stage as a job for `_drive`."""
     stage_rng = cases_mod.rng_for(seed, entry.name + ":" + stage, index)
+
+    def failed(exc):
+        fail(res, _info(entry, case, index, seed, input="-"),
+             f"raised {type(exc).__name__}: {exc}")
     try:
         if stage == "value":
             stage_value(entry, case, index, seed, res)
         elif stage == "vjp":
             stage_vjp(entry, case, index, seed, res, stage_rng)
         elif stage == "fd":
-            stage_fd(entry, case, index, seed, res, stage_rng)
+            return stage_fd(entry, case, index, seed, res, stage_rng), failed
         else:
-            stage_detach(entry, case, index, seed, res, stage_rng)
+            return stage_detach(entry, case, index, seed, res, stage_rng), failed
     except Exception as exc:
-        fail(res, _info(entry, case, index, seed, input="-"),
-              f"raised {type(exc).__name__}: {exc}")
+        failed(exc)
+    return None
+
+
+def _drive(jobs) -> None:
+    """Run the fd and detach stages of many cases together. Each job is a generator that
+    yields finite-difference problems and receives their answers; every round, the pending
+    problems of all jobs are solved in one `finite_diff.solve` call, so scipy's bookkeeping
+    runs once per round, not once per problem. A job that raises is a reported failure of its
+    own case only: a round that raises is solved again one problem at a time."""
+    pending = []
+    for gen, failed in jobs:
+        _advance(gen, failed, pending, None, first=True)
+    while pending:
+        batch, pending = pending, []
+        try:
+            answers = finite_diff.solve([req for _, _, req in batch])
+        except Exception:
+            answers = []
+            for gen, failed, req in batch:
+                try:
+                    answers.append(finite_diff.solve([req])[0])
+                except Exception as exc:
+                    failed(exc)
+                    answers.append(_FAILED)
+        for (gen, failed, _), answer in zip(batch, answers):
+            if answer is not _FAILED:
+                _advance(gen, failed, pending, answer)
+
+
+_FAILED = object()
+
+
+def _advance(gen, failed, pending, answer, first=False) -> None:
+    try:
+        request = next(gen) if first else gen.send(answer)
+    except StopIteration:
+        return
+    except Exception as exc:
+        failed(exc)
+        return
+    pending.append((gen, failed, request))
 
 
 def run(entries: Dict[str, Entry], seed: int = 0, n_cases: int = 12,

@@ -325,7 +325,8 @@ def topic_cispo(lab: Lab) -> Section:
             lp = logp.copy()
             lp[i] += t
             return float(e.numpy_fn(lp, old, A, None, **cis_params)[i])
-        undetached.append(finite_diff.directional(phi, 1e-3))
+        undetached.append(finite_diff.directional(
+            lambda ts, phi=phi: np.array([phi(float(t)) for t in ts]), 1e-3))
     tokens = []
     for i in range(5):
         tokens.append(dict(

@@ -1,0 +1,159 @@
+"""One reference function at many points in one call: what finite differences need.
+
+A finite-difference Jacobian evaluates a function at hundreds of points near one input. The
+functions here couple the whole batch (a batch mean, a token count), so the points cannot be
+stacked as extra rows of one batch. Instead each is evaluated with its own formulas, written
+once in its module, on an array with one leading axis per point: the inputs are validated once,
+by the public function's own checks at the first point, and every point is checked to be
+finite where the mask is valid. A point that fails that is evaluated alone by the public
+function, which then raises its usual error.
+
+    evaluate(name, shared, varying, params) -> [output per point]
+
+`varying` maps the inputs that move (those the function is differentiated in, and for
+policy_objective old_logp too: a frozen ratio moves it) to arrays with a leading point axis
+[P, ...]; `shared` holds the inputs all points have, the mask among them. Supported: the names
+in `EVALUATORS`.
+"""
+import numpy as np
+
+from . import _arrays as ar
+from .advantages import _whiten_inputs, _whiten_values, _whiten_vjp_values, whiten, whiten_vjp
+from .estimators import _log_softmax, _moments, _parts, kl_estimator_moments
+from .kl import _approx_parts, approx_kl, k_estimator, kl_penalty
+from .policy_losses import _finite_objective, _policy_parts, policy_objective
+from .reduce import _weights, aggregate
+
+
+def _finite(x, m):
+    """x [P, ...] if it is finite wherever the mask is valid, else None (each point then goes
+    through the public function, which raises its usual error)."""
+    x = np.asarray(x, dtype=np.float64)
+    valid = np.broadcast_to(m, x.shape[1:]) if m is not None else np.ones(x.shape[1:], bool)
+    return x if np.isfinite(x[:, valid]).all() else None
+
+
+def _sum_weighted(w, lo, m):
+    """Σ w·l over the batch axes, per point (lo: [P, *w.shape] after as_2d)."""
+    lo = np.where(m, lo, 0.0)
+    return [np.float64(v) for v in (w * lo).sum(axis=(-2, -1))]
+
+
+def _aggregate(v, mask, mode="seq-mean-token-mean", norm=None, empty_rows="exclude"):
+    _, w = _weights(v["loss"][0], mask, mode, norm, empty_rows)     # validates
+    m = np.asarray(mask).astype(bool)
+    lo = _finite(v["loss"], m)
+    if lo is None:
+        return None
+    return _sum_weighted(w, lo.reshape((len(lo),) + w.shape), m.reshape(w.shape))
+
+
+def _approx_kl(v, old_logp, mask=None, kind="k1"):
+    m, _, kind, n = _approx_parts(v["logp"][0], old_logp, mask, kind)    # validates
+    lp = _finite(v["logp"], m)
+    if lp is None:
+        return None
+    u = np.where(m, lp, 0.0) - ar.zero_masked(np.asarray(old_logp, dtype=np.float64), m)
+    k, _ = k_estimator(kind, u)
+    axes = tuple(range(1, u.ndim))
+    return [np.float64(v) for v in (np.where(m, k, 0.0).sum(axis=axes) / n)] if n else \
+        [np.float64(0.0)] * len(lp)
+
+
+def _whiten(v, mask=None, ddof=0, eps=1e-8, eps_mode="var", shift_mean=True,
+            restore_mean=False):
+    xs, m, ddof, eps, eps_mode = _whiten_inputs(v["x"][0], mask, ddof, eps, eps_mode,
+                                                shift_mean, restore_mean)           # validates
+    x = _finite(v["x"], m)
+    if x is None or xs.size == 0:
+        return None
+    return list(_whiten_values(np.where(m, x, 0.0), m, ddof, eps, eps_mode, shift_mean,
+                               restore_mean))
+
+
+def _policy_objective(v, advantages, mask, ref_logp=None, loss="ppo",
+                      agg="seq-mean-token-mean", beta=0.0, kl_kind="k3", kl_clamp=None,
+                      norm=None, empty_rows="exclude", **loss_kwargs):
+    """aggregate(policy_loss + β·kl_penalty) at every point: the per-token losses are
+    independent across rows, so the points are stacked as rows of one batch for them; the
+    aggregation is then taken per point."""
+    lp0 = np.asarray(v["logp"][0])
+    if lp0.ndim != 2:
+        return None
+    fn, _, use_kl, beta, kl_kw = _policy_parts(mask, ref_logp, loss, beta, kl_kind, kl_clamp,
+                                               agg)
+    P = len(v["logp"])
+    rows = lambda a: None if a is None else np.concatenate([np.asarray(a)] * P)  # noqa: E731
+    as_rows = lambda a: np.broadcast_to(a, (P,) + lp0.shape).reshape(P * lp0.shape[0], -1)  # noqa
+    logp, old = as_rows(v["logp"]), as_rows(v["old_logp"])
+    per_token = fn(logp, old, rows(advantages), rows(mask), **loss_kwargs)
+    if ref_logp is not None:
+        kl = kl_penalty(logp, rows(ref_logp), rows(mask), **kl_kw)
+        if use_kl:
+            with np.errstate(over="ignore", invalid="ignore"):
+                per_token = per_token + beta * kl
+    per_token = per_token.reshape((P,) + lp0.shape)
+    m = np.asarray(mask).astype(bool)
+    if not np.isfinite(per_token[:, m]).all():
+        lps, olds = logp.reshape(per_token.shape), old.reshape(per_token.shape)
+        for pt, lp, o in zip(per_token, lps, olds):         # the public function's message
+            _finite_objective(pt, lp, o, advantages, mask, ref_logp)
+    _, w = _weights(per_token[0], mask, agg, norm, empty_rows)
+    return _sum_weighted(w, per_token, m)
+
+
+def _kl_estimator_moments(v, ref_logits, kind):
+    _, _, logref, _, q, kind = _parts(v["logits"][0], ref_logits, kind)     # validates
+    z = _finite(v["logits"], None)
+    if z is None:
+        return None
+    logp = _log_softmax(z)
+    moments = _moments(logp, logref, np.exp(logp), q, kind)
+    return [{key: float(m[i]) for key, m in moments.items()} for i in range(len(z))]
+
+
+# name: (many points, the public function that raises for a point that is not finite)
+EVALUATORS = {"aggregate": (_aggregate, aggregate), "approx_kl": (_approx_kl, approx_kl),
+              "whiten": (_whiten, whiten), "policy_objective": (_policy_objective,
+                                                                 policy_objective),
+              "kl_estimator_moments": (_kl_estimator_moments, kl_estimator_moments)}
+# the arrays that differ between points (the rest are shared)
+VARYING = {"aggregate": ("loss",), "approx_kl": ("logp",), "whiten": ("x",),
+           "policy_objective": ("logp", "old_logp"), "kl_estimator_moments": ("logits",)}
+
+
+def evaluate(name, shared, varying, params):
+    """The value of ref_numpy.<name> at each point (see the module docstring)."""
+    fast, one = EVALUATORS[name]
+    moving = {k: varying[k] if k in varying else np.broadcast_to(
+        shared[k], (len(next(iter(varying.values()))),) + np.shape(shared[k]))
+        for k in VARYING[name]}
+    rest = {k: val for k, val in shared.items() if k not in VARYING[name]}
+    out = fast(moving, **rest, **params)
+    if out is None:        # a point not finite where valid, or a 1-D case: one by one
+        P = len(next(iter(moving.values())))
+        return [one(**rest, **{k: val[p] for k, val in moving.items()}, **params)
+                for p in range(P)]
+    return out
+
+
+# ------------------------------------------------------------------ many cotangents
+def _whiten_vjps(gs, x, mask=None, ddof=0, eps=1e-8, eps_mode="var", shift_mean=True,
+                 restore_mean=False):
+    xs, m, ddof, eps, eps_mode = _whiten_inputs(x, mask, ddof, eps, eps_mode, shift_mean,
+                                                restore_mean)                     # validates
+    whiten_vjp(gs[0], x, mask, ddof=ddof, eps=eps, eps_mode=eps_mode, shift_mean=shift_mean,
+               restore_mean=restore_mean)                        # and checks the cotangent
+    g = np.stack([np.asarray(gi, dtype=np.float64) for gi in gs])
+    rows = _whiten_vjp_values(np.where(m, g, 0.0), xs, m, ddof, eps, eps_mode, shift_mean,
+                              restore_mean)
+    return [{"x": r} for r in rows]
+
+
+VJPS = {"whiten_vjp": _whiten_vjps}
+
+
+def vjps(name, cotangents, arrays, params):
+    """ref_numpy.<name> (a hand VJP) at many cotangents for the same inputs: the rows of a
+    Jacobian, in one call. Supported: the names in `VJPS`."""
+    return VJPS[name](cotangents, **arrays, **params)
