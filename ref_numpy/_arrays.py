@@ -22,7 +22,7 @@ class NumpyOps:
     @staticmethod
     def spec(name, x) -> Spec:
         a = np.asarray(x)
-        return Spec(name, tuple(a.shape), _KINDS.get(a.dtype.kind, "other"), str(a.dtype))
+        return Spec(name, tuple(a.shape), _KINDS.get(a.dtype.kind, "other"), a.dtype.name)
 
     @staticmethod
     def floats(x):

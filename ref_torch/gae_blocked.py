@@ -3,8 +3,8 @@
 `ref_torch.advantages.gae` is the twin's definition (validation, the conventions, and the
 log-depth scan that handles every case); this module makes the common LLM case fast without a
 Python loop over T. Right-padded rows: a blocked Toeplitz discounted cumsum of δ. Rows with
-holes (masked steps anywhere): matmuls with 0/1 triangles on inputs scaled by γλ to the power
-of the valid-step count, in place (no autograd). Both are exact; tests/ref/test_gae_kernel.py
+holes (masked steps anywhere): one matmul with a 0/1 triangle on inputs scaled by γλ to the
+power of the valid-step count, in place (no autograd). Both are exact; tests/ref/test_gae_kernel.py
 checks each path against the NumPy recursion, and that each is taken when it should be.
 """
 import functools
@@ -112,52 +112,55 @@ CHUNK = 1 << 20     # elements per work buffer of the scaled path (4 MiB in floa
 
 
 @functools.lru_cache(maxsize=64)
-def scaled_matrices(q: float, gamma: float, dtype: torch.dtype, device: torch.device):
-    """count[s, t] = 1 for s ≤ t; incl[s, t] = 1 for s ≥ t; late[s, t] = γ/q·[s > t] − [s ≥ t]."""
+def triangles(dtype: torch.dtype, device: torch.device):
+    """(count, incl): count[s, t] = 1 for s ≤ t, so (keep @ count)_t = Σ_{s ≤ t} keep_s (a
+    matmul: on CPU a prefix sum along 32-step rows is slower); incl[s, t] = 1 for s ≥ t, so
+    (z @ incl)_t = Σ_{s ≥ t} z_s, within a block of K = BLOCK."""
     i = torch.arange(BLOCK, device=device)
-    after = (i[:, None] >= i[None, :]).to(torch.float64)
-    late = (i[:, None] > i[None, :]).to(torch.float64) * (gamma / q) - after
-    return after.T.to(dtype), after.to(dtype), late.to(dtype)
+    incl = (i[:, None] >= i[None, :]).to(dtype)
+    return incl.T.contiguous(), incl
 
 
 def gae_scaled(r, v, m, lv, gamma, lam):
-    """GAE on rows with masked steps anywhere (holes), as blocked matmuls: no compaction.
+    """GAE on rows with masked steps anywhere (holes), as one blocked matmul: no compaction.
 
     Derivation. Let q = γλ and, inside a block of K steps, c_t = the number of valid steps at or
     before t. Between two valid steps t ≤ s of one block A's weight is q^(c_s − c_t) (masked
-    steps are carried, decay 1), and V(next valid step after s) enters δ_s, so, summing by parts,
+    steps are carried, decay 1), and V at the next valid step s' after s enters δ_s with
+    weight γ·q^(c_s − c_t) = (γ/q)·q^(c_s' − c_t), c_s' = c_s + 1. Collecting both sums over
+    the valid s ≥ t (γ/q = 1/λ):
 
-        A_t = Σ_{s ≥ t} q^(c_s − c_t)·(r_s − v_s) + γ·Σ_{s > t} q^(c_s − c_t − 1)·v_s + carry_t
-            = q^(−c_t)·[ (y @ incl)_t + (x @ late)_t + q^(C_b)·G_(b+1) ]
+        A_t = q^(−c_t)·[ Σ_{s ≥ t} z_s + q^(C_b)·G_(b+1) ] − v_t/λ,
+        z = q^c·(r + (1/λ − 1)·v)   (masked entries 0),
 
-    with y = q^c·r and x = q^c·v (masked entries 0), incl[s, t] = [s ≥ t] and
-    late[s, t] = γ/q·[s > t] − [s ≥ t], C_b = c at the block's end. G_(b+1) is what the steps
-    after block b hand to its last valid step: G = γ·V_f + q·A_f at the first valid step f after
-    it (γ·last_value when there is none). Since incl's last row is all ones, the carry
-    q^(C_b)·G_(b+1) is added to y's last entry before the product. For block b itself
-    G_b = h_b + q^(C_b)·G_(b+1), where h_b = γ·V_f + q·(A_f's in-block part) is the block's first
-    output plus γ·v at its first position; that v term cancels the −(γ/q)·x_0 of the first
-    output (x_0 = q·v_0 when step 0 is valid, else 0), which leaves h_b = Σ y + (γ/q − 1)·Σ x.
-    The G_b are a reverse affine scan over the blocks' heads (⌈log2 (T/K)⌉ doubling steps on
-    arrays K times smaller).
+    the −v_t/λ removing the s = t term's share of V_t, which belongs to δ_(prev). So one
+    product P = z @ incl (incl[s, t] = [s ≥ t]) gives every suffix sum, and its first column is
+    the block's whole sum. G_(b+1) is what the steps after block b hand to its last valid step:
+    G = γ·V_f + q·A_f at the first valid step f after it (γ·last_value when there is none).
+    With c_f = 1, q·A_f = P_f + q^(C_b)·G_(b+1) − γ·v_f, so G_b = P_(b,0) + q^(C_b)·G_(b+1):
+    P_f = P_(b,0) because z is 0 before f. The G_b are a reverse affine scan over the blocks'
+    heads (⌈log2 (T/K)⌉ doubling steps on arrays K times smaller); the carry q^(C_b)·G_(b+1)
+    is then added to every position of block b before the scaling by q^(−c).
 
     Every power of q stays in [q^K, q^-K] ⊂ [2^-40, 2^40] for q ≥ Q_MIN, so the scaled terms
     neither overflow nor lose their relative precision to underflow (in float32, values above
     ~1e-26). q^c is exp(c·log q) with c an exact integer (a matmul of 0/1 with 0/1): relative
-    error ≤ (2c·|log q| + 2)·u against exact powers; the bound in tests/test_precision.py counts
-    it. Returns (A, A + V, check), check = Σ y + Σ x (see ref_torch.advantages.gae).
+    error ≤ (2c·|log q| + 2)·u against exact powers. The v/λ terms cancel to u·|v|/λ ≤ 2.4·u·|v|
+    (λ ≥ Q_MIN); the bound in tests/ref/test_precision.py counts both. Returns (A, A + V,
+    check), check = Σ z + Σ v (see ref_torch.advantages.gae).
 
     Memory. Without autograd only: every step is in place or writes through out=. Rows go in
-    chunks of about CHUNK elements, whose three work buffers serve every chunk; A and A + V are
-    written straight into the outputs. On CPU a fresh 16 MB buffer costs more (page faults, cold
-    cache lines) than the arithmetic done in it; here the outputs are the only large allocations.
+    chunks of about CHUNK elements, whose two work buffers serve every chunk (q^c is kept in A's
+    own buffer until the product overwrites it); A and A + V are written straight into the
+    outputs. On CPU a fresh 16 MB buffer costs more (page faults, cold cache lines) than the
+    arithmetic done in it; here the outputs are the only large allocations.
     """
     B, T = r.shape
     n = -(-T // BLOCK) * BLOCK
     adv = torch.empty((B, n), dtype=r.dtype, device=r.device)
     ret = torch.empty_like(adv)
     rows = max(1, min(B, CHUNK // n))
-    work = [torch.empty((rows, n), dtype=r.dtype, device=r.device) for _ in range(3)]
+    work = [torch.empty((rows, n), dtype=r.dtype, device=r.device) for _ in range(2)]
     check = torch.zeros((), dtype=r.dtype, device=r.device)
     for i in range(0, B, rows):
         j = min(B, i + rows)
@@ -172,32 +175,32 @@ def scaled_rows(r, v, m, lv, gamma, lam, adv, ret, work):
     rows, T = r.shape
     nb = adv.shape[1] // BLOCK
     bits_of = BITS[r.dtype]
-    keep, y, x = work
-    vm = ret
-    for buf in (keep, y, vm):
+    keep, z = work
+    vm, qc = ret, adv            # q^c lives in A's buffer until the product overwrites it
+    for buf in (keep, z, vm):
         buf[:, T:].zero_()                                  # the last block's padding
     bits = keep[:, :T].view(bits_of)
     bits.copy_(m).neg_()                                    # 0 / −1: the mask's bits
-    torch.bitwise_and(r.view(bits_of), bits, out=y[:, :T].view(bits_of))
+    torch.bitwise_and(r.view(bits_of), bits, out=z[:, :T].view(bits_of))
     torch.bitwise_and(v.view(bits_of), bits, out=vm[:, :T].view(bits_of))
     bits.bitwise_and_(_ONE_BITS[r.dtype])                   # −1 & bits of 1.0 = 1.0: keep
-    keep, y, x, vm = (t.view(rows * nb, BLOCK) for t in (keep, y, x, vm))
-    count, incl, late = scaled_matrices(q, gamma, r.dtype, r.device)
-    qc = torch.mm(keep, count, out=x).mul_(math.log(q)).exp_()        # q^(c_t)
+    keep, z, qc, vm = (t.view(rows * nb, BLOCK) for t in (keep, z, qc, vm))
+    count, incl = triangles(r.dtype, r.device)
+    torch.mm(keep, count, out=qc).mul_(math.log(q)).exp_()          # q^(c_t)
     inverse = keep.div_(qc)                                         # q^(−c_t); 0 where masked
     head_decay = qc[:, -1].reshape(rows, nb).clone()                # q^(C_b)
-    y.mul_(qc)
-    x = qc.mul_(vm)
-    sum_y, sum_x = y.sum(-1), x.sum(-1)
-    h = torch.add(sum_y, sum_x, alpha=gamma / q - 1.0).view(rows, nb)
+    z.add_(vm, alpha=1.0 / lam - 1.0).mul_(qc)
+    out = adv.view(rows * nb, BLOCK)
+    torch.mm(z, incl, out=out)
+    heads = out[:, 0].reshape(rows, nb)                             # Σ z per block
     one = torch.ones((rows, 1), dtype=r.dtype, device=r.device)
     G = reverse_affine_scan(torch.cat([head_decay, one], 1),
-                             torch.cat([h, gamma * lv[:, None]], 1))
-    y[:, -1] += (head_decay * G[:, 1:]).view(rows * nb)
-    out = adv.view(rows * nb, BLOCK)
-    torch.mm(y, incl, out=out).addmm_(x, late).mul_(inverse)
+                             torch.cat([heads, gamma * lv[:, None]], 1))
+    check = heads.sum() + vm.sum()
+    out.add_((head_decay * G[:, 1:]).view(rows * nb, 1)).mul_(inverse)
+    out.sub_(vm, alpha=1.0 / lam)
     vm.add_(out)
-    return sum_y.sum() + sum_x.sum()
+    return check
 
 
 def solve(r, v, m, lv, gamma, lam):

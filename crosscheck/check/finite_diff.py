@@ -52,8 +52,13 @@ def directional(phi_many, step: float) -> float:
 
 
 def solve(requests):
-    """Many finite-difference problems in one scipy call per kind, with the same per-element
-    results as one call each (scipy iterates every element on its own abscissae).
+    """Many finite-difference problems in one scipy call per kind (and output count).
+
+    scipy iterates every element on its own abscissae and step, so an element's estimate is
+    the one it would get alone, except that scipy stops only when every element has converged
+    (or at MAXITER): together, an element may take more of its MAXITER halvings than alone.
+    Its estimate then moves by less than the finite-difference error; `roundoff` already
+    bounds the smallest offset MAXITER allows.
 
     requests: ("jacobian", f_many, x0, step[, m]) → the Jacobian [m, n] (as `jacobian`; m,
     the number of outputs, saves a call to learn it), or
@@ -64,8 +69,14 @@ def solve(requests):
     answers = [None] * len(requests)
     jac = [(i, r) for i, r in enumerate(requests) if r[0] == "jacobian"]
     dirs = [(i, r) for i, r in enumerate(requests) if r[0] == "directional"]
-    if jac:
-        for i, J in zip([i for i, _ in jac], _jacobians([r[1:] for _, r in jac])):
+    by_outputs = {}       # one scipy call per output count: no padding to the largest
+    for i, r in jac:
+        problem = r[1:] if len(r) == 5 else r[1:] + (None,)
+        m = problem[3] if problem[3] is not None else np.asarray(
+            problem[0](np.asarray(problem[1], dtype=np.float64).reshape(1, -1))).shape[1]
+        by_outputs.setdefault(m, []).append((i, problem[:3] + (m,)))
+    for group in by_outputs.values():
+        for (i, _), J in zip(group, _jacobians([p for _, p in group])):
             answers[i] = J
     if dirs:
         for i, d in zip([i for i, _ in dirs], _directionals([r[1:] for _, r in dirs])):
@@ -111,5 +122,8 @@ def _directionals(problems):
         return np.stack([np.asarray(phi(t), dtype=np.float64) for (phi, _), t in
                          zip(problems, T2)]).reshape(T.shape)
 
-    res = differentiate.derivative(wrapped, np.zeros(R), initial_step=steps, maxiter=MAXITER)
+    # preserve_shape: every call sees all R problems in order (scipy would otherwise drop the
+    # rows of the ones that have converged, and the rows would no longer match the problems)
+    res = differentiate.derivative(wrapped, np.zeros(R), initial_step=steps, maxiter=MAXITER,
+                                   preserve_shape=True)
     return [float(v) for v in np.asarray(res.df).reshape(-1)]

@@ -114,6 +114,7 @@ def _fd_against(entry: Entry, case, index, seed, res, stage, grad_of, freeze, rn
     f_scale = max((float(np.abs(o[np.isfinite(o)]).max(initial=0.0)) for o in outs), default=0.0)
     f_scale *= max(float(np.max(k)) for k in condition(entry, case))   # inputs' own rounding
     noise = finite_diff.roundoff(f_scale, case.fd_step)
+    requests, finishers = [], []      # every problem of every input, solved in one round
     for name in entry.diff:
         x0 = case.arrays[name]
         idx = np.flatnonzero(_valid(case, name))
@@ -122,7 +123,7 @@ def _fd_against(entry: Entry, case, index, seed, res, stage, grad_of, freeze, rn
         base = x0.reshape(-1)[idx].copy()
         how = stacking.mode(entry.stack, case.arrays, case.params, name)
 
-        def f_many(X, frozen=freeze):
+        def f_many(X, frozen=freeze, x0=x0, idx=idx, base=base, name=name, how=how):
             """The NumPy value at each row of X [P, valid entries of `name`]: [P, outputs].
             The freeze rule sees all P perturbations at once (a leading axis on delta)."""
             X = np.atleast_2d(X)
@@ -144,40 +145,73 @@ def _fd_against(entry: Entry, case, index, seed, res, stage, grad_of, freeze, rn
                      expected_from="scipy finite differences" +
                      (" (detached factor frozen)" if freeze is not None else ""))
         if idx.size <= finite_diff.FULL_JACOBIAN_MAX_INPUTS:
-            J_fd = yield ("jacobian", f_many, base, case.fd_step, n_out)
-            units = [_cotangent(entry, outs, e) for e in np.eye(n_out)]
-            J_got = np.array([row.reshape(-1)[idx] for row in
-                              stacking.vjps(how, grad_of, case.arrays, units, name, hand,
-                                            case.params)])
-            scale = max(1.0, float(np.abs(J_fd).max()))
-            cmp = bridge.compare(J_got, J_fd, tol, scale, noise)
-            out_i, in_i = cmp.index if cmp.index else (0, 0)
-            where = dict(output_index=unflat_index(outs, out_i, entry.outputs),
-                         input_index=[int(i) for i in np.unravel_index(idx[in_i], x0.shape)])
-            extra = {}
+            requests.append(("jacobian", f_many, base, case.fd_step, n_out))
             if undetached:
-                J_plain = yield ("jacobian", lambda X: f_many(X, None), base, case.fd_step,
-                                 n_out)
-                extra["undetached_fd_max_abs_diff"] = float(np.abs(J_got - J_plain).max())
-            record(res, cmp, dict(info, mode="full Jacobian", **where, **extra))
+                requests.append(("jacobian", lambda X, f=f_many: f(X, None), base,
+                                 case.fd_step, n_out))
+            finishers.append((_full_jacobian(entry, case, res, outs, name, idx, how, grad_of,
+                                             hand, tol, noise, info, undetached),
+                              1 + undetached))
         else:
             for k in range(3):
                 u = rng.normal(size=n_out)
                 v = rng.normal(size=idx.size)
-                along = lambda ts, frozen=freeze: np.array([  # noqa: E731
-                    float(u @ row) for row in
-                    f_many(base[None, :] + np.asarray(ts)[:, None] * v[None, :], frozen)])
-                d_fd = yield ("directional", along, case.fd_step)
-                d_got = float(np.asarray(grad_of(case.arrays, _cotangent(entry, outs, u))[name])
-                              .reshape(-1)[idx] @ v)
-                extra = {}
+
+                def along(ts, frozen=freeze, u=u, v=v, base=base, f_many=f_many):
+                    return np.array([float(u @ row) for row in f_many(
+                        base[None, :] + np.asarray(ts)[:, None] * v[None, :], frozen)])
+                requests.append(("directional", along, case.fd_step))
                 if undetached:
-                    d_plain = yield ("directional", lambda ts: along(ts, None), case.fd_step)
-                    extra["undetached_fd_max_abs_diff"] = abs(d_got - d_plain)
-                cmp = bridge.compare(d_got, d_fd, tol, max(1.0, abs(d_fd)),
-                                     noise * float(np.abs(u).sum()))
-                record(res, cmp, dict(info, mode=f"directional ⟨u, J v⟩, direction {k}",
-                                      **extra))
+                    requests.append(("directional", lambda ts, a=along: a(ts, None),
+                                     case.fd_step))
+                finishers.append((_directional(entry, case, res, outs, name, idx, u, v, k,
+                                               grad_of, tol, noise, info, undetached),
+                                  1 + undetached))
+    answers = yield requests
+    for finish, n in finishers:
+        finish(answers[:n])
+        answers = answers[n:]
+
+
+def _full_jacobian(entry, case, res, outs, name, idx, how, grad_of, hand, tol, noise, info,
+                   undetached):
+    """What to record once the full finite-difference Jacobian (and the undetached one) is
+    known: every entry against the gradient's, its rows from one VJP per output."""
+    def finish(answers):
+        J_fd = answers[0]
+        n_out = J_fd.shape[0]
+        units = [_cotangent(entry, outs, e) for e in np.eye(n_out)]
+        J_got = np.array([row.reshape(-1)[idx] for row in
+                          stacking.vjps(how, grad_of, case.arrays, units, name, hand,
+                                        case.params)])
+        scale = max(1.0, float(np.abs(J_fd).max()))
+        cmp = bridge.compare(J_got, J_fd, tol, scale, noise)
+        out_i, in_i = cmp.index if cmp.index else (0, 0)
+        x0 = case.arrays[name]
+        where = dict(output_index=unflat_index(outs, out_i, entry.outputs),
+                     input_index=[int(i) for i in np.unravel_index(idx[in_i], x0.shape)])
+        extra = {}
+        if undetached:
+            extra["undetached_fd_max_abs_diff"] = float(np.abs(J_got - answers[1]).max())
+        record(res, cmp, dict(info, mode="full Jacobian", **where, **extra))
+    return finish
+
+
+def _directional(entry, case, res, outs, name, idx, u, v, k, grad_of, tol, noise, info,
+                 undetached):
+    """What to record once the directional derivative ⟨u, J v⟩ (and the undetached one) is
+    known."""
+    def finish(answers):
+        d_fd = answers[0]
+        d_got = float(np.asarray(grad_of(case.arrays, _cotangent(entry, outs, u))[name])
+                      .reshape(-1)[idx] @ v)
+        extra = {}
+        if undetached:
+            extra["undetached_fd_max_abs_diff"] = abs(d_got - answers[1])
+        cmp = bridge.compare(d_got, d_fd, tol, max(1.0, abs(d_fd)),
+                             noise * float(np.abs(u).sum()))
+        record(res, cmp, dict(info, mode=f"directional ⟨u, J v⟩, direction {k}", **extra))
+    return finish
 
 
 def unflat_index(outs, flat_index, names):
@@ -195,9 +229,11 @@ def _fd_of_objectives(entry: Entry, case, index, seed, res) -> None:
     x0 = case.arrays[name]
     grads = dict(zip(entry.outputs,
                      bridge.outputs(entry.numpy_fn(**case.arrays, **case.params), entry.outputs)))
-    for key, objective in entry.objectives(case.arrays, case.params).items():
-        J = (yield ("jacobian", lambda X, objective=objective: np.asarray(objective(X))[:, None],
-                    x0, case.fd_step, 1))[0]
+    objectives = entry.objectives(case.arrays, case.params)
+    answers = yield [("jacobian", lambda X, objective=objective: np.asarray(objective(X))[:, None],
+                      x0, case.fd_step, 1) for objective in objectives.values()]
+    for (key, objective), J in zip(objectives.items(), answers):
+        J = J[0]
         noise = finite_diff.roundoff(abs(float(objective(x0[None, :])[0])), case.fd_step)
         cmp = bridge.compare(grads[key], J, tol, max(1.0, float(np.abs(J).max())), noise)
         record(res, cmp, _info(entry, case, index, seed, input=name, output=key,
@@ -239,6 +275,14 @@ def applicable(entry: Entry, case: cases_mod.Case, stage: str) -> bool:
 
 def run_entry(entry: Entry, seed: int, n_cases: int,
               stages: Sequence[str] = STAGES) -> List[StageResult]:
+    results, jobs = _entry_jobs(entry, seed, n_cases, stages)
+    _drive(jobs)
+    return [r for r in results.values() if r.cases > 0]
+
+
+def _entry_jobs(entry, seed, n_cases, stages):
+    """Run the value and vjp stages of every case; return the results and the fd and detach
+    stages still to drive."""
     results = {s: StageResult(entry.name, s) for s in stages}
     jobs = []
     for i in range(n_cases):
@@ -252,8 +296,7 @@ def run_entry(entry: Entry, seed: int, n_cases: int,
             job = _stage_job(entry, stage, case, i, seed, res)
             if job is not None:
                 jobs.append(job)
-    _drive(jobs)
-    return [r for r in results.values() if r.cases > 0]
+    return results, jobs
 
 
 def run_stage(entry: Entry, stage: str, case, index: int, seed: int, res: StageResult) -> None:
@@ -286,26 +329,31 @@ def _stage_job(entry, stage, case, index, seed, res):
 
 def _drive(jobs) -> None:
     """Run the fd and detach stages of many cases together. Each job is a generator that
-    yields finite-difference problems and receives their answers; every round, the pending
-    problems of all jobs are solved in one `finite_diff.solve` call, so scipy's bookkeeping
-    runs once per round, not once per problem. A job that raises is a reported failure of its
-    own case only: a round that raises is solved again one problem at a time."""
+    yields a list of finite-difference problems and receives their answers; the problems of
+    all jobs are solved in one `finite_diff.solve` call, so scipy's bookkeeping runs once, not
+    once per problem. A job that raises is a reported failure of its own case only: if the
+    joint solve raises, each job's problems are solved again on their own."""
     pending = []
     for gen, failed in jobs:
         _advance(gen, failed, pending, None, first=True)
     while pending:
         batch, pending = pending, []
+        flat = [req for _, _, reqs in batch for req in reqs]
         try:
-            answers = finite_diff.solve([req for _, _, req in batch])
+            answers = finite_diff.solve(flat)
+            split = []
+            for _, _, reqs in batch:
+                split.append(answers[:len(reqs)])
+                answers = answers[len(reqs):]
         except Exception:
-            answers = []
-            for gen, failed, req in batch:
+            split = []
+            for gen, failed, reqs in batch:
                 try:
-                    answers.append(finite_diff.solve([req])[0])
+                    split.append(finite_diff.solve(reqs))
                 except Exception as exc:
                     failed(exc)
-                    answers.append(_FAILED)
-        for (gen, failed, _), answer in zip(batch, answers):
+                    split.append(_FAILED)
+        for (gen, failed, _), answer in zip(batch, split):
             if answer is not _FAILED:
                 _advance(gen, failed, pending, answer)
 
@@ -315,20 +363,27 @@ _FAILED = object()
 
 def _advance(gen, failed, pending, answer, first=False) -> None:
     try:
-        request = next(gen) if first else gen.send(answer)
+        requests = next(gen) if first else gen.send(answer)
     except StopIteration:
         return
     except Exception as exc:
         failed(exc)
         return
-    pending.append((gen, failed, request))
+    pending.append((gen, failed, requests))
 
 
 def run(entries: Dict[str, Entry], seed: int = 0, n_cases: int = 12,
         stages: Sequence[str] = STAGES, progress=None) -> List[StageResult]:
-    out: List[StageResult] = []
+    """Every stage of every entry: the fd and detach problems of all entries solved together."""
+    per_entry, jobs = [], []
     for entry in entries.values():
-        rs = run_entry(entry, seed, n_cases, stages)
+        results, entry_jobs = _entry_jobs(entry, seed, n_cases, stages)
+        per_entry.append((entry, results))
+        jobs.extend(entry_jobs)
+    _drive(jobs)
+    out: List[StageResult] = []
+    for entry, results in per_entry:
+        rs = [r for r in results.values() if r.cases > 0]
         out.extend(rs)
         if progress is not None:
             progress(entry, rs)

@@ -114,3 +114,26 @@ def test_rows_stacking_is_declared_only_where_rows_are_independent():
                                                                            arrays=moved))
         for o1, o2 in zip(a, b):
             np.testing.assert_array_equal(np.asarray(o1)[0], np.asarray(o2)[0])
+
+
+def test_problems_solved_together_get_the_answers_they_get_alone():
+    """finite_diff.solve hands scipy every problem at once; problems that converge early must
+    not shift the others' rows (a linear φ converges at once, a wiggly one later). Together an
+    element may take more of its MAXITER iterations than alone, which moves its estimate by
+    far less than the finite-difference error (a shifted row would be off by O(1))."""
+    from crosscheck.check import finite_diff
+    rng = np.random.default_rng(0)
+    A = rng.normal(size=(3, 4))
+    problems = [
+        ("directional", lambda t: 2.0 * np.asarray(t), 1e-2),
+        ("directional", lambda t: 1e3 * np.sin(1.0 + 40.0 * np.asarray(t)), 1e-2),
+        ("jacobian", lambda X: np.sin(X) @ A.T, rng.normal(size=4), 1e-2, 3),
+        ("directional", lambda t: np.exp(3.0 * np.asarray(t)), 1e-3),
+        ("jacobian", lambda X: np.exp(X[:, :2]), rng.normal(size=3), 1e-3),
+    ]
+    together = finite_diff.solve(problems)
+    for problem, answer in zip(problems, together):
+        np.testing.assert_allclose(answer, finite_diff.solve([problem])[0], rtol=1e-9,
+                                   atol=1e-9)
+    assert together[0] == pytest.approx(2.0, rel=1e-9)
+    assert together[1] == pytest.approx(4e4 * np.cos(1.0), rel=1e-6)
