@@ -175,14 +175,15 @@ def gae_table(sizes, device, repeats):
     """One row per implementation, size, dtype and mask. The implementations of one row group,
     a 32 MiB copy and the control pair (ref_torch.gae twice) are timed in the same shuffled
     rounds (interleaved_medians): the speed-ups and the bandwidth bound are ratios of times
-    taken in the same seconds, and the control pair's ratio is their noise floor. Returns the
-    rows; the last field of each is its group's control ratio."""
+    taken in the same seconds, and the control pair's ratio is their noise floor. The
+    fresh-output bound is the time to allocate and write both outputs, timed in the same
+    rounds. Returns the rows: (..., error, control ratio, × fresh-output bound)."""
     copy = copy_timer(device)
     head = ("| B | T | dtype | mask | impl | median | speed-up vs loop | × copy bound | "
-            "peak extra mem / input | max rel err | control pair |")
+            "× fresh-output bound | peak extra mem / input | max rel err | control pair |")
     print()
     print(head)
-    print("|---" * 11 + "|")
+    print("|---" * 12 + "|")
     rows, bandwidths, warnings = [], [], []
     rng = np.random.default_rng(0)
     for B, T in sizes:
@@ -209,9 +210,12 @@ def gae_table(sizes, device, repeats):
                 reps = [max(1, repeats if (T * B < 2e6 or name != "per-step loop") else 3)
                         for name, _ in impls]
                 control = [lambda: ours(), lambda: ours()]
-                *times, t_copy, t_a, t_b = interleaved_medians(
-                    [f for _, f in impls] + [copy] + control, reps + [max(reps)] * 3, device,
-                    seed=B * T)
+                # allocate and write both outputs: what any implementation must at least do
+                fresh = lambda: (torch.empty_like(rt).fill_(0.0),  # noqa: E731
+                                 torch.empty_like(rt).fill_(0.0))
+                *times, t_copy, t_fresh, t_a, t_b = interleaved_medians(
+                    [f for _, f in impls] + [copy, fresh] + control, reps + [max(reps)] * 4,
+                    device, seed=B * T)
                 ctrl, ok = control_ratio(t_a, t_b)
                 if not ok:
                     warnings.append(f"B={B} T={T} {dtype} {mask_name}: control pair off by "
@@ -229,11 +233,12 @@ def gae_table(sizes, device, repeats):
                         extra = peak_extra_bytes(B, T, dtype, mask_name, name, device)
                         mem = f"{extra / ((2 * es + 1) * B * T):.2f}"
                     row = (B, T, str(dtype).replace("torch.", ""), mask_name, name, t, base / t,
-                           t / bound, mem, err, ctrl)
+                           t / bound, mem, err, ctrl, t / t_fresh)
                     rows.append(row)
                     print(f"| {B} | {T} | {row[2]} | {mask_name} | {name} | {t * 1e3:.2f} ms | "
-                          f"{base / t:.1f}× | {t / bound:.1f} | {mem or '-'} | {err:.1e} | "
-                          f"{ctrl:.2f}×{'' if ok else ' (!)'} |", flush=True)
+                          f"{base / t:.1f}× | {t / bound:.1f} | {t / t_fresh:.1f} | "
+                          f"{mem or '-'} | {err:.1e} | {ctrl:.2f}×{'' if ok else ' (!)'} |",
+                          flush=True)
     print(f"\ncopy bandwidth ({device}; 32 MiB, read + write, timed in the same rounds): "
           f"{min(bandwidths) / 1e9:.1f}–{max(bandwidths) / 1e9:.1f} GB/s, median "
           f"{statistics.median(bandwidths) / 1e9:.1f}")

@@ -40,6 +40,7 @@ def test_the_table_compares_every_implementation_with_the_loop_on_the_same_input
     rows = bench.gae_table([(3, 40)], "cpu", 2)
     out = capsys.readouterr().out
     assert "copy bandwidth (cpu; 32 MiB" in out and "| control pair |" in out
+    assert "| × fresh-output bound |" in out
     names = {(mask, dtype): [row[4] for row in rows if row[3] == mask and row[2] == dtype]
              for mask in ("right", "holed") for dtype in ("float32", "float64")}
     assert names[("right", "float32")] == ["per-step loop", "ref_torch.gae"]
@@ -47,8 +48,8 @@ def test_the_table_compares_every_implementation_with_the_loop_on_the_same_input
     assert names[("right", "float64")] == ["per-step loop", "ref_torch.gae", "ref_numpy.gae",
                                            "scipy lfilter"]
     assert names[("holed", "float64")] == ["per-step loop", "ref_torch.gae", "ref_numpy.gae"]
-    for B, T, dtype, mask, name, t, speedup, bound, mem, err, control in rows:
-        assert t > 0 and bound > 0 and control >= 1.0
+    for B, T, dtype, mask, name, t, speedup, bound, mem, err, control, fresh in rows:
+        assert t > 0 and bound > 0 and control >= 1.0 and fresh > 0
         if name == "per-step loop":
             assert speedup == 1.0
         # every implementation computes the same advantages (float32: a few ulps of |A|)
