@@ -249,6 +249,18 @@ def test_every_torch_reference_gives_the_same_values_under_no_grad(name):
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("name", REGISTRY)
+def test_one_meta_tensor_among_cpu_ones_is_refused_by_name_in_every_torch_reference(name):
+    entry, case = _first_case(name)
+    arrays = {k: to_torch(v) for k, v in case.arrays.items()}
+    target = entry.diff[0] if entry.diff else next(k for k, v in arrays.items()
+                                                   if isinstance(v, torch.Tensor))
+    arrays[target] = torch.zeros(arrays[target].shape, dtype=arrays[target].dtype,
+                                 device="meta")
+    with pytest.raises(ValueError, match=rf"^{target} is on the meta device"):
+        entry.torch_fn(**arrays, **case.params)
+
+
 @pytest.mark.parametrize("B, T", [(0, 5), (3, 0)])
 def test_gae_of_an_empty_batch_is_empty_in_both_twins(B, T):
     r = np.zeros((B, T))
