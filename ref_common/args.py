@@ -354,6 +354,15 @@ def gspo(clip_low, clip_high, form, log_ratio_max) -> Gspo:
     return Gspo(1.0 - clip_low, 1.0 + clip_high, form, cap)
 
 
+class Sapo(NamedTuple):
+    tau_pos: float
+    tau_neg: float
+
+
+def sapo(tau_pos, tau_neg) -> Sapo:
+    return Sapo(checks.positive("tau_pos", tau_pos), checks.positive("tau_neg", tau_neg))
+
+
 def clip_fraction(definition, clip_low, clip_high):
     """(definition, ClipBounds) of clip_fraction."""
     definition = checks.choice("definition", definition, vocab.CLIP_FRACTIONS)

@@ -9,7 +9,8 @@ from .estimators import kl_estimator_gradient, kl_estimator_moments, kl_estimato
 from .kl import approx_kl, approx_kl_vjp, kl_penalty, kl_penalty_vjp
 from .policy_losses import (cispo_loss, cispo_loss_vjp, clip_fraction, gspo_loss, gspo_loss_vjp,
                             policy_objective, policy_objective_vjp, ppo_clip_loss,
-                            ppo_clip_loss_vjp, value_loss, value_loss_vjp)
+                            ppo_clip_loss_vjp, sapo_loss, sapo_loss_vjp, value_loss,
+                            value_loss_vjp)
 from .reduce import aggregate, aggregate_vjp
 
 __all__ = [
@@ -28,4 +29,5 @@ __all__ = [
     "discounted_returns", "discounted_returns_vjp",
     "approx_kl", "approx_kl_vjp",
     "clip_fraction",           # a count: not differentiable, no VJP
+    "sapo_loss", "sapo_loss_vjp",
 ]

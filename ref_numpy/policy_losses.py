@@ -264,6 +264,73 @@ def gspo_loss_vjp(g, logp, old_logp, advantages, mask=None, *, clip_low=3e-4, cl
     return {"logp": grad[0] if squeeze else grad}
 
 
+# ====================================================================== SAPO
+def _sigmoid(x):
+    """σ(x) without overflow: e^min(x, 0)/(1 + e^−|x|)."""
+    return np.exp(np.minimum(x, 0.0)) / (1.0 + np.exp(-np.abs(x)))
+
+
+def _sapo_parts(logp, old_logp, advantages, mask, tau_pos, tau_neg, log_ratio_clamp):
+    lp, adv, m, ratio, drho = _ratio_inputs(logp, old_logp, advantages, mask, log_ratio_clamp)
+    p = args.sapo(tau_pos, tau_neg)
+    tau = np.where(adv > 0, p.tau_pos, p.tau_neg)
+    sig = _sigmoid(tau * (ratio - 1.0))
+    return adv, m, ratio, drho, tau, sig
+
+
+def sapo_loss(logp, old_logp, advantages, mask=None, *, tau_pos=1.0, tau_neg=1.05,
+              log_ratio_clamp=None):
+    """SAPO: a smooth, temperature-controlled gate on the ratio instead of PPO's hard clip.
+
+        r = exp(logp − old_logp),   f_τ(r) = σ(τ·(r − 1))·4/τ,   l = −f_τ(r)·A
+        τ = tau_pos where A > 0, tau_neg where A ≤ 0
+
+    Reference: Gao et al., "Soft Adaptive Policy Optimization", arXiv:2511.20347; verl's
+    `compute_policy_loss_sapo` and TRL's `loss_type="sapo"` write the same per-token gate.
+    Note: at r = 1 the gate's slope is 1, so the gradient is vanilla policy gradient's, −A; away
+    from r = 1 it decays like σ(1 − σ), smoothly, where PPO cuts it to 0 at 1 ± ε. As τ → 0
+    the gate tends to 2/τ + (r − 1): the unclipped surrogate −r·A plus a constant. A larger τ
+    for A ≤ 0 (tau_neg > tau_pos, the defaults 1.05 and 1.0 of both trainers) damps negative
+    updates faster. verl clamps log r to ±20 first (`log_ratio_clamp=20`); TRL does not.
+
+    Worked example: A = 1, τ = 1, r = 1: f = σ(0)·4 = 2, l = −2, ∂l/∂logp = −1;
+    r = e^0.5 = 1.6487: f = σ(0.6487)·4 = 2.6269, ∂l/∂logp = −4σ(1 − σ)·r = −1.4867.
+
+    Args:
+      logp, old_logp: [B, T] float (or [T]).
+      advantages: [B, T] or [B] float.
+      mask: [B, T] bool or 0/1, or None.
+      tau_pos, tau_neg: float > 0.
+      log_ratio_clamp: None or a bound b > 0 on |log r|.
+
+    Returns:
+      [B, T] float64, 0 at masked positions.
+    """
+    adv, m, _, _, tau, sig = _sapo_parts(logp, old_logp, advantages, mask, tau_pos, tau_neg,
+                                         log_ratio_clamp)
+    return np.where(m, -sig * (4.0 / tau) * adv, 0.0)
+
+
+def sapo_loss_vjp(g, logp, old_logp, advantages, mask=None, *, tau_pos=1.0, tau_neg=1.05,
+                  log_ratio_clamp=None):
+    """VJP of `sapo_loss` wrt logp.
+
+    Gradient:
+      d/dr [σ(τ(r − 1))·4/τ] = 4·σ(1 − σ) (the τ of the chain rule cancels the 1/τ), and
+      dr/dlogp = r, so
+          ∂L/∂logp_t = g_t·(−A_t)·4·σ_t(1 − σ_t)·r_t·1[|log r_t| ≤ clamp]
+      with σ_t = σ(τ_t(r_t − 1)). At r = 1: σ = ½ and the weight is −A·r, PPO's unclipped
+      gradient. Past the exp cap of r the gradient is 0 (ref_numpy._arrays.LOG_FLOAT_MAX).
+
+    Returns:
+      {"logp": [B, T]} float64.
+    """
+    adv, m, ratio, drho, _, sig = _sapo_parts(logp, old_logp, advantages, mask, tau_pos,
+                                              tau_neg, log_ratio_clamp)
+    gm = ar.zero_masked(args.cotangent(OPS, g, "g", OPS.spec("logp", logp)), m)
+    return {"logp": np.where(m, -gm * adv * 4.0 * sig * (1.0 - sig) * ratio * drho, 0.0)}
+
+
 # ====================================================================== diagnostics
 def clip_fraction(logp, old_logp, advantages, mask=None, *, clip_low=0.2, clip_high=None,
                   definition="loss"):
@@ -358,7 +425,7 @@ def value_loss_vjp(g, values, old_values, returns, mask=None, *, clip=0.2):
 def _policy_parts(mask, ref_logp, loss, beta, kl_kind, kl_clamp, agg):
     p = args.policy_objective(mask, ref_logp, loss, beta, kl_kind, kl_clamp, agg)
     fn, vjp = {"ppo": (ppo_clip_loss, ppo_clip_loss_vjp), "cispo": (cispo_loss, cispo_loss_vjp),
-               "gspo": (gspo_loss, gspo_loss_vjp)}[p.loss]
+               "gspo": (gspo_loss, gspo_loss_vjp), "sapo": (sapo_loss, sapo_loss_vjp)}[p.loss]
     return fn, vjp, p.beta > 0, p.beta, dict(kind=kl_kind, clamp=kl_clamp)
 
 
@@ -385,7 +452,8 @@ def policy_objective(logp, old_logp, advantages, mask, ref_logp=None, *, loss="p
 
     Reference: GRPO, arXiv:2402.03300, eq. (3) (KL as a per-token loss term); the aggregation
     modes of verl `agg_loss`.
-    Note: `loss` is "ppo" (`ppo_clip_loss`), "cispo" (`cispo_loss`) or "gspo" (`gspo_loss`);
+    Note: `loss` is "ppo" (`ppo_clip_loss`), "cispo" (`cispo_loss`), "gspo" (`gspo_loss`) or
+    "sapo" (`sapo_loss`);
     `**loss_kwargs` go to it.
     `norm`, `empty_rows` go to `aggregate`; `kl_kind`, `kl_clamp` to `kl_penalty`.
 

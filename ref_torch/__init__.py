@@ -7,7 +7,7 @@ from .advantages import discounted_returns, gae, group_advantages, whiten
 from .estimators import kl_estimator_gradient, kl_estimator_moments
 from .kl import approx_kl, kl_penalty
 from .policy_losses import (cispo_loss, clip_fraction, gspo_loss, policy_objective, ppo_clip_loss,
-                            value_loss)
+                            sapo_loss, value_loss)
 from .reduce import aggregate
 
 __all__ = [
@@ -26,4 +26,5 @@ __all__ = [
     "discounted_returns",
     "approx_kl",
     "clip_fraction",
+    "sapo_loss",
 ]

@@ -57,6 +57,20 @@ def ppo_clip_loss(logp, old_logp, advantages, mask=None, *, clip_low=0.2, clip_h
     return torch.where(m, -objective, zero)
 
 
+def sapo_loss(logp, old_logp, advantages, mask=None, *, tau_pos=1.0, tau_neg=1.05,
+              log_ratio_clamp=None):
+    """SAPO (arXiv:2511.20347): the soft gate f_τ(r) = σ(τ(r − 1))·4/τ in place of PPO's clip,
+    loss = −f_τ(r)·A, τ = tau_pos where A > 0 else tau_neg.
+    Args/Returns: as ref_numpy.sapo_loss, with tensors.
+    """
+    _, _, adv0, m, ratio, zero = _prepare(logp, old_logp, advantages, mask, log_ratio_clamp)
+    p = args.sapo(tau_pos, tau_neg)
+    tau = torch.where(adv0 > 0, torch.full_like(adv0, p.tau_pos),
+                      torch.full_like(adv0, p.tau_neg))
+    gate = torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
+    return torch.where(m, -gate * adv0, zero)
+
+
 def cispo_loss(logp, old_logp, advantages, mask=None, *, clip_high=5.0, clip_low=None,
                bound="absolute", log_ratio_clamp=None):
     """CISPO (MiniMax-M1, arXiv:2506.13585 eq. 4–5): loss = −sg(w)·A·logp.
@@ -140,7 +154,8 @@ def policy_objective(logp, old_logp, advantages, mask, ref_logp=None, *, loss="p
     Args/Returns: as ref_numpy.policy_objective, with tensors.
     """
     p = args.policy_objective(mask, ref_logp, loss, beta, kl_kind, kl_clamp, agg)
-    policy = {"ppo": ppo_clip_loss, "cispo": cispo_loss, "gspo": gspo_loss}[p.loss]
+    policy = {"ppo": ppo_clip_loss, "cispo": cispo_loss, "gspo": gspo_loss,
+              "sapo": sapo_loss}[p.loss]
     per_token = policy(logp, old_logp, advantages, mask, **loss_kwargs)
     if ref_logp is not None:            # checked even at beta = 0: a wrong one is still a bug
         kl = kl_penalty(logp, ref_logp, mask, kind=kl_kind, clamp=kl_clamp)

@@ -91,6 +91,9 @@ PROFILES: Dict[str, Profile] = {p.name: p for p in (
                                 clip_low=0.2, clip_high=0.2, log_ratio_clamp=20.0),
             "gspo_loss": _rule(V + "compute_policy_loss_gspo", form="token", clip_low=0.2,
                                clip_high=0.2, log_ratio_max=10.0),
+            "sapo_loss": _rule(V + "compute_policy_loss_sapo; verl/workers/config/actor.py: "
+                               "tau_pos, tau_neg", tau_pos=1.0, tau_neg=1.05,
+                               log_ratio_clamp=20.0),
             "value_loss": _rule(V + "compute_value_loss; verl/trainer/config/critic/"
                                 "critic.yaml: cliprange_value", clip=0.5),
             "kl_penalty": _rule(V + "kl_penalty_forward (low_var_kl)", kind="k3",
@@ -113,6 +116,11 @@ PROFILES: Dict[str, Profile] = {p.name: p for p in (
                           "(aggregated by actor.loss_agg_mode, default token-mean)", loss="gspo",
                           agg="token-mean", kl_kind="k3", kl_clamp=(20.0, 10.0), form="token",
                           clip_low=0.2, clip_high=0.2, log_ratio_max=10.0),
+            "sapo": _rule("verl/workers/utils/losses.py::ppo_loss with compute_policy_loss_sapo "
+                          "(aggregated seq-mean-token-mean whatever actor.loss_agg_mode says)",
+                          loss="sapo", agg="seq-mean-token-mean", kl_kind="k3",
+                          kl_clamp=(20.0, 10.0), tau_pos=1.0, tau_neg=1.05,
+                          log_ratio_clamp=20.0),
         },
         default_loss="ppo",
         accumulation=("sum", "verl/workers/utils/losses.py::ppo_loss: each micro-batch's "
@@ -141,6 +149,9 @@ PROFILES: Dict[str, Profile] = {p.name: p for p in (
             "gspo_loss": _rule("trl/trainer/grpo_trainer.py::_compute_loss "
                                "(importance_sampling_level='sequence')", form="sequence",
                                clip_low=3e-4, clip_high=4e-4),
+            "sapo_loss": _rule("trl/trainer/grpo_trainer.py::_compute_loss (loss_type='sapo'); "
+                               "grpo_config.py: sapo_temperature_pos, sapo_temperature_neg",
+                               tau_pos=1.0, tau_neg=1.05, log_ratio_clamp=None),
             "value_loss": _rule("trl/experimental/ppo/ppo_config.py: cliprange_value",
                                 ("right_padded",), clip=0.2),
             "kl_penalty": _rule("trl/trainer/grpo_trainer.py::_compute_loss: per_token_kl",
@@ -164,6 +175,12 @@ PROFILES: Dict[str, Profile] = {p.name: p for p in (
                           form="sequence", clip_low=3e-4, clip_high=4e-4,
                           accumulation=("mean", "trl/trainer/grpo_trainer.py::_compute_loss: "
                                                 "loss_type 'grpo' divides by the gradient "
+                                                "accumulation steps")),
+            "sapo": _rule("trl/trainer/grpo_trainer.py::_compute_loss (loss_type='sapo', "
+                          "aggregated as 'grpo')", loss="sapo", agg="seq-mean-token-mean",
+                          empty_rows="include", kl_kind="k3", tau_pos=1.0, tau_neg=1.05,
+                          accumulation=("mean", "trl/trainer/grpo_trainer.py::_compute_loss: "
+                                                "loss_type 'sapo' divides by the gradient "
                                                 "accumulation steps")),
         },
         default_loss="ppo",

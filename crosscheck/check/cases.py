@@ -274,6 +274,12 @@ def _ratio_case(rng, i, loss):
         edges = _ratio_edges(clip_low, clip_high, clip_c)
         if delta is not None:
             edges.append(math.log(delta))
+    elif loss == "sapo":
+        # smooth in the ratio: its only kinks are the log-ratio clamp's edges
+        lrc = _cycle(i // 4, [None, 20.0])
+        params = dict(tau_pos=_cycle(i, [1.0, 0.5, 2.0]), tau_neg=_cycle(i // 3, [1.05, 1.5, 0.8]),
+                      log_ratio_clamp=lrc)
+        edges = []
     else:
         bound = _cycle(i, ["absolute", "relative"])
         lrc = _cycle(i // 4, [None, 20.0])
@@ -304,6 +310,10 @@ def ppo_clip_loss_case(rng, i):
 
 def cispo_loss_case(rng, i):
     return _ratio_case(rng, i, "cispo")
+
+
+def sapo_loss_case(rng, i):
+    return _ratio_case(rng, i, "sapo")
 
 
 def value_loss_case(rng, i):
@@ -367,7 +377,7 @@ def aggregate_case(rng, i):
 
 
 def policy_objective_case(rng, i):
-    loss = _cycle(i, ["ppo", "cispo", "gspo"])
+    loss = _cycle(i, ["ppo", "cispo", "gspo", "sapo"])
     base = gspo_loss_case(rng, i // 3) if loss == "gspo" else _ratio_case(rng, i // 3, loss)
     B, T = base.shape()
     m = base.arrays["mask"]

@@ -110,7 +110,8 @@ def _objective_undetached(params):
 
 
 # the policy loss entry that policy_objective's `loss` convention names
-POLICY_LOSS_ENTRIES = {"ppo": "ppo_clip_loss", "cispo": "cispo_loss", "gspo": "gspo_loss"}
+POLICY_LOSS_ENTRIES = {"ppo": "ppo_clip_loss", "cispo": "cispo_loss", "gspo": "gspo_loss",
+                       "sapo": "sapo_loss"}
 assert tuple(POLICY_LOSS_ENTRIES) == vocab.POLICY_LOSSES
 
 _PPO_GRID = dict(clip_low=(0.2, 0.1, 0.28), clip_high=(None, 0.2, 0.28), clip_c=(None, 3.0),
@@ -174,6 +175,9 @@ def build() -> Dict[str, Entry]:
                grid=dict(kind=vocab.ESTIMATOR_KINDS)),
         _entry("clip_fraction", (), trainer_grad=False,             # a count: value stage only
                grid=dict(definition=vocab.CLIP_FRACTIONS)),
+        _entry("sapo_loss", ("logp",), stack="rows",
+               grid=dict(tau_pos=(1.0, 0.5, 2.0), tau_neg=(1.05, 1.0, 1.5),
+                         log_ratio_clamp=(None, 20.0))),
     ]
     return {e.name: e for e in entries}
 

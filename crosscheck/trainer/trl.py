@@ -41,7 +41,8 @@ class _Accelerator:
 
 def _stand_in(logp, loss_type, level="token", beta=0.0, epsilon_low=0.2, epsilon_high=0.2):
     args = types.SimpleNamespace(use_bias_correction_kl=False, delta=None,
-                                 steps_per_generation=1)
+                                 steps_per_generation=1, sapo_temperature_pos=1.0,
+                                 sapo_temperature_neg=1.05)
     me = types.SimpleNamespace(
         loss_type=loss_type, importance_sampling_level=level, beta=beta,
         epsilon_low=epsilon_low, epsilon_high=epsilon_high, args=args,
@@ -110,6 +111,13 @@ _LOCAL = Known(
     "documents that results then depend on the local batch size), so averaged micro-batches "
     "weight tokens unequally when micro-batches hold different numbers of tokens; 'dapo' "
     "normalises by the generation batch's count instead")
+_FLOAT32_TAU = Known(
+    "value", "defect",
+    "loss_type 'sapo' builds its temperatures with torch.where(advantages > 0, "
+    "sapo_temperature_pos, sapo_temperature_neg) on Python floats: a float32 tensor whatever "
+    "the log-probs' dtype, so sapo_temperature_neg = 1.05 enters as 1.0499999523. float64 losses "
+    "and gradients then differ from SAPO's by about 1e-6 relative where A ≤ 0; in float32 or "
+    "bfloat16 training it is below the rounding")
 ROW = f"{GRPO}:GRPOTrainer._compute_loss"
 
 ROWS = (
@@ -145,6 +153,11 @@ ROWS = (
                              "epsilon 3e-4 / 4e-4, as TRL documents GSPO",),
         conventions=dict(loss="gspo", beta=0.0), audit=dict(accumulation="mean"),
         params=_PARAMS),
+    Row(ROW, "policy_objective", _loss("sapo"), label="sapo",
+        choices=_STAND_IN + ("sapo_temperature_pos 1.0, sapo_temperature_neg 1.05 (GRPOConfig's "
+                             "defaults)",),
+        conventions=dict(loss="sapo", beta=0.0, agg="seq-mean-token-mean", empty_rows="include"),
+        audit=dict(accumulation="mean"), params=_PARAMS, known=(_FLOAT32_TAU,)),
     Row(ROW, "clip_fraction", _clip_metric, label="clip_ratio/region_mean",
         choices=_STAND_IN + ("the clip_ratio/region_mean metric it logs (loss_type 'dapo')",),
         params=_PARAMS),
@@ -155,7 +168,7 @@ TRAINER = Trainer(
     modules=(GRPO,), rows=ROWS,
     inventory=((GRPO, r"GRPOTrainer\.(_compute_loss|get_gamma_weights|get_off_policy_mask|"
                       r"get_high_entropy_mask)"),),
-    notes=("loss_type 'sapo' and 'vespo' (get_gamma_weights), the off-policy sequence mask "
+    notes=("loss_type 'vespo' (get_gamma_weights), the off-policy sequence mask "
            "and the vLLM importance-sampling correction have no reference yet",
            "TRL's group advantages (mean and nanstd over each prompt's completions, + 1e-4) are "
            "statements inside _generate_and_score_completions, which generates text; they are "

@@ -69,13 +69,15 @@ def _whiten(fn):
 
 # ---- losses ---------------------------------------------------------------------------------
 
-def _actor_config(cls, n_tokens_global=None, **fields):
+def _actor_config(cls, n_tokens_global=None, n_sequences_global=None, **fields):
     """An ActorConfig holding only the fields the policy losses read (its __init__, which
     validates a whole training configuration, is not run)."""
     cfg = cls.__new__(cls)
+    info = {} if n_tokens_global is None else {"batch_num_tokens": n_tokens_global, "dp_size": 1}
+    if n_sequences_global is not None:
+        info.update(global_batch_size=n_sequences_global, dp_size=1)
     values = dict(clip_ratio=0.2, clip_ratio_low=None, clip_ratio_high=None, clip_ratio_c=3.0,
-                  global_batch_info={} if n_tokens_global is None else
-                  {"batch_num_tokens": n_tokens_global, "dp_size": 1}, **fields)
+                  tau_pos=1.0, tau_neg=1.05, global_batch_info=info, **fields)
     for k, v in values.items():
         object.__setattr__(cfg, k, v)
     return cfg
@@ -84,11 +86,13 @@ def _actor_config(cls, n_tokens_global=None, **fields):
 def _policy(fn, output=None):
     config_class = inspect.unwrap(fn).__globals__["ActorConfig"]
 
-    def adapter(logp, old_logp, advantages, mask, n_tokens_global=None):
+    def adapter(logp, old_logp, advantages, mask, n_tokens_global=None,
+                n_sequences_global=None):
         loss, metrics = fn(old_log_prob=old_logp, log_prob=logp,
                            advantages=per_sequence(advantages, logp),
                            response_mask=mask.bool(), loss_agg_mode="token-mean",
-                           config=_actor_config(config_class, n_tokens_global))
+                           config=_actor_config(config_class, n_tokens_global,
+                                                n_sequences_global))
         return loss if output is None else metrics[output]
     return adapter
 
@@ -122,8 +126,8 @@ def _approx_kl(fn):
 _POLICY = ("the loss aggregated by verl's own agg_loss (loss_agg_mode='token-mean')",
            "an ActorConfig holding clip_ratio 0.2, clip_ratio_c 3.0 and global_batch_info, made "
            "without running its __init__",
-           "global_batch_info = {batch_num_tokens: the whole batch's token count, dp_size: 1}, "
-           "as verl/workers/utils/losses.py::ppo_loss fills it")
+           "global_batch_info = {batch_num_tokens, global_batch_size: the whole batch's token "
+           "and sequence counts, dp_size: 1}, as verl/workers/utils/losses.py::ppo_loss fills it")
 
 
 def _value(fn):
@@ -236,6 +240,11 @@ ROWS = (
         params=("old_log_prob", "log_prob", "advantages", "response_mask", "config")),
     Row(f"{CA}:compute_policy_loss_gspo", "policy_objective", _policy, label="gspo",
         choices=_POLICY, conventions=dict(loss="gspo", beta=0.0),
+        params=("old_log_prob", "log_prob", "advantages", "response_mask", "config")),
+    Row(f"{CA}:compute_policy_loss_sapo", "policy_objective", _policy, label="sapo",
+        choices=_POLICY + ("tau_pos 1.0, tau_neg 1.05 (ActorConfig's defaults); it aggregates "
+                           "seq-mean-token-mean whatever loss_agg_mode says",),
+        conventions=dict(loss="sapo", beta=0.0, agg="seq-mean-token-mean"),
         params=("old_log_prob", "log_prob", "advantages", "response_mask", "config")),
 ) + tuple(
     Row(f"{CA}:agg_loss", "aggregate", _agg(mode), label=mode,

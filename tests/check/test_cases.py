@@ -74,7 +74,7 @@ def test_estimator_gradient_cases_reach_the_kl_term_as_loss_and_as_reward():
 
 def test_policy_objective_cases_reach_every_loss_aggregation_and_kl_term():
     cs = drawn("policy_objective")
-    assert {(c.params["loss"]) for c in cs} == {"ppo", "cispo", "gspo"}
+    assert {(c.params["loss"]) for c in cs} == {"ppo", "cispo", "gspo", "sapo"}
     assert {c.params["agg"] for c in cs} == {"token-mean", "seq-mean-token-mean",
                                              "seq-mean-token-sum", "seq-mean-token-sum-norm"}
     assert {c.params["kl_kind"] for c in cs if c.params["beta"] > 0} == {"k1", "k2", "k3", "abs"}
@@ -82,6 +82,7 @@ def test_policy_objective_cases_reach_every_loss_aggregation_and_kl_term():
     assert any(c.params.get("form") == "sequence" for c in cs)
     assert any(c.params.get("bound") == "relative" for c in cs)
     assert any(c.params.get("clip_c") == 3.0 for c in cs)
+    assert any(c.params.get("tau_pos", 1.0) != 1.0 for c in cs if c.params["loss"] == "sapo")
 
 
 def test_policy_objective_abs_kl_keeps_the_log_ratio_off_its_kink():

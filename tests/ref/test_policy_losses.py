@@ -1,4 +1,5 @@
-"""The policy and value losses: PPO (clip-higher, dual clip, TRL's cap), CISPO, GSPO, the clipped
+"""The policy and value losses: PPO (clip-higher, dual clip, TRL's cap), CISPO, GSPO, SAPO, the
+clipped
 value loss, the logged clip fraction, and the composed actor objective.
 
 Per function: hand-computed fixtures (derived in the comments from the defining equation), the
@@ -240,6 +241,66 @@ class TestGspoLoss:
         for loss in both("gspo_loss", np.array([[0.1, 0.05]]), np.zeros((1, 2)), np.ones(1),
                          clip_low=0.1, clip_high=0.1):
             close(loss, [[-math.exp(0.075)] * 2])
+
+
+class TestSapoLoss:
+    """SAPO's soft gate f_τ(r) = σ(τ(r − 1))·4/τ, loss −f_τ(r)·A (arXiv:2511.20347; verl's
+    compute_policy_loss_sapo, TRL's loss_type='sapo')."""
+
+    def test_worked_numbers(self):
+        # r = 1: f = 4σ(0)/τ = 2/τ; r = e^0.5: σ(0.64872) = 0.656718..., f = 4σ (τ = 1);
+        # slope 4σ(1 − σ)·r = 4·0.656718·0.343282·1.648721 = 1.486739
+        lp = np.array([[0.0, 0.5, 0.0]])
+        A = np.array([[1.0, 1.0, -2.0]])
+        sig = 1.0 / (1.0 + math.exp(-(math.exp(0.5) - 1.0)))
+        want = [-2.0, -4.0 * sig, 2.0 * 2.0 / 2.0]          # last: τ_neg = 2, −(2/2)·(−2)
+        want_g = [-1.0, -4.0 * sig * (1 - sig) * math.exp(0.5), 2.0]
+        for out in both("sapo_loss", lp, np.zeros((1, 3)), A, tau_pos=1.0, tau_neg=2.0):
+            close(out, [want], atol=1e-14, rtol=1e-14)
+        hand, auto, key = grads("sapo_loss", 0, np.ones((1, 3)), lp, np.zeros((1, 3)), A,
+                                tau_pos=1.0, tau_neg=2.0)
+        close(hand[key], [want_g], atol=1e-14, rtol=1e-14)
+        close(auto, [want_g], atol=1e-14, rtol=1e-14)
+        assert want_g[1] == pytest.approx(-1.486739, abs=1e-6)
+
+    @pytest.mark.parametrize("tau", [0.3, 1.0, 1.05, 4.0])
+    def test_on_policy_its_gradient_is_ppos(self, tau):
+        # at r = 1 the gate's slope is 1 whatever τ: the gradient is −A, as PPO's (inside its clip)
+        lp = np.full((2, 3), -0.7)
+        A = np.array([[1.5, -0.5, 2.0], [-1.0, 0.3, 0.0]])
+        sapo, _, k = grads("sapo_loss", 0, np.ones((2, 3)), lp, lp, A, tau_pos=tau, tau_neg=tau)
+        ppo = ref_numpy.ppo_clip_loss_vjp(np.ones((2, 3)), lp, lp, A)["logp"]
+        close(sapo[k], ppo, atol=1e-15, rtol=1e-15)
+
+    def test_as_the_temperature_vanishes_it_is_the_unclipped_surrogate(self):
+        # f_τ(r) = 2/τ + (r − 1) + O(τ²(r − 1)³): the gradient tends to −r·A, the unclipped one
+        rng = np.random.default_rng(0)
+        lp, old = rng.normal(-1, 0.3, (3, 4)), rng.normal(-1, 0.3, (3, 4))
+        A = rng.normal(size=(3, 4))
+        g = ref_numpy.sapo_loss_vjp(np.ones((3, 4)), lp, old, A, tau_pos=1e-6,
+                                    tau_neg=1e-6)["logp"]
+        close(g, -np.exp(lp - old) * A, atol=1e-9, rtol=1e-9)
+
+    def test_a_larger_tau_neg_damps_negative_updates_away_from_on_policy(self):
+        lp, old, A = np.array([[0.4]]), np.array([[0.0]]), np.array([[-1.0]])
+        soft = ref_numpy.sapo_loss_vjp(np.ones((1, 1)), lp, old, A, tau_neg=1.0)["logp"]
+        sharp = ref_numpy.sapo_loss_vjp(np.ones((1, 1)), lp, old, A, tau_neg=3.0)["logp"]
+        assert 0 < sharp[0, 0] < soft[0, 0]
+
+    def test_extremes_give_no_nan_and_a_vanishing_gradient(self):
+        logp, old, adv = ratio_grid()
+        for out in both("sapo_loss", logp, old, adv):
+            no_nan(out)
+        hand, auto, key = grads("sapo_loss", 0, np.ones(logp.shape), logp, old, adv)
+        no_nan(hand[key], auto)
+        far = np.abs(logp - old) >= 100      # σ saturates: 4σ(1 − σ)·r is 0 (or e^−100-small)
+        assert np.abs(hand[key][far]).max() < 1e-30
+
+    def test_temperatures_must_be_positive(self):
+        for mod in (ref_numpy, ref_torch):
+            x = np.zeros((1, 2)) if mod is ref_numpy else torch.zeros(1, 2, dtype=torch.float64)
+            with pytest.raises(ValueError, match="tau_neg"):
+                mod.sapo_loss(x, x, x, tau_neg=0.0)
 
 
 class TestValueLoss:

@@ -24,7 +24,8 @@ EXPECTED = {
             "GRPOTrainer._compute_loss [grpo]": ["mask"],
             "GRPOTrainer._compute_loss [bnpo]": ["mask", "microbatch"],
             "GRPOTrainer._compute_loss [dr_grpo]": ["mask"],
-            "GRPOTrainer._compute_loss [luspo]": ["mask"]},
+            "GRPOTrainer._compute_loss [luspo]": ["mask"],
+            "GRPOTrainer._compute_loss [sapo]": ["value"]},
     "openrlhf": {"RemoteExperienceMaker.get_advantages_and_returns": ["value"]},
 }
 INSTALLED = [n for n in EXPECTED if importlib.util.find_spec(n) is not None]
@@ -141,3 +142,29 @@ def test_minimind_blocks_run_from_a_checkout_and_missing_blocks_are_reported(tmp
 def test_minimind_needs_a_path():
     with pytest.raises(loading.TrainerNotFound, match="--path"):
         card.run(trainers.get("minimind"))
+
+
+@_installed("trl")
+def test_trls_sapo_deviation_is_its_float32_temperature():
+    """The card explains TRL's SAPO value deviation by its temperatures being float32: with
+    τ_neg = float32(1.05) the reference gives TRL's loss to the last bits."""
+    import numpy as np
+    import torch
+
+    import ref_numpy
+    from crosscheck.trainer import loading, trl
+    t = trainers.get("trl")
+    row = next(r for r in t.rows if r.name.endswith("[sapo]"))
+    source = loading.locate(t.package, t.dist, None, t.version_of, needs=t.modules)
+    lp = np.array([[-0.3, -0.2, -0.3, -0.7], [-0.6, -0.6, -0.7, -0.3]])
+    old = np.array([[-0.5, 0.1, -0.6, -1.9], [-0.2, 0.0, -1.9, -0.4]])
+    A, m = np.array([-1.2, 1.4]), np.array([[1, 1, 1, 0], [1, 1, 0, 1]], bool)
+    with loading.Loaded(source, t.modules) as loaded, loading.quiet_warnings():
+        fn = loaded.module(trl.GRPO).GRPOTrainer._compute_loss
+        got = float(row.adapt(fn)(torch.tensor(lp), torch.tensor(old), torch.tensor(A),
+                                  torch.tensor(m)))
+    kw = dict(loss="sapo", agg="seq-mean-token-mean", empty_rows="include", tau_pos=1.0)
+    exact = ref_numpy.policy_objective(lp, old, A, m, tau_neg=1.05, **kw)
+    as_f32 = ref_numpy.policy_objective(lp, old, A, m, tau_neg=float(np.float32(1.05)), **kw)
+    assert abs(got - exact) > 1e-8 * abs(exact)
+    assert got == pytest.approx(as_f32, rel=1e-14)
