@@ -1,6 +1,5 @@
 """The policy and value losses: PPO (clip-higher, dual clip, TRL's cap), CISPO, GSPO, SAPO, the
-clipped
-value loss, the logged clip fraction, and the composed actor objective.
+clipped value loss, the logged clip fraction, and the composed actor objective.
 
 Per function: hand-computed fixtures (derived in the comments from the defining equation), the
 identities that tie the losses together, corners pinned by hand, and extremes (no NaN in a value
