@@ -45,8 +45,10 @@ def evaluate(how: Optional[str], fn: Callable, shared: Mapping[str, object],
     if how == "many" and getattr(fn, "many", None) is not None:     # a frozen objective's own
         return np.array([_flat(o, outputs) for o in fn.many(shared, varying, params)])
     if how == "many" and fn.__module__.startswith("ref_numpy") and fn.__name__ in many.EVALUATORS:
-        return np.array([_flat(o, outputs) for o in many.evaluate(fn.__name__, shared, varying,
-                                                                   params)])
+        values = many.evaluate(fn.__name__, shared, varying, params)
+        if len(outputs) == 1 and np.ndim(values[0]) == 0:      # one scalar per point
+            return np.asarray(values, dtype=np.float64).reshape(P, 1)
+        return np.array([_flat(o, outputs) for o in values])
     if how in (None, "many") or P == 1:
         return np.array([_flat(fn(**shared, **{k: v[p] for k, v in varying.items()},
                                   **params), outputs) for p in range(P)])
