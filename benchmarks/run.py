@@ -304,10 +304,28 @@ STARTUP = [["-m", "crosscheck", "--help"], ["-m", "crosscheck", "audit", "--help
 IMPORT_BASELINE = ["-c", "import torch, scipy.differentiate"]
 
 
+PACKAGES = ("crosscheck", "ref_numpy", "ref_torch", "ref_common")
+
+
+def compile_project() -> str:
+    """Byte-compile the project once, as pip does when it installs a package, so that both
+    sides of the comparison load cached bytecode (torch and scipy have theirs from their
+    install). Where PYTHONDONTWRITEBYTECODE is set, Python would otherwise compile the
+    project's modules anew in every run. Returns what was done, for the printout."""
+    import compileall
+    ok = all(compileall.compile_dir(os.path.join(ROOT, p), quiet=1, force=False)
+             for p in PACKAGES)
+    flag = " (PYTHONDONTWRITEBYTECODE is set here)" if sys.dont_write_bytecode else ""
+    return f"project bytecode compiled once, as an installed package has it{flag}: " + \
+        ("ok" if ok else "failed")
+
+
 def command_table(repeats, scale=True):
     """Start-up latencies, and the default run beside `import torch, scipy.differentiate`,
     each a fresh interpreter, all timed in the same shuffled rounds with a control pair (the
     import twice)."""
+    print()
+    print(compile_project())
     cmds = [(" ".join(["python"] + c), c) for c in STARTUP]
     cmds += [("python -m crosscheck -q", ["-m", "crosscheck", "-q"]),
              ("python -c 'import torch, scipy.differentiate'", IMPORT_BASELINE),
