@@ -22,33 +22,16 @@ def roundoff(f_scale: float, step: float) -> float:
 
 
 def jacobian(f_many, x0: np.ndarray, step: float) -> np.ndarray:
-    """Full Jacobian [m, n] of f: R^n → R^m at x0.
-
-    f_many evaluates f at many points at once: [P, n] → [P, m]. scipy's vectorised calling
-    convention hands over every stencil point of every input entry of one iteration together,
-    so each iteration is one call of f_many (which may stack them into one reference call).
-    """
-    x0 = np.asarray(x0, dtype=np.float64)
-    m = np.asarray(f_many(x0[None, :])).shape[1]
-
-    def batched(x):                         # scipy passes x as (n, *extra)
-        flat = x.reshape(x.shape[0], -1)
-        out = np.asarray(f_many(flat.T))    # [P, m]
-        return out.T.reshape((m,) + x.shape[1:])
-
-    res = differentiate.jacobian(batched, x0, initial_step=step, maxiter=MAXITER)
-    return np.asarray(res.df).reshape(m, x0.size)
+    """Full Jacobian [m, n] of f: R^n → R^m at x0; f_many evaluates f at many points at once,
+    [P, n] → [P, m] (one problem of `solve`)."""
+    return solve([("jacobian", f_many, x0, step)])[0]
 
 
 def directional(phi_many, step: float) -> float:
     """d/dt φ(t) at t = 0 for a scalar φ (a directional derivative ⟨u, J v⟩ when
-    φ(t) = ⟨u, f(x0 + t·v)⟩); phi_many evaluates φ at an array of t at once."""
-    def batched(t):
-        t = np.asarray(t, dtype=np.float64)
-        return np.asarray(phi_many(t.ravel()), dtype=np.float64).reshape(t.shape)
-
-    res = differentiate.derivative(batched, 0.0, initial_step=step, maxiter=MAXITER)
-    return float(res.df)
+    φ(t) = ⟨u, f(x0 + t·v)⟩); phi_many evaluates φ at an array of t at once (one problem of
+    `solve`)."""
+    return solve([("directional", phi_many, step)])[0]
 
 
 def solve(requests):
@@ -85,10 +68,9 @@ def solve(requests):
 
 
 def _jacobians(problems):
-    problems = [p if len(p) == 4 else p + (None,) for p in problems]
+    """problems: (f_many, x0, step, m) with one m for all (`solve` groups them)."""
     x0s = [np.asarray(x0, dtype=np.float64).reshape(-1) for _, x0, _, _ in problems]
-    ms = [m if m is not None else np.asarray(f(x0[None, :])).shape[1]
-          for (f, _, _, m), x0 in zip(problems, x0s)]
+    ms = [m for _, _, _, m in problems]
     offsets = np.cumsum([0] + [x0.size for x0 in x0s])
     M, N = max(ms), int(offsets[-1])
     x = np.concatenate(x0s)
