@@ -363,6 +363,90 @@ def sapo(tau_pos, tau_neg) -> Sapo:
     return Sapo(checks.positive("tau_pos", tau_pos), checks.positive("tau_neg", tau_neg))
 
 
+class PairInputs(NamedTuple):
+    first: Any
+    second: Any
+    mask: Any
+
+
+def pair_inputs(ops: Ops, first, second, mask_, names) -> PairInputs:
+    """Two float token arrays of one shape (log-probs of two policies) and their mask."""
+    s, a = token(ops, names[0], first)
+    b = like(ops, names[1], second, s)
+    m = mask(ops, mask_, s, a)
+    finite(ops, names[0], a, m)
+    finite(ops, names[1], b, m)
+    return PairInputs(a, b, m)
+
+
+class RolloutIs(NamedTuple):
+    level: str
+    mode: str
+    lower: Optional[float]
+    upper: Optional[float]
+    seq_stat: str
+    kept: str
+    log_ratio_clamp: Optional[float]
+
+
+def rollout_is(level, mode, lower, upper, seq_stat, kept, log_ratio_clamp) -> RolloutIs:
+    level = checks.choice("level", level, vocab.IS_LEVELS)
+    mode = checks.choice("mode", mode, vocab.IS_MODES)
+    lower = checks.non_negative("lower", lower, allow_none=True)
+    upper = checks.positive("upper", upper, allow_none=True, allow_inf=True)
+    if lower is not None and upper is not None and lower > upper:
+        raise ValueError(f"lower is {lower} but upper is {upper}; expected lower ≤ upper")
+    seq_stat = checks.choice("seq_stat", seq_stat, vocab.IS_SEQ_STATS)
+    kept = checks.choice("kept", kept, vocab.IS_KEPT)
+    clamp = checks.positive("log_ratio_clamp", log_ratio_clamp, allow_none=True)
+    return RolloutIs(level, mode, lower, upper, seq_stat, kept, clamp)
+
+
+def reinforce(beta, is_level) -> float:
+    beta = checks.non_negative("beta", beta)
+    if is_level is not None:
+        checks.choice("is_level", is_level, vocab.IS_LEVELS)
+        if beta > 0:
+            raise ValueError(f"beta is {beta} but is_level is {is_level!r}; the in-loss IS "
+                             "weights read old_logp as the rollout policy, the DRO penalty as "
+                             "the old policy: use one or the other")
+    return beta
+
+
+class Dppo(NamedTuple):
+    divergence: str
+    lo: float            # δ_low: the trust region's bound for A ≤ 0
+    hi: float            # δ_high: for A > 0
+    clip_c: Optional[float]
+    kl_eps: float
+
+
+def dppo(divergence, clip_low, clip_high, clip_c, kl_eps) -> Dppo:
+    divergence = checks.choice("divergence", divergence, vocab.DPPO_DIVERGENCES)
+    lo = checks.positive("clip_low", clip_low)
+    hi = lo if clip_high is None else checks.positive("clip_high", clip_high)
+    clip_c = checks.positive("clip_c", clip_c, allow_none=True, allow_inf=True)
+    return Dppo(divergence, lo, hi, clip_c, checks.non_negative("kl_eps", kl_eps))
+
+
+def not_a_log_probability(name: str, index, value) -> None:
+    """A twin found log-probability `value` > 0 at valid position `index`."""
+    raise ValueError(f"{name} at valid position {index} is {value}; expected the "
+                     "log-probability of a sampled token (≤ 0)")
+
+
+class Gmpo(NamedTuple):
+    lo: float
+    hi: float
+    eps: float
+
+
+def gmpo(clip_low, clip_high, eps) -> Gmpo:
+    lo = checks.non_negative("clip_low", clip_low)
+    hi = lo if clip_high is None else checks.non_negative("clip_high", clip_high)
+    return Gmpo(lo, hi, checks.non_negative("eps", eps))
+
+
 def clip_fraction(definition, clip_low, clip_high):
     """(definition, ClipBounds) of clip_fraction."""
     definition = checks.choice("definition", definition, vocab.CLIP_FRACTIONS)

@@ -21,6 +21,16 @@ POLICY_LOSSES = ("ppo", "cispo", "gspo", "sapo")
 GSPO_FORMS = ("token", "sequence")
 CLIP_FRACTIONS = ("loss", "sign", "ratio")
 
+# rollout-correction importance weights π_train/π_rollout (rollout_is_weights, reinforce_loss)
+IS_LEVELS = ("token", "sequence")       # one weight per token, or one per sequence
+IS_MODES = ("truncate", "mask")         # clamp the weight into [lower, upper] (TIS), or zero it
+                                        # outside (MIS / IcePop)
+IS_SEQ_STATS = ("sum", "mean")          # a sequence's log weight: Σ log-ratios (the product of
+                                        # token ratios) or their mean (the geometric mean)
+IS_KEPT = ("unit", "token")             # mask mode: a kept token carries its unit's weight, or
+                                        # its own token ratio
+DPPO_DIVERGENCES = ("tv", "kl")         # DPPO's trust region: binary total variation or KL
+
 # kl_estimator_gradient: how the trainer uses the estimator, and the importance weight on it
 USES = ("loss", "reward")
 IS_WEIGHTS = (None, "attached", "detached")

@@ -11,6 +11,8 @@ from .policy_losses import (cispo_loss, cispo_loss_vjp, clip_fraction, gspo_loss
                             policy_objective, policy_objective_vjp, ppo_clip_loss,
                             ppo_clip_loss_vjp, sapo_loss, sapo_loss_vjp, value_loss,
                             value_loss_vjp)
+from .pg_losses import (dppo_loss, dppo_loss_vjp, gmpo_loss, gmpo_loss_vjp, reinforce_loss,
+                        reinforce_loss_vjp, rollout_is_weights)
 from .reduce import aggregate, aggregate_vjp
 
 __all__ = [
@@ -30,4 +32,8 @@ __all__ = [
     "approx_kl", "approx_kl_vjp",
     "clip_fraction",           # a count: not differentiable, no VJP
     "sapo_loss", "sapo_loss_vjp",
+    "rollout_is_weights",      # stop-gradient weights: not differentiated, no VJP
+    "reinforce_loss", "reinforce_loss_vjp",
+    "dppo_loss", "dppo_loss_vjp",
+    "gmpo_loss", "gmpo_loss_vjp",
 ]

@@ -11,14 +11,20 @@ from .kl import kl_penalty, kl_penalty_vjp
 from .reduce import aggregate, aggregate_vjp
 
 
-def _ratio_inputs(logp, old_logp, advantages, mask, log_ratio_clamp):
-    """Validated, padding-free logp, A (expanded to [B, T]), mask, ρ, ratio and dρ/dlogp."""
+def loss_inputs(logp, old_logp, advantages, mask, log_ratio_clamp):
+    """Validated, padding-free logp, old_logp, A (expanded to [B, T]), mask and the clamp."""
     a = args.ratio_inputs(OPS, logp, old_logp, advantages, mask, log_ratio_clamp)
-    lp, old, adv, m, clamp = a.logp, a.old_logp, a.advantages, a.mask, a.log_ratio_clamp
+    lp, old, adv, m = a.logp, a.old_logp, a.advantages, a.mask
     if a.per_seq:
         adv = np.where(m.any(axis=-1), adv, 0.0)
         adv = np.repeat(adv[:, None], lp.shape[-1], axis=1)      # one A per sequence → [B, T]
     lp, old, adv = (ar.zero_masked(x, m) for x in (lp, old, adv))
+    return lp, old, adv, m, a.log_ratio_clamp
+
+
+def _ratio_inputs(logp, old_logp, advantages, mask, log_ratio_clamp):
+    """Validated, padding-free logp, A (expanded to [B, T]), mask, ρ, ratio and dρ/dlogp."""
+    lp, old, adv, m, clamp = loss_inputs(logp, old_logp, advantages, mask, log_ratio_clamp)
     rho = lp - old
     drho = np.ones_like(rho)
     if clamp is not None:

@@ -8,6 +8,7 @@ from .estimators import kl_estimator_gradient, kl_estimator_moments
 from .kl import approx_kl, kl_penalty
 from .policy_losses import (cispo_loss, clip_fraction, gspo_loss, policy_objective, ppo_clip_loss,
                             sapo_loss, value_loss)
+from .pg_losses import dppo_loss, gmpo_loss, reinforce_loss, rollout_is_weights
 from .reduce import aggregate
 
 __all__ = [
@@ -27,4 +28,8 @@ __all__ = [
     "approx_kl",
     "clip_fraction",
     "sapo_loss",
+    "rollout_is_weights",
+    "reinforce_loss",
+    "dppo_loss",
+    "gmpo_loss",
 ]

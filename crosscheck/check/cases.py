@@ -292,6 +292,19 @@ def _ratio_case(rng, i, loss):
         edges = []
     if lrc is not None:
         edges += [-lrc, lrc]
+    return _token_case(rng, i, params, edges, m, kind, logp)
+
+
+def _token_case(rng, i, params, edges, m=None, kind=None, logp=None):
+    """A per-token loss case: log-probs, log-ratios kept `MARGIN` from `edges`, advantages
+    (per token or per sequence), a mask with garbage at its padding."""
+    B, T = _shape(i, rng)
+    if m is None:
+        kind = _mask_kind(i)
+        m = _mask(rng, B, T, kind)
+        if _empty_micro_batch(i, B):
+            m[: B // 2] = False
+        logp = _logps(rng, (B, T))
     rho, extreme = _log_ratio(rng, (B, T), i, period=6)
     rho = away(rho, edges)
     old = logp - rho
@@ -314,6 +327,62 @@ def cispo_loss_case(rng, i):
 
 def sapo_loss_case(rng, i):
     return _ratio_case(rng, i, "sapo")
+
+
+def rollout_is_weights_case(rng, i):
+    lower, upper = _cycle(i // 4, [(None, 2.0), (0.5, 2.0), (None, None), (0.8, 1.25)])
+    params = dict(level=_cycle(i, ["token", "sequence"]), mode=_cycle(i // 2, ["truncate", "mask"]),
+                  lower=lower, upper=upper, seq_stat=_cycle(i // 3, ["sum", "mean"]),
+                  kept=_cycle(i // 5, ["unit", "token"]),
+                  log_ratio_clamp=_cycle(i // 6, [None, 20.0]))
+    base = _token_case(rng, i, params, [])
+    arrays = dict(logp=base.arrays["logp"], rollout_logp=base.arrays["old_logp"],
+                  mask=base.arrays["mask"])
+    return Case(base.label.split(", advantages")[0], arrays, params, stages=("value",))
+
+
+def reinforce_loss_case(rng, i):
+    level = _cycle(i, [None, "token", "sequence"])
+    params = dict(beta=0.5 if level is None and i % 2 == 0 else 0.0, is_level=level,
+                  is_mode=_cycle(i // 3, ["truncate", "mask"]),
+                  is_lower=_cycle(i // 2, [None, 0.5]),
+                  is_upper=_cycle(i // 4, [2.0, 1.5, math.inf]),
+                  is_log_ratio_clamp=_cycle(i // 5, [20.0, None]))
+    return _token_case(rng, i, params, [])
+
+
+def dppo_loss_case(rng, i):
+    """Probabilities q and p = q + d kept inside (0, 1), d away from the trust region's edges
+    (the region's indicator is constant between them)."""
+    B, T = _shape(i, rng)
+    kind = _mask_kind(i)
+    m = _mask(rng, B, T, kind)
+    divergence = _cycle(i, ["tv", "kl"])
+    lo, hi = _cycle(i // 2, [(0.2, None), (0.1, 0.28), (0.05, 0.05)])
+    params = dict(divergence=divergence, clip_low=lo, clip_high=hi,
+                  clip_c=_cycle(i // 3, [20.0, None, 2.0]),
+                  log_ratio_clamp=_cycle(i // 4, [20.0, None]),
+                  kl_eps=_cycle(i // 5, [0.0, 1e-8]))
+    hi = lo if hi is None else hi
+    q = rng.uniform(0.05, 0.95, size=(B, T))
+    d = away(rng.normal(0.0, 0.15, size=(B, T)), [hi, -lo])
+    p = np.clip(q + d, 0.01, 0.99)
+    if divergence == "kl":        # the binary KL's edges: move p to q where D is near δ
+        D = q * np.log(q / p) + (1 - q) * np.log((1 - q) / (1 - p))
+        near = (np.abs(D - lo) < 0.1 * lo) | (np.abs(D - hi) < 0.1 * hi)
+        p = np.where(near, q, p)
+    arrays = dict(logp=_garbage(np.log(p), m, rng), old_logp=_garbage(np.log(q), m, rng),
+                  advantages=_advantages(rng, B, T, i, m), mask=m)
+    label = f"{kind} mask, " + ", ".join(f"{k}={v}" for k, v in params.items()) + \
+        _advantages_label(arrays, i)
+    return Case(label, arrays, params)
+
+
+def gmpo_loss_case(rng, i):
+    lo = _cycle(i, [0.2, 0.4, 0.1])
+    hi = _cycle(i // 3, [None, 0.3])
+    params = dict(clip_low=lo, clip_high=hi, eps=_cycle(i // 2, [0.0, 1e-8]))
+    return _token_case(rng, i, params, [-lo, lo if hi is None else hi])
 
 
 def value_loss_case(rng, i):

@@ -178,6 +178,23 @@ def build() -> Dict[str, Entry]:
         _entry("sapo_loss", ("logp",), stack="rows",
                grid=dict(tau_pos=(1.0, 0.5, 2.0), tau_neg=(1.05, 1.0, 1.5),
                          log_ratio_clamp=(None, 20.0))),
+        _entry("rollout_is_weights", (), trainer_grad=False,     # detached weights: values
+               grid=dict(level=vocab.IS_LEVELS, mode=vocab.IS_MODES, seq_stat=vocab.IS_SEQ_STATS,
+                         kept=vocab.IS_KEPT, log_ratio_clamp=(None, 20.0))),
+        _entry("reinforce_loss", ("logp",), stack="rows",
+               detached="w: the rollout-correction weight (is_level set)",
+               freeze=lambda params: oracles.freeze_ratio if params.get("is_level") else None,
+               grid=dict(beta=(0.0,), is_level=(None,) + vocab.IS_LEVELS,
+                         is_log_ratio_clamp=(20.0, None))),
+        _entry("dppo_loss", ("logp",), stack="rows",
+               detached="min(r, C) and the trust-region indicator",
+               freeze=lambda params: oracles.freeze_ratio,
+               grid=dict(divergence=vocab.DPPO_DIVERGENCES, clip_c=(20.0, None),
+                         kl_eps=(0.0, 1e-8), log_ratio_clamp=(20.0, None),
+                         clip_low=(0.2, 0.1, 0.28), clip_high=(None, 0.2, 0.28))),
+        _entry("gmpo_loss", ("logp",),
+               grid=dict(clip_low=(0.2, 0.4, 0.1), clip_high=(None, 0.2, 0.4),
+                         eps=(0.0, 1e-8))),
     ]
     return {e.name: e for e in entries}
 

@@ -1,0 +1,306 @@
+"""Losses beyond PPO's ratio clip: rollout-correction importance weights, REINFORCE (with DRO's
+penalty), DPPO's trust-region mask and GMPO's geometric mean, each with a hand-derived VJP.
+"""
+import numpy as np
+
+from ref_common import args
+
+from . import _arrays as ar
+from ._arrays import OPS
+from .policy_losses import loss_inputs
+
+
+# ====================================================================== rollout correction
+def _is_parts(log_ratio, m, c):
+    """The weights of validated conventions `c` from padding-free token log-ratios [B, T]."""
+    x = log_ratio
+    if c.level == "sequence":
+        s = x.sum(axis=-1, keepdims=True)
+        if c.seq_stat == "mean":
+            s = s / np.maximum(m.sum(axis=-1, keepdims=True), 1)
+        s = np.broadcast_to(s, x.shape)
+    else:
+        s = x
+    if c.log_ratio_clamp is not None:
+        s = np.clip(s, -c.log_ratio_clamp, c.log_ratio_clamp)
+        x = np.clip(x, -c.log_ratio_clamp, c.log_ratio_clamp)
+    unit = ar.capped_exp(s)
+    lower = -np.inf if c.lower is None else c.lower
+    upper = np.inf if c.upper is None else c.upper
+    if c.mode == "truncate":
+        w = np.minimum(np.maximum(unit, lower), upper)
+    else:
+        kept = unit if c.kept == "unit" else ar.capped_exp(x)
+        w = np.where((unit >= lower) & (unit <= upper), kept, 0.0)
+    return np.where(m, w, 0.0)
+
+
+def rollout_is_weights(logp, rollout_logp, mask=None, *, level="token", mode="truncate",
+                       lower=None, upper=2.0, seq_stat="sum", kept="unit",
+                       log_ratio_clamp=None):
+    """Importance weights that correct for the mismatch between the engine that sampled the
+    rollout (vLLM, SGLang) and the one that trains, w ≈ π_train/π_rollout.
+
+    With x_t = logp_t − rollout_logp_t at valid tokens:
+        token level:     s_t = x_t
+        sequence level:  s_t = S = Σ_t x_t (seq_stat "sum": the product of token ratios) or
+                         S = mean_t x_t ("mean": their geometric mean), the same for every token
+        log_ratio_clamp: s (and x) clipped to ±clamp before exp
+        truncate (TIS):  w_t = clip(e^{s_t}, lower, upper)        (None: that side unbounded)
+        mask (MIS):      w_t = e^{s_t} if lower ≤ e^{s_t} ≤ upper else 0;  with kept="token"
+                         a kept token carries its own ratio e^{x_t} instead of its unit's
+
+    Reference: Yao et al., "Your Efficient RL Framework Secretly Brings You Off-Policy RL
+    Training" (2025) for TIS; verl `rollout_corr_helper.compute_rollout_correction_weights`
+    (token / sequence, sum, a float threshold truncates, "lower_upper" masks (IcePop),
+    clamp ±20), TRL's `vllm_importance_sampling_mode` (token_/sequence_ × truncate/mask, sum,
+    clip_min/clip_max, no clamp), OpenRLHF's `is_correction_level` token / seq (a sequence is
+    judged by its geometric mean, "mean", and a kept token keeps its own ratio, kept="token").
+    Note: the weights are a change of measure, not part of the objective: every trainer
+    detaches them (reinforce_loss's `detach` stage proves its use of them is stop-gradient). With
+    upper = ∞ and lower = None, truncation is plain importance sampling, w = π_train/π_rollout.
+
+    Worked example: x = [log 3, log 0.5], token level, upper 2: truncate → [2, 0.5];
+    mask → [0, 0.5]; sequence level (S = log 1.5): truncate → [1.5, 1.5].
+
+    Args:
+      logp: [B, T] float (or [T]). log π_train of the sampled tokens.
+      rollout_logp: [B, T] float. log π_rollout of the same tokens.
+      mask: [B, T] bool or 0/1, or None.
+      level: "token" | "sequence".  mode: "truncate" | "mask".
+      lower, upper: None or bounds on the weight (0 ≤ lower ≤ upper; upper may be inf).
+      seq_stat: "sum" | "mean".  kept: "unit" | "token".
+      log_ratio_clamp: None or a bound c > 0 on |log w|.
+
+    Returns:
+      [B, T] float64 weights, 0 at masked positions. Not differentiated (no VJP).
+    """
+    a = args.pair_inputs(OPS, logp, rollout_logp, mask, ("logp", "rollout_logp"))
+    c = args.rollout_is(level, mode, lower, upper, seq_stat, kept, log_ratio_clamp)
+    x = ar.zero_masked(a.first, a.mask) - ar.zero_masked(a.second, a.mask)
+    return _is_parts(x, a.mask, c)
+
+
+# ====================================================================== REINFORCE, DRO
+def _reinforce_parts(logp, old_logp, advantages, mask, beta, is_level, is_mode, is_lower,
+                     is_upper, is_log_ratio_clamp):
+    lp, old, adv, m, _ = loss_inputs(logp, old_logp, advantages, mask, None)
+    beta = args.reinforce(beta, is_level)
+    w = np.ones_like(lp)
+    if is_level is not None:
+        c = args.rollout_is(is_level, is_mode, is_lower, is_upper, "sum", "unit",
+                            is_log_ratio_clamp)
+        w = _is_parts(lp - old, m, c)
+    return lp, old, adv, m, beta, w
+
+
+def reinforce_loss(logp, old_logp, advantages, mask=None, *, beta=0.0, is_level=None,
+                   is_mode="truncate", is_lower=None, is_upper=2.0, is_log_ratio_clamp=20.0):
+    """REINFORCE's per-token loss, with DRO's quadratic penalty and in-loss rollout weights:
+
+        l_t = sg(w_t)·(−A_t·logp_t + ½β·(logp_t − old_logp_t)²)
+
+    w = 1, or with is_level set the rollout-correction weight of logp against old_logp read as
+    the rollout policy (`rollout_is_weights` with level=is_level, mode=is_mode, lower=is_lower,
+    upper=is_upper, log_ratio_clamp=is_log_ratio_clamp), held constant (stop-gradient).
+
+    Reference: Williams (1992); verl `compute_policy_loss_reinforce` (−A·logp, times the
+    rollout weights it is given), `compute_policy_loss_gpg` (the same loss: GPG's change is in
+    its advantages), `compute_policy_loss_dro` (β = policy_loss.dro_beta) and
+    `compute_policy_loss_bypass_mode` with loss_type "reinforce" (old_log_prob is the rollout's;
+    token-level weights truncated at 2, log-ratio clamped to ±20).
+    Note: the value −A·logp is not the PPO surrogate −A·r: it differs by a constant in θ only at
+    r = 1, so the two have the same gradient on-policy. With is_level set, beta must be 0 (one
+    old_logp cannot be both the rollout and the DRO anchor).
+
+    Worked example: A = 2, logp = −0.5, old = −0.7, β = 1: l = 1 + ½·0.04 = 1.02,
+    ∂l/∂logp = −2 + 0.2 = −1.8.
+
+    Args:
+      logp, old_logp: [B, T] float (or [T]).
+      advantages: [B, T] or [B] float.
+      mask: [B, T] bool or 0/1, or None.
+      beta: float ≥ 0.  is_level: None | "token" | "sequence"; the is_* keywords as
+      rollout_is_weights' (its sequence statistic is the sum).
+
+    Returns:
+      [B, T] float64, 0 at masked positions.
+    """
+    lp, old, adv, m, beta, w = _reinforce_parts(logp, old_logp, advantages, mask, beta,
+                                                is_level, is_mode, is_lower, is_upper,
+                                                is_log_ratio_clamp)
+    d = lp - old
+    return np.where(m, w * (-adv * lp + 0.5 * beta * d * d), 0.0)
+
+
+def reinforce_loss_vjp(g, logp, old_logp, advantages, mask=None, *, beta=0.0, is_level=None,
+                       is_mode="truncate", is_lower=None, is_upper=2.0,
+                       is_log_ratio_clamp=20.0):
+    """VJP of `reinforce_loss` wrt logp.
+
+    Gradient: w is a constant (stop-gradient), so
+        ∂l_t/∂logp_t = w_t·(−A_t + β·(logp_t − old_logp_t))
+    and ∂L/∂logp = g·w·(−A + β·(logp − old)); on-policy (logp = old) it is −w·A, the policy
+    gradient. Without the stop-gradient the token-level weight would add
+    g·(∂w/∂logp)·(−A·logp), which is wrong (IS weights change the measure, not the objective).
+
+    Returns:
+      {"logp": [B, T]} float64.
+    """
+    lp, old, adv, m, beta, w = _reinforce_parts(logp, old_logp, advantages, mask, beta,
+                                                is_level, is_mode, is_lower, is_upper,
+                                                is_log_ratio_clamp)
+    gm = ar.zero_masked(args.cotangent(OPS, g, "g", OPS.spec("logp", logp)), m)
+    return {"logp": np.where(m, gm * w * (-adv + beta * (lp - old)), 0.0)}
+
+
+# ====================================================================== DPPO
+def _dppo_parts(logp, old_logp, advantages, mask, divergence, clip_low, clip_high, clip_c,
+                log_ratio_clamp, kl_eps):
+    lp, old, adv, m, clamp = loss_inputs(logp, old_logp, advantages, mask, log_ratio_clamp)
+    p = args.dppo(divergence, clip_low, clip_high, clip_c, kl_eps)
+    rho = lp - old
+    if clamp is not None:
+        rho = np.clip(rho, -clamp, clamp)
+    w = ar.capped_exp(rho)
+    if p.clip_c is not None:
+        w = np.minimum(w, p.clip_c)
+    pi, q = np.exp(lp), np.exp(old)
+    if p.divergence == "tv":
+        pos_ok, neg_ok = pi - q <= p.hi, pi - q >= -p.lo
+    else:
+        for name, x in (("logp", lp), ("old_logp", old)):
+            if (x > 0).any():
+                i = tuple(int(k) for k in np.argwhere(x > 0)[0])
+                args.not_a_log_probability(name, i, float(x[i]))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            d = q * (old - lp) + (1.0 - q) * (np.log(1.0 - q + p.kl_eps) -
+                                               np.log(1.0 - pi + p.kl_eps))
+        pos_ok, neg_ok = (d <= p.hi) | (pi <= q), (d <= p.lo) | (pi >= q)
+    keep = np.where(adv > 0, pos_ok, neg_ok) & m
+    return lp, adv, m, w, keep
+
+
+def dppo_loss(logp, old_logp, advantages, mask=None, *, divergence="tv", clip_low=0.2,
+              clip_high=None, clip_c=20.0, log_ratio_clamp=20.0, kl_eps=0.0):
+    """DPPO: a trust region on the sampled token's probability instead of on the ratio.
+
+        p = e^logp, q = e^old_logp, r = exp(clip(logp − old_logp, ±log_ratio_clamp))
+        tv:  D = p − q;  kept where A > 0: D ≤ δ_high,  A ≤ 0: D ≥ −δ_low
+        kl:  D = q·log(q/p) + (1 − q)·log((1 − q + ε)/(1 − p + ε)), the binary KL;
+             kept where A > 0: D ≤ δ_high or p ≤ q,  A ≤ 0: D ≤ δ_low or p ≥ q
+        l_t = −A_t·sg(min(r_t, C))·logp_t·sg(kept_t)
+
+    A token leaves the update only when it has moved too far in its advantage's direction.
+
+    Reference: "DPPO" (arXiv:2602.04879) as verl writes it in `compute_policy_loss_dppo_tv` and
+    `compute_policy_loss_dppo_kl` (δ = actor.clip_ratio(_low/_high), C = clip_ratio_c, default
+    20 there, log-ratio clamp ±20, ε = 1e-8 in the binary KL: `kl_eps`).
+    Note: the value carries logp itself, weighted by the detached truncated ratio, so the
+    gradient is −A·min(r, C) inside the region and 0 outside: the truncated-IS policy gradient.
+
+    Worked example: A = 1, logp = log 0.5, old = log 0.4, tv, δ = 0.2: D = 0.1 ≤ 0.2, kept;
+    r = 1.25, l = −1.25·log 0.5 = 0.8664, ∂l/∂logp = −1.25. With old = log 0.2 instead,
+    D = 0.3 > 0.2: l = 0 and no gradient.
+
+    Args:
+      logp, old_logp: [B, T] float (or [T]); log-probabilities (≤ 0 for "kl").
+      advantages: [B, T] or [B] float.
+      mask: [B, T] bool or 0/1, or None.
+      divergence: "tv" | "kl".  clip_low, clip_high: δ > 0 (clip_high None: δ_low).
+      clip_c: None or the truncation C > 0 of the weight.  log_ratio_clamp: None or > 0.
+      kl_eps: ε ≥ 0 inside the binary KL's second log.
+
+    Returns:
+      [B, T] float64, 0 at masked positions.
+    """
+    lp, adv, m, w, keep = _dppo_parts(logp, old_logp, advantages, mask, divergence, clip_low,
+                                      clip_high, clip_c, log_ratio_clamp, kl_eps)
+    return np.where(keep, -adv * w * lp, 0.0)
+
+
+def dppo_loss_vjp(g, logp, old_logp, advantages, mask=None, *, divergence="tv", clip_low=0.2,
+                  clip_high=None, clip_c=20.0, log_ratio_clamp=20.0, kl_eps=0.0):
+    """VJP of `dppo_loss` wrt logp.
+
+    Gradient: min(r, C) and the region indicator are stop-gradient factors, so
+        ∂l_t/∂logp_t = −A_t·min(r_t, C)·kept_t,   ∂L/∂logp = g·(that).
+    (Differentiating the weight too would add −A·logp·r·1[r < C], which the trainers do not.)
+
+    Returns:
+      {"logp": [B, T]} float64.
+    """
+    _, adv, m, w, keep = _dppo_parts(logp, old_logp, advantages, mask, divergence, clip_low,
+                                     clip_high, clip_c, log_ratio_clamp, kl_eps)
+    gm = ar.zero_masked(args.cotangent(OPS, g, "g", OPS.spec("logp", logp)), m)
+    return {"logp": np.where(keep, -gm * adv * w, 0.0)}
+
+
+# ====================================================================== GMPO
+def _gmpo_parts(logp, old_logp, advantages, mask, clip_low, clip_high, eps):
+    lp, old, adv, m, _ = loss_inputs(logp, old_logp, advantages, mask, None)
+    p = args.gmpo(clip_low, clip_high, eps)
+    lp, old, adv, m = (x[None, :] if x.ndim == 1 else x for x in (lp, old, adv, m))
+    rho = lp - old
+    sgn = np.sign(adv)
+    rc = np.clip(rho, -p.lo, p.hi)
+    rt = sgn * np.minimum(sgn * rho, sgn * rc)          # the pessimistic branch, per token
+    free = m & (sgn != 0) & (sgn * rho <= sgn * rc)      # where rt is rho (it carries gradient)
+    denom = m.sum(axis=-1) + p.eps
+    denom = np.where(denom > 0, denom, 1.0)              # an empty row: R = Ā = 0
+    R = np.where(m, rt, 0.0).sum(axis=-1) / denom
+    a_bar = adv.sum(axis=-1) / denom
+    return a_bar, ar.capped_exp(R), R, denom, free
+
+
+def gmpo_loss(logp, old_logp, advantages, mask=None, *, clip_low=0.2, clip_high=None, eps=0.0):
+    """GMPO: PPO's objective on the geometric mean of a sequence's token ratios.
+
+        ρ_t = logp_t − old_logp_t,  ρ̃_t = sign(A_t)·min(sign(A_t)·ρ_t, sign(A_t)·clip(ρ_t, −ε_low, ε_high))
+        R_i = Σ_t m_t ρ̃_t / (L_i + eps),   Ā_i = Σ_t m_t A_t / (L_i + eps)
+        loss = (1/B)·Σ_i −Ā_i·exp(R_i)
+
+    The clip is in log space, per token, and pessimistic (PPO's min) before the mean.
+
+    Reference: Zhao et al., "Geometric-Mean Policy Optimization" (arXiv:2507.20673), as verl
+    writes it in `compute_policy_loss_geo_mean` (ε = clip_ratio(_low/_high), eps = 1e-8; the
+    mean over sequences whatever loss_agg_mode says).
+    Note: a token outlier moves exp(R) by e^{ρ_t/L} only, which is the point of the geometric
+    mean; an empty row has R = 0, Ā = 0 and adds 0 to the sum but counts in B.
+
+    Worked example: one sequence, A = 1, ρ = [0.1, 0.3], ε = 0.2: ρ̃ = [0.1, 0.2], R = 0.15,
+    loss = −e^0.15 = −1.161834; ∂loss/∂logp = [−e^0.15/2, 0] = [−0.580917, 0].
+
+    Args:
+      logp, old_logp: [B, T] float (or [T]: one sequence).
+      advantages: [B, T] or [B] float.
+      mask: [B, T] bool or 0/1, or None.
+      clip_low, clip_high: ε ≥ 0 in log space (clip_high None: ε_low).  eps: ≥ 0.
+
+    Returns:
+      A 0-d float64 array.
+    """
+    a_bar, e, _, _, _ = _gmpo_parts(logp, old_logp, advantages, mask, clip_low, clip_high, eps)
+    return np.asarray(np.mean(-a_bar * e))
+
+
+def gmpo_loss_vjp(g, logp, old_logp, advantages, mask=None, *, clip_low=0.2, clip_high=None,
+                  eps=0.0):
+    """VJP of `gmpo_loss` wrt logp.
+
+    Gradient: ∂R_i/∂logp_t = m_t·1[ρ̃_t = ρ_t]/(L_i + eps) (the clipped branch is a constant,
+    and sign(A) = 0 gives ρ̃ = 0), and exp saturates at the largest float (derivative 0 past
+    it), so
+        ∂loss/∂logp_{i,t} = g·(1/B)·(−Ā_i·e^{R_i})·1[ρ̃_t = ρ_t]·m_t/(L_i + eps).
+    Every token of a sequence shares one weight; the clipped ones get none.
+
+    Returns:
+      {"logp": [B, T]} float64 (or [T]).
+    """
+    a_bar, e, R, denom, free = _gmpo_parts(logp, old_logp, advantages, mask, clip_low,
+                                           clip_high, eps)
+    g = args.scalar_cotangent(OPS, g, "gmpo_loss")
+    live = (R <= ar.LOG_FLOAT_MAX)
+    per_seq = g / len(a_bar) * (-a_bar * e * live) / denom
+    out = np.where(free, per_seq[:, None], 0.0)
+    return {"logp": out.reshape(np.shape(logp))}

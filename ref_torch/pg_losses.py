@@ -1,0 +1,121 @@
+"""Rollout-correction weights, REINFORCE / DRO, DPPO and GMPO in torch, written in objective form
+from their equations; autograd gives the gradients (the weights, DPPO's truncated ratio and its
+trust-region indicator are detached, as their definitions say)."""
+import torch
+
+from ref_common import args
+
+from . import _tensors as tt
+from ._tensors import OPS
+from .policy_losses import _prepare
+
+
+def _weights(log_ratio, m, c):
+    """Detached weights of validated conventions `c` from padding-free token log-ratios."""
+    log_ratio = log_ratio.detach()
+    zero = tt.zero(log_ratio)
+    if c.level == "sequence":
+        s = log_ratio.sum(dim=-1, keepdim=True)
+        if c.seq_stat == "mean":
+            s = s / m.sum(dim=-1, keepdim=True).clamp(min=1)
+        s = s.expand(log_ratio.shape)
+    else:
+        s = log_ratio
+    x = log_ratio
+    if c.log_ratio_clamp is not None:
+        s, x = (torch.clamp(v, -c.log_ratio_clamp, c.log_ratio_clamp) for v in (s, x))
+    cap = tt.log_float_max(log_ratio.dtype)
+    unit = torch.exp(torch.clamp(s, max=cap))
+    if c.mode == "truncate":
+        bounded = c.lower is not None or c.upper is not None
+        w = torch.clamp(unit, min=c.lower, max=c.upper) if bounded else unit
+    else:
+        keep = torch.ones_like(m)
+        if c.lower is not None:
+            keep = keep & (unit >= c.lower)
+        if c.upper is not None:
+            keep = keep & (unit <= c.upper)
+        own = unit if c.kept == "unit" else torch.exp(torch.clamp(x, max=cap))
+        w = torch.where(keep, own, zero)
+    return torch.where(m, w, zero)
+
+
+def rollout_is_weights(logp, rollout_logp, mask=None, *, level="token", mode="truncate",
+                       lower=None, upper=2.0, seq_stat="sum", kept="unit",
+                       log_ratio_clamp=None):
+    """w ≈ π_train/π_rollout per token (or per sequence: exp of the sum or mean of the token
+    log-ratios), truncated into [lower, upper] or zeroed outside it; detached.
+    Args/Returns: as ref_numpy.rollout_is_weights, with tensors.
+    """
+    a = args.pair_inputs(OPS, logp, rollout_logp, mask, ("logp", "rollout_logp"))
+    c = args.rollout_is(level, mode, lower, upper, seq_stat, kept, log_ratio_clamp)
+    zero = tt.zero(a.first)
+    x = torch.where(a.mask, a.first, zero) - torch.where(a.mask, a.second, zero)
+    return _weights(x, a.mask, c)
+
+
+def reinforce_loss(logp, old_logp, advantages, mask=None, *, beta=0.0, is_level=None,
+                   is_mode="truncate", is_lower=None, is_upper=2.0, is_log_ratio_clamp=20.0):
+    """l = sg(w)·(−A·logp + ½β(logp − old_logp)²), w the rollout weight of logp against
+    old_logp when is_level is set, else 1.
+    Args/Returns: as ref_numpy.reinforce_loss, with tensors.
+    """
+    lp0, old0, adv0, m, _, zero = _prepare(logp, old_logp, advantages, mask, None)
+    beta = args.reinforce(beta, is_level)
+    w = torch.ones_like(lp0)
+    if is_level is not None:
+        c = args.rollout_is(is_level, is_mode, is_lower, is_upper, "sum", "unit",
+                            is_log_ratio_clamp)
+        w = _weights(lp0 - old0, m, c)
+    d = lp0 - old0
+    return torch.where(m, w * (-adv0 * lp0 + 0.5 * beta * d * d), zero)
+
+
+def dppo_loss(logp, old_logp, advantages, mask=None, *, divergence="tv", clip_low=0.2,
+              clip_high=None, clip_c=20.0, log_ratio_clamp=20.0, kl_eps=0.0):
+    """DPPO (arXiv:2602.04879): l = −A·sg(min(r, C))·logp·sg(kept), kept where the binary TV
+    (p − q) or binary KL between the token's new and old probabilities is inside δ in the
+    advantage's direction.
+    Args/Returns: as ref_numpy.dppo_loss, with tensors.
+    """
+    lp0, old0, adv0, m, ratio, zero = _prepare(logp, old_logp, advantages, mask,
+                                               log_ratio_clamp)
+    p = args.dppo(divergence, clip_low, clip_high, clip_c, kl_eps)
+    w = ratio if p.clip_c is None else torch.clamp(ratio, max=p.clip_c)
+    with torch.no_grad():
+        pi, q = torch.exp(lp0), torch.exp(old0)
+        if p.divergence == "tv":
+            pos_ok, neg_ok = pi - q <= p.hi, pi - q >= -p.lo
+        else:
+            for name, x in (("logp", lp0), ("old_logp", old0)):
+                bad = torch.nonzero(x > 0)
+                if len(bad):
+                    i = tuple(int(k) for k in bad[0])
+                    args.not_a_log_probability(name, i, x[i].item())
+            binary_kl = q * (old0 - lp0) + (1 - q) * (torch.log(1 - q + p.kl_eps) -
+                                                      torch.log(1 - pi + p.kl_eps))
+            pos_ok = (binary_kl <= p.hi) | (pi <= q)
+            neg_ok = (binary_kl <= p.lo) | (pi >= q)
+        kept = torch.where(adv0 > 0, pos_ok, neg_ok) & m
+    return torch.where(kept, -adv0 * w.detach() * lp0, zero)
+
+
+def gmpo_loss(logp, old_logp, advantages, mask=None, *, clip_low=0.2, clip_high=None, eps=0.0):
+    """GMPO (arXiv:2507.20673): −mean_i Ā_i·exp(Σ_t ρ̃_t/(L_i + eps)), ρ̃ the log-ratio clipped
+    pessimistically per token (PPO's min, in log space).
+    Args/Returns: as ref_numpy.gmpo_loss, with tensors.
+    """
+    lp0, old0, adv0, m, _, zero = _prepare(logp, old_logp, advantages, mask, None)
+    p = args.gmpo(clip_low, clip_high, eps)
+    if lp0.dim() == 1:
+        lp0, old0, adv0, m = (x.unsqueeze(0) for x in (lp0, old0, adv0, m))
+    log_ratio = lp0 - old0
+    sign = torch.sign(adv0)
+    clipped = torch.clamp(log_ratio, -p.lo, p.hi)
+    pessimistic = sign * torch.minimum(sign * log_ratio, sign * clipped)
+    length = m.sum(dim=-1).to(lp0.dtype) + p.eps
+    length = torch.where(length > 0, length, torch.ones_like(length))
+    mean_log_ratio = torch.where(m, pessimistic, zero).sum(dim=-1) / length
+    mean_adv = adv0.sum(dim=-1) / length
+    ratio = torch.exp(torch.clamp(mean_log_ratio, max=tt.log_float_max(lp0.dtype)))
+    return (-mean_adv * ratio).mean()
