@@ -494,6 +494,52 @@ def kl_penalty(ops: Ops, logp, ref_logp, mask_, kind, clamp) -> Kl:
     return Kl(lp, ref, m, kind, in_b, out_b)
 
 
+class KlRewards(NamedTuple):
+    scores: Any         # as given: [B, T], or [B] when per_seq
+    per_seq: bool
+    beta: float
+
+
+def kl_rewards(ops: Ops, scores, logp, mask_, beta) -> KlRewards:
+    """The task scores beside kl_penalty's inputs (validated by `kl_penalty`): one per token
+    (logp's shape) or one per sequence [B], placed at each row's last valid token."""
+    lps = ops.spec("logp", logp)
+    ss = ops.spec("scores", scores)
+    checks.require_float(ss)
+    if tuple(ss.shape) == tuple(lps.shape):
+        per_seq = False
+    elif len(lps.shape) == 2 and tuple(ss.shape) == (lps.shape[0],):
+        per_seq = True
+    else:
+        one = f" or one per sequence [B] = ({lps.shape[0]},)" if len(lps.shape) == 2 else ""
+        raise ValueError(f"scores has shape {tuple(ss.shape)} but logp has "
+                         f"{tuple(lps.shape)}; expected per token {tuple(lps.shape)}{one}")
+    if ops.uniform:
+        checks.same_dtype(lps, ss)
+        checks.same_device(lps, ss)
+    s = ops.floats(scores)
+    m = mask(ops, mask_, lps, ops.floats(logp))
+    finite(ops, "scores", s, ops.rows_with_tokens(m) if per_seq else m)
+    return KlRewards(s, per_seq, checks.non_negative("beta", beta))
+
+
+def token_logits(ops: Ops, logits_, mask_):
+    """(logits, mask) of per-token categorical policies: logits [B, T, V] (or [T, V]), V ≥ 2,
+    and a [B, T] mask."""
+    s = ops.spec("logits", logits_)
+    checks.require_float(s)
+    if len(s.shape) not in (2, 3) or s.shape[-1] < 2:
+        raise ValueError(f"logits has shape {tuple(s.shape)}; expected [B, T, V] or [T, V] "
+                         f"with a vocabulary V ≥ 2")
+    z = ops.floats(logits_)
+    tokens = s._replace(shape=tuple(s.shape[:-1]))
+    m = mask(ops, mask_, tokens, z[..., 0])
+    found = ops.first_nonfinite(z, m[..., None] & ops.all_valid(z))
+    if found is not None:
+        checks.finite_at_valid("logits", *found)
+    return z, m
+
+
 class ApproxKl(NamedTuple):
     logp: Any
     old_logp: Any

@@ -5,8 +5,10 @@ Pure NumPy, float64. Every function `X` has `X_vjp(g, *args, **kwargs)` returnin
 """
 from .advantages import (discounted_returns, discounted_returns_vjp, gae, gae_vjp,
                          group_advantages, group_advantages_vjp, whiten, whiten_vjp)
+from .entropy import entropy, entropy_vjp
 from .estimators import kl_estimator_gradient, kl_estimator_moments, kl_estimator_moments_vjp
-from .kl import approx_kl, approx_kl_vjp, kl_penalty, kl_penalty_vjp
+from .kl import (approx_kl, approx_kl_vjp, kl_penalty, kl_penalty_vjp, kl_rewards,
+                 kl_rewards_vjp)
 from .policy_losses import (cispo_loss, cispo_loss_vjp, clip_fraction, gspo_loss, gspo_loss_vjp,
                             policy_objective, policy_objective_vjp, ppo_clip_loss,
                             ppo_clip_loss_vjp, sapo_loss, sapo_loss_vjp, value_loss,
@@ -36,4 +38,6 @@ __all__ = [
     "reinforce_loss", "reinforce_loss_vjp",
     "dppo_loss", "dppo_loss_vjp",
     "gmpo_loss", "gmpo_loss_vjp",
+    "entropy", "entropy_vjp",
+    "kl_rewards", "kl_rewards_vjp",
 ]

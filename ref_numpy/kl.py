@@ -129,3 +129,61 @@ def approx_kl_vjp(g, logp, old_logp, mask=None, *, kind="k1"):
     g = args.scalar_cotangent(OPS, g, "approx_kl")
     _, dk = k_estimator(kind, u)
     return {"logp": np.where(m, g * dk / max(n, 1), 0.0)}
+
+
+def _placed_scores(a, m):
+    """The task scores per token: as given, or each row's score at its last valid token."""
+    if not a.per_seq:
+        return ar.zero_masked(a.scores, m)
+    T = m.shape[-1]
+    last = T - 1 - np.argmax(m[:, ::-1], axis=-1)
+    at_last = (np.arange(T)[None, :] == last[:, None]) & m
+    return np.where(at_last, np.where(m.any(axis=-1), a.scores, 0.0)[:, None], 0.0)
+
+
+def kl_rewards(scores, logp, ref_logp, mask=None, *, beta=0.05, kind="k1", clamp=None):
+    """Token rewards with the KL penalty folded in, for PPO with a critic:
+
+        r_t = s_t − β·k_t,   k_t = kl_penalty(logp, ref_logp, kind, clamp)_t
+
+    s is the task score per token, or one score per sequence placed at the row's last valid
+    token (its end of sequence), 0 elsewhere.
+
+    Reference: Ziegler et al., "Fine-Tuning Language Models from Human Preferences"
+    (arXiv:1909.08593) and InstructGPT's per-token KL reward; verl `compute_rewards`
+    (token_level_scores − kl_ratio·(old_log_prob − ref_log_prob): k1), OpenRLHF
+    `models/utils.compute_reward` (the score at the last action token, −kl_coef·kl added),
+    TRL PPO (`non_score_reward = −kl_coef·kl`, the score added at the end of the response).
+    Note: rewards are computed without gradient; the KL enters GAE's returns. This differs from
+    the KL *loss* term of GRPO (policy_objective's beta), whose gradient is taken.
+
+    Worked example: s = [0, 1] per token, logp = [−1, −2], ref = [−1.5, −1.5], β = 0.1, k1:
+    k = [0.5, −0.5], r = [−0.05, 1.05].
+
+    Args:
+      scores: [B, T] or [B] float.
+      logp, ref_logp: [B, T] float (or [T]).
+      mask: [B, T] bool or 0/1, or None.
+      beta: float ≥ 0.  kind, clamp: as kl_penalty's.
+
+    Returns:
+      [B, T] float64, 0 at masked positions.
+    """
+    k = kl_penalty(logp, ref_logp, mask, kind=kind, clamp=clamp)
+    a = args.kl_rewards(OPS, scores, logp, mask, beta)
+    m = np.ones(k.shape, bool) if mask is None else OPS.as_mask(mask)
+    return np.where(m, _placed_scores(a, m) - a.beta * k, 0.0)
+
+
+def kl_rewards_vjp(g, scores, logp, ref_logp, mask=None, *, beta=0.05, kind="k1", clamp=None):
+    """VJP of `kl_rewards` wrt logp.
+
+    Gradient: the scores do not depend on logp, so ∂r_t/∂logp_t = −β·∂k_t/∂logp_t, and the
+    VJP is kl_penalty's with cotangent −β·g.
+
+    Returns:
+      {"logp": [B, T]} float64.
+    """
+    a = args.kl_rewards(OPS, scores, logp, mask, beta)
+    gs = -a.beta * args.cotangent(OPS, g, "g", OPS.spec("logp", logp))
+    return kl_penalty_vjp(gs, logp, ref_logp, mask, kind=kind, clamp=clamp)

@@ -4,8 +4,9 @@ Same function names and signatures as ref_numpy (without the *_vjp). Any float d
 a call computes in its inputs' dtype, on their device.
 """
 from .advantages import discounted_returns, gae, group_advantages, whiten
+from .entropy import entropy
 from .estimators import kl_estimator_gradient, kl_estimator_moments
-from .kl import approx_kl, kl_penalty
+from .kl import approx_kl, kl_penalty, kl_rewards
 from .policy_losses import (cispo_loss, clip_fraction, gspo_loss, policy_objective, ppo_clip_loss,
                             sapo_loss, value_loss)
 from .pg_losses import dppo_loss, gmpo_loss, reinforce_loss, rollout_is_weights
@@ -32,4 +33,6 @@ __all__ = [
     "reinforce_loss",
     "dppo_loss",
     "gmpo_loss",
+    "entropy",
+    "kl_rewards",
 ]

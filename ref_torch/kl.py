@@ -53,3 +53,22 @@ def approx_kl(logp, old_logp, mask=None, *, kind="k1"):
     est = k_estimate(a.kind, torch.where(m, a.logp, zero) - torch.where(m, a.old_logp, zero))
     total = torch.where(m, est, zero).sum()
     return total / a.n_valid if a.n_valid else total * 0
+
+
+def kl_rewards(scores, logp, ref_logp, mask=None, *, beta=0.05, kind="k1", clamp=None):
+    """r_t = s_t − β·k_t: task scores (per token, or per sequence at the last valid token)
+    minus the β-weighted per-token KL estimate of `kl_penalty`.
+    Args/Returns: as ref_numpy.kl_rewards, with tensors.
+    """
+    k = kl_penalty(logp, ref_logp, mask, kind=kind, clamp=clamp)
+    a = args.kl_rewards(OPS, scores, logp, mask, beta)
+    m = OPS.all_valid(k) if mask is None else OPS.as_mask(mask)
+    zero = tt.zero(k)
+    if a.per_seq:
+        position = torch.arange(m.shape[-1], device=m.device)
+        last = torch.where(m, position, torch.full_like(position, -1)).max(dim=-1).values
+        s = torch.where((position[None, :] == last[:, None]) & m,
+                        torch.where(m.any(dim=-1), a.scores, zero)[:, None], zero)
+    else:
+        s = torch.where(m, a.scores, zero)
+    return torch.where(m, s - a.beta * k, zero)

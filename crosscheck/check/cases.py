@@ -14,6 +14,7 @@ import zlib
 from typing import Dict, Optional, Tuple
 
 import numpy as np
+from scipy.optimize import brentq
 
 import ref_numpy
 from ref_common.vocab import AGG_MODES
@@ -383,6 +384,54 @@ def gmpo_loss_case(rng, i):
     hi = _cycle(i // 3, [None, 0.3])
     params = dict(clip_low=lo, clip_high=hi, eps=_cycle(i // 2, [0.0, 1e-8]))
     return _token_case(rng, i, params, [-lo, lo if hi is None else hi])
+
+
+def entropy_case(rng, i):
+    B, T = _shape(i, rng)
+    kind = _mask_kind(i)
+    m = _mask(rng, B, T, kind)
+    V = _cycle(i, [2, 5, 17, 3])
+    spread = _cycle(i // 2, [1.0, 3.0, 10.0])
+    offset = _cycle(i // 3, [0.0, 50.0])
+    z = offset + rng.normal(0.0, spread, size=(B, T, V))
+    arrays = dict(logits=_garbage(z, np.broadcast_to(m[..., None], z.shape), rng), mask=m)
+    return Case(f"{kind} mask, V={V}, logits ~ {offset:g} + N(0, {spread:g}²)", arrays, {})
+
+
+def _kl_edges(kind, clamp):
+    """Log-ratio values x = ref − logp where kl_penalty's clamps bind (its kinks)."""
+    if clamp is None:
+        return [0.0] if kind == "abs" else []
+    in_b, out_b = clamp
+    edges = [] if in_b is None else [-in_b, in_b]
+    if out_b is not None:
+        if kind == "k2":
+            edges += [-math.sqrt(2 * out_b), math.sqrt(2 * out_b)]
+        elif kind == "k3":
+            edges += [brentq(lambda x: math.expm1(x) - x - out_b, lo, hi)
+                      for lo, hi in ((-out_b - 2, 0.0), (0.0, math.log(out_b + 2) + 1))]
+        else:
+            edges += [-out_b, out_b]
+    return edges + ([0.0] if kind == "abs" else [])
+
+
+def kl_rewards_case(rng, i):
+    kind = _cycle(i // 2, ["k1", "k2", "k3", "abs"])
+    clamp = _cycle(i // 4, [None, (20.0, 10.0)])
+    params = dict(beta=_cycle(i, [0.05, 0.1, 1.0]), kind=kind, clamp=clamp)
+    base = _token_case(rng, i, params, [-e for e in _kl_edges(kind, clamp)])
+    B, T = base.shape()
+    m = base.arrays["mask"]
+    if i % 3 == 1 and B > 0:                       # one score per sequence, at its last token
+        scores = rng.normal(size=B)
+        scores[~m.any(axis=1)] = np.nan
+        label = ", a score per sequence"
+    else:
+        scores = _garbage(rng.normal(size=(B, T)) * (rng.random((B, T)) < 0.3), m, rng)
+        label = ", sparse token scores"
+    arrays = dict(scores=scores, logp=base.arrays["logp"], ref_logp=base.arrays["old_logp"],
+                  mask=m)
+    return Case(base.label.split(", advantages")[0] + label, arrays, params)
 
 
 def value_loss_case(rng, i):

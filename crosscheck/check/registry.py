@@ -195,6 +195,10 @@ def build() -> Dict[str, Entry]:
         _entry("gmpo_loss", ("logp",),
                grid=dict(clip_low=(0.2, 0.4, 0.1), clip_high=(None, 0.2, 0.4),
                          eps=(0.0, 1e-8))),
+        _entry("entropy", ("logits",), stack="rows"),
+        _entry("kl_rewards", ("logp",), trainer_grad=False, stack="rows",
+               grid=dict(kind=vocab.KL_KINDS, clamp=(None, (20.0, 10.0), (None, 10.0)),
+                         beta=(0.05, 0.1, 0.01))),
     ]
     return {e.name: e for e in entries}
 

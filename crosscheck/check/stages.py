@@ -28,6 +28,8 @@ def _valid(case: cases_mod.Case, name: str) -> np.ndarray:
         m = case.arrays.get(key)
         if m is not None and m.shape == x.shape:
             return m.astype(bool)
+        if m is not None and m.shape == x.shape[:-1]:    # per-token logits [B, T, V]
+            return np.broadcast_to(m.astype(bool)[..., None], x.shape)
     return np.ones(x.shape, dtype=bool)
 
 
