@@ -194,8 +194,16 @@ class Groups(NamedTuple):
     singleton: str
 
 
-def group_advantages(ops: Ops, rewards, group_size, group_ids, ddof, eps, scale, baseline,
-                     valid, singleton="zero") -> Groups:
+class Grouped(NamedTuple):
+    spec: Spec
+    rewards: Any
+    group_size: Optional[int]
+    group_ids: Any
+
+
+def groups(ops: Ops, fn: str, rewards, group_size, group_ids) -> Grouped:
+    """One reward per sequence [B] and its groups: consecutive blocks of group_size, or rows
+    with equal group_ids (exactly one of the two)."""
     s = ops.spec("rewards", rewards)
     checks.require_float(s)
     checks.require_sequence(s)
@@ -203,7 +211,7 @@ def group_advantages(ops: Ops, rewards, group_size, group_ids, ddof, eps, scale,
     B = s.shape[0]
     ids = None if group_ids is None else ops.spec("group_ids", group_ids)
     if (group_size is not None) == (ids is not None):
-        raise ValueError("group_advantages needs exactly one of group_size= or group_ids=; "
+        raise ValueError(f"{fn} needs exactly one of group_size= or group_ids=; "
                          f"got {'both' if group_size is not None else 'neither'}")
     if ids is not None:
         if ids.kind not in ("int", "bool"):
@@ -217,6 +225,34 @@ def group_advantages(ops: Ops, rewards, group_size, group_ids, ddof, eps, scale,
             raise ValueError(f"group_size is {group_size} but rewards has B = {B} rows; "
                              f"group_size must divide B")
         group_size = int(group_size)
+    return Grouped(s, r, group_size, group_ids)
+
+
+def per_row(ops: Ops, name: str, x, B: int, *, positive: bool = False):
+    """A float (or integer) array [B], finite (and > 0 where `positive`)."""
+    s = ops.spec(name, x)
+    if s.kind not in ("float", "int"):
+        raise TypeError(f"{name} has dtype {s.dtype}; expected a float or integer array")
+    checks.require_sequence(s, B)
+    v = ops.floats(x) if s.kind == "float" else ops.floats(x * 1.0)
+    finite(ops, name, v, ops.all_valid(v))
+    if positive and B and not bool((v > 0).all()):
+        raise ValueError(f"{name} holds a value ≤ 0; expected positive {name} (a response "
+                         "without tokens has no length)")
+    return v
+
+
+def outcome_groups(ops: Ops, fn: str, rewards, group_size, group_ids):
+    """`groups`, with every reward finite."""
+    g = groups(ops, fn, rewards, group_size, group_ids)
+    finite(ops, "rewards", g.rewards, ops.all_valid(g.rewards))
+    return g
+
+
+def group_advantages(ops: Ops, rewards, group_size, group_ids, ddof, eps, scale, baseline,
+                     valid, singleton="zero") -> Groups:
+    s, r, group_size, _ = groups(ops, "group_advantages", rewards, group_size, group_ids)
+    ids = None if group_ids is None else ops.spec("group_ids", group_ids)
     ddof = checks.ddof(ddof)
     eps = checks.non_negative("eps", eps)
     scale = checks.choice("scale", scale, vocab.GROUP_SCALES)
@@ -389,28 +425,34 @@ class RolloutIs(NamedTuple):
     log_ratio_clamp: Optional[float]
 
 
-def rollout_is(level, mode, lower, upper, seq_stat, kept, log_ratio_clamp) -> RolloutIs:
-    level = checks.choice("level", level, vocab.IS_LEVELS)
-    mode = checks.choice("mode", mode, vocab.IS_MODES)
-    lower = checks.non_negative("lower", lower, allow_none=True)
-    upper = checks.positive("upper", upper, allow_none=True, allow_inf=True)
+def rollout_is(level, mode, lower, upper, seq_stat, kept, log_ratio_clamp, *,
+               prefix: str = "") -> RolloutIs:
+    """rollout_is_weights' conventions (reinforce_loss names them with the prefix "is_"; its
+    level may be None: no weights)."""
+    level = None if prefix and level is None else \
+        checks.choice(prefix + "level", level, vocab.IS_LEVELS)
+    mode = checks.choice(prefix + "mode", mode, vocab.IS_MODES)
+    lower = checks.non_negative(prefix + "lower", lower, allow_none=True)
+    upper = checks.positive(prefix + "upper", upper, allow_none=True, allow_inf=True)
     if lower is not None and upper is not None and lower > upper:
-        raise ValueError(f"lower is {lower} but upper is {upper}; expected lower ≤ upper")
+        raise ValueError(f"{prefix}lower is {lower} but {prefix}upper is {upper}; expected "
+                         f"{prefix}lower ≤ {prefix}upper")
     seq_stat = checks.choice("seq_stat", seq_stat, vocab.IS_SEQ_STATS)
     kept = checks.choice("kept", kept, vocab.IS_KEPT)
-    clamp = checks.positive("log_ratio_clamp", log_ratio_clamp, allow_none=True)
+    clamp = checks.positive(prefix + "log_ratio_clamp", log_ratio_clamp, allow_none=True)
     return RolloutIs(level, mode, lower, upper, seq_stat, kept, clamp)
 
 
-def reinforce(beta, is_level) -> float:
+def reinforce(beta, is_level, is_mode, is_lower, is_upper, is_log_ratio_clamp):
+    """(β, the in-loss weights' conventions) of reinforce_loss."""
     beta = checks.non_negative("beta", beta)
-    if is_level is not None:
-        checks.choice("is_level", is_level, vocab.IS_LEVELS)
-        if beta > 0:
-            raise ValueError(f"beta is {beta} but is_level is {is_level!r}; the in-loss IS "
-                             "weights read old_logp as the rollout policy, the DRO penalty as "
-                             "the old policy: use one or the other")
-    return beta
+    c = rollout_is(is_level, is_mode, is_lower, is_upper, "sum", "unit", is_log_ratio_clamp,
+                   prefix="is_")
+    if c.level is not None and beta > 0:
+        raise ValueError(f"beta is {beta} but is_level is {is_level!r}; the in-loss IS "
+                         "weights read old_logp as the rollout policy, the DRO penalty as "
+                         "the old policy: use one or the other")
+    return beta, c
 
 
 class Dppo(NamedTuple):

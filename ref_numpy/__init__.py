@@ -13,6 +13,10 @@ from .policy_losses import (cispo_loss, cispo_loss_vjp, clip_fraction, gspo_loss
                             policy_objective, policy_objective_vjp, ppo_clip_loss,
                             ppo_clip_loss_vjp, sapo_loss, sapo_loss_vjp, value_loss,
                             value_loss_vjp)
+from .outcome import (gpg_advantages, gpg_advantages_vjp, opo_advantages, opo_advantages_vjp,
+                      passk_advantages, passk_advantages_vjp, remax_advantages,
+                      remax_advantages_vjp, whitened_group_advantages,
+                      whitened_group_advantages_vjp)
 from .pg_losses import (dppo_loss, dppo_loss_vjp, gmpo_loss, gmpo_loss_vjp, reinforce_loss,
                         reinforce_loss_vjp, rollout_is_weights)
 from .reduce import aggregate, aggregate_vjp
@@ -40,4 +44,9 @@ __all__ = [
     "gmpo_loss", "gmpo_loss_vjp",
     "entropy", "entropy_vjp",
     "kl_rewards", "kl_rewards_vjp",
+    "opo_advantages", "opo_advantages_vjp",
+    "gpg_advantages", "gpg_advantages_vjp",
+    "passk_advantages", "passk_advantages_vjp",
+    "remax_advantages", "remax_advantages_vjp",
+    "whitened_group_advantages", "whitened_group_advantages_vjp",
 ]

@@ -54,5 +54,5 @@ def entropy_vjp(g, logits, mask=None):
       {"logits": [B, T, V]} float64, 0 at masked tokens.
     """
     m, shifted, p, z_bar, _ = _softmax_parts(logits, mask)
-    gm = np.where(m, args.cotangent(OPS, g, "g", OPS.spec("entropy", m)), 0.0)
+    gm = np.where(m, args.cotangent(OPS, g, "g", OPS.spec("mask", m)), 0.0)
     return {"logits": gm[..., None] * -p * (shifted - z_bar[..., None])}

@@ -85,12 +85,8 @@ def rollout_is_weights(logp, rollout_logp, mask=None, *, level="token", mode="tr
 def _reinforce_parts(logp, old_logp, advantages, mask, beta, is_level, is_mode, is_lower,
                      is_upper, is_log_ratio_clamp):
     lp, old, adv, m, _ = loss_inputs(logp, old_logp, advantages, mask, None)
-    beta = args.reinforce(beta, is_level)
-    w = np.ones_like(lp)
-    if is_level is not None:
-        c = args.rollout_is(is_level, is_mode, is_lower, is_upper, "sum", "unit",
-                            is_log_ratio_clamp)
-        w = _is_parts(lp - old, m, c)
+    beta, c = args.reinforce(beta, is_level, is_mode, is_lower, is_upper, is_log_ratio_clamp)
+    w = np.ones_like(lp) if c.level is None else _is_parts(lp - old, m, c)
     return lp, old, adv, m, beta, w
 
 
@@ -278,10 +274,10 @@ def gmpo_loss(logp, old_logp, advantages, mask=None, *, clip_low=0.2, clip_high=
       clip_low, clip_high: ε ≥ 0 in log space (clip_high None: ε_low).  eps: ≥ 0.
 
     Returns:
-      A 0-d float64 array.
+      A 0-d float64 array (0 for an empty batch).
     """
     a_bar, e, _, _, _ = _gmpo_parts(logp, old_logp, advantages, mask, clip_low, clip_high, eps)
-    return np.asarray(np.mean(-a_bar * e))
+    return np.asarray(np.sum(-a_bar * e) / max(len(a_bar), 1))      # an empty batch: 0
 
 
 def gmpo_loss_vjp(g, logp, old_logp, advantages, mask=None, *, clip_low=0.2, clip_high=None,
@@ -301,6 +297,6 @@ def gmpo_loss_vjp(g, logp, old_logp, advantages, mask=None, *, clip_low=0.2, cli
                                            clip_high, eps)
     g = args.scalar_cotangent(OPS, g, "gmpo_loss")
     live = (R <= ar.LOG_FLOAT_MAX)
-    per_seq = g / len(a_bar) * (-a_bar * e * live) / denom
+    per_seq = g / max(len(a_bar), 1) * (-a_bar * e * live) / denom
     out = np.where(free, per_seq[:, None], 0.0)
     return {"logp": out.reshape(np.shape(logp))}

@@ -9,6 +9,8 @@ from .estimators import kl_estimator_gradient, kl_estimator_moments
 from .kl import approx_kl, kl_penalty, kl_rewards
 from .policy_losses import (cispo_loss, clip_fraction, gspo_loss, policy_objective, ppo_clip_loss,
                             sapo_loss, value_loss)
+from .outcome import (gpg_advantages, opo_advantages, passk_advantages, remax_advantages,
+                      whitened_group_advantages)
 from .pg_losses import dppo_loss, gmpo_loss, reinforce_loss, rollout_is_weights
 from .reduce import aggregate
 
@@ -35,4 +37,9 @@ __all__ = [
     "gmpo_loss",
     "entropy",
     "kl_rewards",
+    "opo_advantages",
+    "gpg_advantages",
+    "passk_advantages",
+    "remax_advantages",
+    "whitened_group_advantages",
 ]

@@ -61,12 +61,8 @@ def reinforce_loss(logp, old_logp, advantages, mask=None, *, beta=0.0, is_level=
     Args/Returns: as ref_numpy.reinforce_loss, with tensors.
     """
     lp0, old0, adv0, m, _, zero = _prepare(logp, old_logp, advantages, mask, None)
-    beta = args.reinforce(beta, is_level)
-    w = torch.ones_like(lp0)
-    if is_level is not None:
-        c = args.rollout_is(is_level, is_mode, is_lower, is_upper, "sum", "unit",
-                            is_log_ratio_clamp)
-        w = _weights(lp0 - old0, m, c)
+    beta, c = args.reinforce(beta, is_level, is_mode, is_lower, is_upper, is_log_ratio_clamp)
+    w = torch.ones_like(lp0) if c.level is None else _weights(lp0 - old0, m, c)
     d = lp0 - old0
     return torch.where(m, w * (-adv0 * lp0 + 0.5 * beta * d * d), zero)
 
@@ -118,4 +114,4 @@ def gmpo_loss(logp, old_logp, advantages, mask=None, *, clip_low=0.2, clip_high=
     mean_log_ratio = torch.where(m, pessimistic, zero).sum(dim=-1) / length
     mean_adv = adv0.sum(dim=-1) / length
     ratio = torch.exp(torch.clamp(mean_log_ratio, max=tt.log_float_max(lp0.dtype)))
-    return (-mean_adv * ratio).mean()
+    return (-mean_adv * ratio).sum() / max(mean_adv.shape[0], 1)

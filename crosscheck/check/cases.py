@@ -434,6 +434,73 @@ def kl_rewards_case(rng, i):
     return Case(base.label.split(", advantages")[0] + label, arrays, params)
 
 
+def _grouped_rewards(rng, i, singleton=True):
+    """Continuous rewards [B] in groups (no ties, no exact zero), as consecutive blocks
+    (group_size) or shuffled group_ids with, where `singleton`, a group of one."""
+    G = _cycle(i, [4, 3, 2, 5])
+    P = _cycle(i // 2, [2, 3, 1, 4])
+    r = rng.normal(size=P * G)
+    if i % 2 == 0:
+        return dict(rewards=r), dict(group_size=G), f"group_size={G}, B={P * G}"
+    ids = np.repeat(np.arange(P), G)
+    if singleton:
+        ids = np.concatenate([ids, [P + 7]])
+        r = np.concatenate([r, rng.normal(size=1)])
+    perm = rng.permutation(ids.size)
+    return (dict(rewards=r[perm], group_ids=ids[perm] * 3 + 1), {},
+            f"shuffled group_ids{' with a singleton' if singleton else ''}, B={ids.size}")
+
+
+def opo_advantages_case(rng, i):
+    arrays, params, label = _grouped_rewards(rng, i)
+    B = arrays["rewards"].size
+    short = i % 3 == 2                              # equal lengths: the group-mean baseline
+    arrays["lengths"] = np.full(B, 7) if short else rng.integers(1, 40, size=B)
+    return Case(label + (", equal lengths" if short else ""), arrays, params)
+
+
+def gpg_advantages_case(rng, i):
+    arrays, params, label = _grouped_rewards(rng, i)
+    params["f_norm"] = _cycle(i // 3, [1.0, 2.0])
+    stages = ALL_STAGES
+    if i % 4 == 3:                                  # zero rewards: α's count (a kink at 0)
+        r = arrays["rewards"]
+        r[rng.random(r.size) < 0.5] = 0.0
+        stages, label = ("value", "vjp"), label + ", half the rewards exactly 0"
+    return Case(label + f", f_norm={params['f_norm']}", arrays, params, stages=stages)
+
+
+def passk_advantages_case(rng, i):
+    arrays, params, label = _grouped_rewards(rng, i, singleton=False)
+    params.update(eps=_cycle(i // 2, [1e-6, 0.0, 1e-2]), scale=_cycle(i // 3, ["group", "none"]))
+    r = arrays["rewards"]                           # the top two of each group apart
+    arrays["rewards"] = np.round(r, 1) + 0.001 * rng.permutation(r.size)
+    return Case(label + f", eps={params['eps']}, scale={params['scale']}", arrays, params)
+
+
+def remax_advantages_case(rng, i):
+    B, T = _shape(i, rng)
+    kind = _mask_kind(i)
+    m = _mask(rng, B, T, kind)
+    r = rng.normal(size=(B, T)) * (rng.random((B, T)) < _cycle(i, [0.3, 1.0]))
+    arrays = dict(rewards=_garbage(r, m, rng), baselines=rng.normal(size=B), mask=m)
+    return Case(f"{kind} mask", arrays, {})
+
+
+def whitened_group_advantages_case(rng, i):
+    arrays, params, label = _grouped_rewards(rng, i)
+    B = arrays["rewards"].size
+    T = _cycle(i, [5, 1, 8, 3])
+    kind = _cycle(i // 2, ["ragged", "full", "holed"])
+    m = _mask(rng, B, T, kind)
+    m[-1, 0] = True                                 # at least two valid tokens in the batch
+    m[0, 0] = True
+    params.update(scale=_cycle(i // 3, ["none", "group"]), eps=_cycle(i, [1e-6, 1e-4]),
+                  whiten_eps=_cycle(i // 4, [1e-8, 1e-6]))
+    arrays["mask"] = m
+    return Case(f"{label}, {kind} mask T={T}, scale={params['scale']}", arrays, params)
+
+
 def value_loss_case(rng, i):
     B, T = _shape(i, rng)
     kind = _mask_kind(i)

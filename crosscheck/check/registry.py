@@ -199,6 +199,18 @@ def build() -> Dict[str, Entry]:
         _entry("kl_rewards", ("logp",), trainer_grad=False, stack="rows",
                grid=dict(kind=vocab.KL_KINDS, clamp=(None, (20.0, 10.0), (None, 10.0)),
                          beta=(0.05, 0.1, 0.01))),
+        _entry("opo_advantages", ("rewards",), trainer_grad=False, stack="groups",
+               data_keywords=("group_size", "group_ids"), checks=("permutation",)),
+        _entry("gpg_advantages", ("rewards",), trainer_grad=False,
+               data_keywords=("group_size", "group_ids"), checks=("permutation",),
+               grid=dict(f_norm=(1.0, 2.0))),
+        _entry("passk_advantages", ("rewards",), trainer_grad=False, stack="groups",
+               data_keywords=("group_size", "group_ids"), checks=("permutation",),
+               grid=dict(eps=(1e-6, 1e-4, 0.0), scale=("group", "none"))),
+        _entry("remax_advantages", ("rewards", "baselines"), trainer_grad=False, stack="rows"),
+        _entry("whitened_group_advantages", ("rewards",), trainer_grad=False,
+               data_keywords=("group_size", "group_ids"), checks=("permutation",),
+               grid=dict(scale=("none", "group"), eps=(1e-6, 1e-4), whiten_eps=(1e-8, 1e-6))),
     ]
     return {e.name: e for e in entries}
 

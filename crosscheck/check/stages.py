@@ -137,9 +137,10 @@ def _fd_against(entry: Entry, case, index, seed, res, stage, grad_of, freeze, rn
             else:
                 fn, arrays, params = entry.numpy_fn, dict(case.arrays, **{name: x0 + delta}), \
                     case.params
-            # the arrays that moved carry the point axis: one dimension more than x0
+            # the arrays that moved carry the point axis: one dimension more than they had
             varying = {k: v for k, v in arrays.items()
-                       if isinstance(v, np.ndarray) and v.ndim == x0.ndim + 1}
+                       if isinstance(v, np.ndarray) and isinstance(case.arrays.get(k), np.ndarray)
+                       and v.ndim == case.arrays[k].ndim + 1}
             shared = {k: v for k, v in arrays.items() if k not in varying}
             return stacking.evaluate(how, fn, shared, varying, params, entry.outputs)
 

@@ -1,0 +1,320 @@
+"""Outcome-reward advantage estimators beyond GRPO and RLOO: OPO, GPG, GRPO pass@k, ReMax, and
+a group baseline followed by batch whitening (REINFORCE++-baseline, GDPO), each with a
+hand-derived VJP. One scalar reward per sequence unless said otherwise; groups as in
+`group_advantages` (group_size blocks or group_ids).
+"""
+import numpy as np
+
+from ref_common import args, checks
+
+from . import _arrays as ar
+from ._arrays import OPS
+from .advantages import (discounted_returns, discounted_returns_vjp, group_advantages,
+                         group_advantages_vjp, whiten, whiten_vjp)
+
+
+def _groups(fn, rewards, group_size, group_ids):
+    """Rewards [B], each row's group code 0..G−1, and each group's size."""
+    a = args.outcome_groups(OPS, fn, rewards, group_size, group_ids)
+    B = a.rewards.shape[0]
+    if a.group_size is not None:
+        gid = np.arange(B) // a.group_size
+    else:
+        gid = np.unique(np.asarray(a.group_ids), return_inverse=True)[1].reshape(-1)
+    counts = np.bincount(gid, minlength=int(gid.max(initial=-1)) + 1)
+    return a.rewards, gid, counts
+
+
+def _group_sum(x, gid, counts):
+    """Σ of x over each row's group, per row."""
+    return np.bincount(gid, weights=x, minlength=len(counts))[gid]
+
+
+# ====================================================================== OPO
+def _opo_parts(rewards, lengths, group_size, group_ids):
+    r, gid, counts = _groups("opo_advantages", rewards, group_size, group_ids)
+    L = args.per_row(OPS, "lengths", lengths, r.shape[0], positive=True)
+    multi = counts[gid] >= 2
+    return r, gid, counts, L, multi, _group_sum(L, gid, counts)
+
+
+def opo_advantages(rewards, lengths, *, group_size=None, group_ids=None):
+    """OPO: the reward minus its group's length-weighted mean reward,
+
+        A_i = r_i − Σ_{j∈g} L_j r_j / Σ_{j∈g} L_j      (a group of one: b = 0, A = r)
+
+    the baseline that is optimal for a sequence-level policy gradient whose variance grows
+    with the response length.
+
+    Reference: Hao et al., "On-Policy RL with Optimal Reward Baseline" (arXiv:2505.23585), as
+    verl writes it in `compute_opo_outcome_advantage` (L = the response's token count).
+    Note: with equal lengths it is the group-mean baseline (group_advantages, scale="none",
+    singleton="keep").
+
+    Worked example: r = [1, 0], L = [10, 30]: b = 10/40 = 0.25, A = [0.75, −0.25].
+
+    Args:
+      rewards: [B] float.  lengths: [B] positive float or int (response lengths).
+      group_size: int dividing B, or group_ids: [B] int.
+
+    Returns:
+      [B] float64.
+    """
+    r, gid, counts, L, multi, SL = _opo_parts(rewards, lengths, group_size, group_ids)
+    return r - np.where(multi, _group_sum(L * r, gid, counts) / SL, 0.0)
+
+
+def opo_advantages_vjp(g, rewards, lengths, *, group_size=None, group_ids=None):
+    """VJP of `opo_advantages` wrt rewards.
+
+    Gradient: ∂A_i/∂r_j = δ_ij − L_j/Σ_g L (i, j in one group of ≥ 2), so
+        ḡ_j = g_j − [n_g ≥ 2]·L_j/Σ_g L · Σ_{i∈g} g_i.
+
+    Returns:
+      {"rewards": [B]} float64.
+    """
+    r, gid, counts, L, multi, SL = _opo_parts(rewards, lengths, group_size, group_ids)
+    g = args.cotangent(OPS, g, "g", OPS.spec("rewards", rewards))
+    return {"rewards": g - np.where(multi, L / SL * _group_sum(g, gid, counts), 0.0)}
+
+
+# ====================================================================== GPG
+def _gpg_parts(rewards, group_size, group_ids, f_norm):
+    r, gid, counts = _groups("gpg_advantages", rewards, group_size, group_ids)
+    f_norm = checks.positive("f_norm", f_norm)
+    multi = counts[gid] >= 2
+    alpha = r.shape[0] / max(int(np.count_nonzero(r)), 1)
+    return r, gid, counts, multi, alpha / f_norm
+
+
+def gpg_advantages(rewards, *, group_size=None, group_ids=None, f_norm=1.0):
+    """GPG: group-mean-centred rewards, scaled up by the batch's share of non-zero rewards,
+
+        α = B / max(1, #{i: r_i ≠ 0}),   A_i = α·(r_i − mean_g r)/f_norm   (one member: mean 0)
+
+    so that a batch where few prompts earned any reward is not drowned by zero-advantage rows.
+
+    Reference: Chu et al., "GPG: A Simple and Strong Reinforcement Learning Baseline"
+    (arXiv:2504.02546), as verl writes it in `compute_gpg_outcome_advantage` (f_norm = 1).
+    Note: α counts non-zero *rewards*, before centring, over the whole batch; it is piecewise
+    constant in r (a kink where a reward crosses 0), treated as a constant by the VJP.
+
+    Worked example: r = [1, 0, 0, 0], one group: α = 4, mean 0.25, A = [3, −1, −1, −1].
+
+    Args:
+      rewards: [B] float.  group_size: int dividing B, or group_ids: [B] int.
+      f_norm: float > 0.
+
+    Returns:
+      [B] float64.
+    """
+    r, gid, counts, multi, scale = _gpg_parts(rewards, group_size, group_ids, f_norm)
+    mean = _group_sum(r, gid, counts) / counts[gid] if r.size else r
+    return scale * (r - np.where(multi, mean, 0.0))
+
+
+def gpg_advantages_vjp(g, rewards, *, group_size=None, group_ids=None, f_norm=1.0):
+    """VJP of `gpg_advantages` wrt rewards.
+
+    Gradient: α is locally constant (away from r = 0), and the mean's derivative is 1/n_g:
+        ḡ_j = α/f_norm·(g_j − [n_g ≥ 2]·Σ_{i∈g} g_i / n_g).
+
+    Returns:
+      {"rewards": [B]} float64.
+    """
+    r, gid, counts, multi, scale = _gpg_parts(rewards, group_size, group_ids, f_norm)
+    g = args.cotangent(OPS, g, "g", OPS.spec("rewards", rewards))
+    mean_g = _group_sum(g, gid, counts) / counts[gid] if r.size else g
+    return {"rewards": scale * (g - np.where(multi, mean_g, 0.0))}
+
+
+# ====================================================================== pass@k
+def _passk_parts(rewards, group_size, group_ids, eps, scale):
+    r, gid, counts = _groups("passk_advantages", rewards, group_size, group_ids)
+    eps = checks.non_negative("eps", eps)
+    scale = checks.choice("scale", scale, ("group", "none"))
+    if (counts < 2).any():
+        row = int(np.argmax(counts[gid] < 2))
+        raise ValueError(f"rewards of row {row} form a group of one; pass@k compares the best "
+                         "and second-best of a group of at least 2")
+    G = len(counts)
+    order = np.lexsort((-r, gid))                  # by group, best first (ties: first row)
+    start = np.searchsorted(gid[order], np.arange(G))
+    top, second = order[start], order[np.minimum(start + 1, len(order) - 1)]
+    mu = np.bincount(gid, weights=r, minlength=G) / np.maximum(counts, 1)
+    dev = r - mu[gid] if r.size else r
+    sigma = np.sqrt(np.bincount(gid, weights=dev * dev, minlength=G) / np.maximum(counts - 1, 1))
+    D = sigma + eps if scale == "group" else np.ones(G)
+    return r, gid, counts, top, second, dev, sigma, D, scale
+
+
+def passk_advantages(rewards, *, group_size=None, group_ids=None, eps=1e-6, scale="group"):
+    """GRPO for pass@k: only a group's best response gets an advantage, the margin by which it
+    beats the second best,
+
+        A_best = (r_best − r_second)/(σ_g + eps)   (scale="group"; "none": no division)
+        A = 0 for every other response
+
+    σ_g the group's standard deviation with n − 1. A tie for the best gives 0 to all.
+
+    Reference: arXiv:2503.19595 as verl writes it in `compute_grpo_passk_outcome_advantage`
+    (norm_adv_by_std_in_grpo picks scale="group"; groups of one are refused).
+    Note: the advantage rewards being the best of k samples, not being good on average; it is
+    piecewise smooth, with kinks where the ranking of the top two changes.
+
+    Worked example: r = [1, 3, 2], eps = 0: σ = 1, A = [0, 1, 0].
+
+    Args:
+      rewards: [B] float.  group_size: int dividing B, or group_ids: [B] int.
+      eps: float ≥ 0.  scale: "group" | "none".
+
+    Returns:
+      [B] float64.
+    """
+    r, gid, counts, top, second, _, _, D, _ = _passk_parts(rewards, group_size, group_ids, eps,
+                                                           scale)
+    out = np.zeros(r.shape)
+    out[top] = (r[top] - r[second]) / D
+    return out
+
+
+def passk_advantages_vjp(g, rewards, *, group_size=None, group_ids=None, eps=1e-6,
+                         scale="group"):
+    """VJP of `passk_advantages` wrt rewards.
+
+    Gradient: only the best row's output depends on r. With Δ = r_best − r_second and
+    D = σ + eps, ∂σ/∂r_j = (r_j − μ)/((n − 1)σ) for j in the group, so
+        ḡ_best += g_best/D,   ḡ_second −= g_best/D,
+        ḡ_j −= g_best·Δ/D²·(r_j − μ)/((n − 1)σ)   for every j in the group (scale="group").
+    At σ = 0 every reward is equal, Δ = 0, and the last term is taken as 0.
+
+    Returns:
+      {"rewards": [B]} float64.
+    """
+    r, gid, counts, top, second, dev, sigma, D, scale = _passk_parts(rewards, group_size,
+                                                                     group_ids, eps, scale)
+    g = args.cotangent(OPS, g, "g", OPS.spec("rewards", rewards))
+    out = np.zeros(r.shape)
+    gb = g[top]
+    np.add.at(out, top, gb / D)
+    np.add.at(out, second, -gb / D)
+    if scale == "group" and r.size:
+        delta = r[top] - r[second]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            k = np.where(sigma > 0, gb * delta / D ** 2 / ((counts - 1) * sigma), 0.0)
+        out -= k[gid] * dev
+    return {"rewards": out}
+
+
+# ====================================================================== ReMax
+def _remax_inputs(rewards, baselines, mask):
+    a = args.discounted_returns(OPS, rewards, mask, 1.0)
+    if a.rewards.ndim != 2:
+        raise ValueError(f"rewards has shape {a.rewards.shape}; expected [B, T]")
+    b = args.per_row(OPS, "baselines", baselines, a.rewards.shape[0])
+    return a.mask, b
+
+
+def remax_advantages(rewards, baselines, mask=None):
+    """ReMax: the reward-to-go minus the reward of the greedy response to the same prompt,
+
+        A_t = Σ_{s ≥ t, valid} r_s − b        (b: the greedy rollout's reward, one per row)
+
+    Reference: Li et al., "ReMax" (arXiv:2310.10505), as verl writes it in
+    `compute_remax_outcome_advantage` (a reverse cumulative sum of the masked rewards).
+    Note: the reward-to-go is `discounted_returns` with γ = 1; a variance-reducing baseline
+    that costs one extra greedy generation per prompt, and no critic.
+
+    Worked example: r = [0, 0, 1] on three valid tokens, b = 0.4: A = [0.6, 0.6, 0.6].
+
+    Args:
+      rewards: [B, T] float.  baselines: [B] float.
+      mask: [B, T] bool or 0/1, or None.
+
+    Returns:
+      [B, T] float64, 0 at masked positions.
+    """
+    m, b = _remax_inputs(rewards, baselines, mask)
+    G = discounted_returns(rewards, mask, gamma=1.0)
+    return np.where(m, G - b[:, None], 0.0)
+
+
+def remax_advantages_vjp(g, rewards, baselines, mask=None):
+    """VJP of `remax_advantages` wrt rewards and baselines.
+
+    Gradient: the reward-to-go is linear in r (discounted_returns' VJP at γ = 1: ḡ_r is the
+    forward cumulative sum of g over valid steps), and ∂A_t/∂b = −1 at valid t:
+        ḡ_b = −Σ_t m_t g_t.
+
+    Returns:
+      {"rewards": [B, T], "baselines": [B]} float64.
+    """
+    m, b = _remax_inputs(rewards, baselines, mask)
+    gm = ar.zero_masked(args.cotangent(OPS, g, "g", OPS.spec("rewards", rewards)), m)
+    return {"rewards": discounted_returns_vjp(gm, rewards, mask, gamma=1.0)["rewards"],
+            "baselines": -gm.sum(axis=-1)}
+
+
+# ====================================================================== group baseline, then whitening
+def _whitened_parts(rewards, mask, group_size, group_ids, scale, eps, whiten_eps):
+    s = OPS.spec("rewards", rewards)
+    scale = checks.choice("scale", scale, ("none", "group"))
+    ms = OPS.spec("mask", mask)
+    if len(ms.shape) != 2 or len(s.shape) != 1 or ms.shape[0] != s.shape[0]:
+        raise ValueError(f"mask has shape {tuple(ms.shape)} but rewards has {tuple(s.shape)}; "
+                         "expected one reward per sequence [B] and a [B, T] mask")
+    group = dict(group_size=group_size, group_ids=group_ids, ddof=1, eps=eps, scale=scale,
+                 baseline="mean", singleton="keep")
+    whitening = dict(ddof=1, eps=whiten_eps, eps_mode="var", shift_mean=True)
+    A = group_advantages(rewards, **group)
+    m = OPS.as_mask(mask)
+    X = np.where(m, A[:, None], 0.0)
+    return m, X, group, whitening
+
+
+def whitened_group_advantages(rewards, mask, *, group_size=None, group_ids=None, scale="none",
+                              eps=1e-6, whiten_eps=1e-8):
+    """A group baseline, then whitening over every valid token of the batch:
+
+        a_i = group_advantages(r, baseline="mean", scale, ddof=1, eps, singleton="keep")_i
+        A_{i,t} = whiten(a broadcast over row i's valid tokens; ddof=1, eps=whiten_eps "var")
+
+    Reference: REINFORCE++-baseline (Hu et al., arXiv:2501.03262: scale="none", verl
+    `compute_reinforce_plus_plus_baseline_outcome_advantage`) and GDPO's single-reward form
+    (arXiv:2601.05242: GRPO's scale="group" per reward, then verl's masked_whiten, in
+    `compute_gdpo_outcome_advantage`).
+    Note: the whitening is over tokens, so a sequence weighs its length in the batch mean and
+    variance: a long response pulls the batch statistics more than a short one.
+
+    Worked example: r = [1, 0, 2, 2] in groups of 2, one token each, scale="none":
+    a = [0.5, −0.5, 0, 0], μ = 0, var = 0.5/3, A = [1.2247, −1.2247, 0, 0].
+
+    Args:
+      rewards: [B] float.  mask: [B, T] bool or 0/1.
+      group_size: int dividing B, or group_ids: [B] int.
+      scale: "none" | "group".  eps, whiten_eps: float ≥ 0.
+
+    Returns:
+      [B, T] float64, 0 at masked positions.
+    """
+    m, X, _, whitening = _whitened_parts(rewards, mask, group_size, group_ids, scale, eps,
+                                         whiten_eps)
+    return np.where(m, whiten(X, m, **whitening), 0.0)
+
+
+def whitened_group_advantages_vjp(g, rewards, mask, *, group_size=None, group_ids=None,
+                                  scale="none", eps=1e-6, whiten_eps=1e-8):
+    """VJP of `whitened_group_advantages` wrt rewards.
+
+    Gradient: the chain of its two parts. With X_{i,t} = m_{i,t}·a_i:
+        ḡ_X = whiten_vjp(m·g),   ḡ_a_i = Σ_t m_{i,t}·ḡ_X_{i,t},   ḡ_r = group_advantages_vjp(ḡ_a).
+
+    Returns:
+      {"rewards": [B]} float64.
+    """
+    m, X, group, whitening = _whitened_parts(rewards, mask, group_size, group_ids, scale, eps,
+                                             whiten_eps)
+    gm = ar.zero_masked(args.cotangent(OPS, g, "g", OPS.spec("mask", mask)), m)
+    gX = whiten_vjp(gm, X, m, **whitening)["x"]
+    ga = np.where(m, gX, 0.0).sum(axis=-1)
+    return group_advantages_vjp(ga, rewards, **group)
