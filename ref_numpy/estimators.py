@@ -168,8 +168,22 @@ def kl_estimator_moments_vjp(g, logits, ref_logits, *, kind):
     Returns:
       {"logits": [V]} float64.
     """
-    z, logp, logref, p, q, kind = _parts(logits, ref_logits, kind)
     args.moment_cotangent(g)
+    return moments_vjp_of(_moment_gradients(logits, ref_logits, kind), g)
+
+
+def moments_vjp_of(parts, g):
+    """Σ_key g[key]·∇key from the five gradients `parts` (one cotangent)."""
+    total = np.zeros_like(parts["mean"])
+    for key, d in parts.items():      # a zero cotangent adds nothing, even to an overflowed var
+        if g[key] != 0:
+            total = total + g[key] * d
+    return {"logits": total}
+
+
+def _moment_gradients(logits, ref_logits, kind):
+    """The gradient of each of the five moments wrt logits (see kl_estimator_moments_vjp)."""
+    z, logp, logref, p, q, kind = _parts(logits, ref_logits, kind)
     k, dk, slope, _ = _estimator_terms(kind, logp, logref)
     kl_f = (p * (logp - logref)).sum()
     d_kl_f = p * (logp - logref - kl_f)
@@ -181,13 +195,8 @@ def kl_estimator_moments_vjp(g, logits, ref_logits, *, kind):
         c2 = k ** 2 + 2 * k * dk
         pc2 = _terms(p * c2, logp, logp, logref, kind, [(k, True), (k + 2 * dk, True)])
     d_var = _grad_expectation(p, c2, *pc2) - 2 * mean * d_mean
-    parts = {"kl_forward": d_kl_f, "kl_reverse": d_kl_r, "mean": d_mean,
-             "bias": d_mean - d_kl_f, "var": d_var}
-    total = np.zeros_like(z)
-    for key, d in parts.items():      # a zero cotangent adds nothing, even to an overflowed var
-        if g[key] != 0:
-            total = total + g[key] * d
-    return {"logits": total}
+    return {"kl_forward": d_kl_f, "kl_reverse": d_kl_r, "mean": d_mean,
+            "bias": d_mean - d_kl_f, "var": d_var}
 
 
 def _gradient_inputs(logits, ref_logits, kind, use, sample_logits, is_weight):

@@ -17,10 +17,17 @@ in `EVALUATORS`.
 """
 import numpy as np
 
+from ref_common import args
+
 from . import _arrays as ar
 from .advantages import _whiten_inputs, _whiten_values, _whiten_vjp_values, whiten, whiten_vjp
-from .estimators import _log_softmax, _moments, _parts, kl_estimator_moments
+from .estimators import (_log_softmax, _moment_gradients, _moments, _parts, kl_estimator_moments,
+                         moments_vjp_of)
+from .advantages import _group_inputs, group_advantages, group_advantages_vjp
 from .kl import _approx_parts, approx_kl, k_estimator, kl_penalty
+from .outcome import (_gpg_parts, _whitened_parts, gpg_advantages, gpg_alpha, group_centred,
+                      whitened_group_advantages)
+from .pg_losses import _gmpo_parts, gmpo_loss
 from .policy_losses import _finite_objective, _policy_parts, policy_objective
 from .reduce import _weights, aggregate
 
@@ -112,14 +119,71 @@ def _kl_estimator_moments(v, ref_logits, kind):
     return [{key: float(m[i]) for key, m in moments.items()} for i in range(len(z))]
 
 
+def _gmpo_loss(v, old_logp, advantages, mask=None, clip_low=0.2, clip_high=None, eps=0.0):
+    """The per-sequence terms are independent across rows: the points are stacked as rows of
+    one batch for them, and the mean over sequences is taken per point."""
+    lp0 = np.asarray(v["logp"][0])
+    m = np.ones(lp0.shape, bool) if mask is None else np.asarray(mask).astype(bool)
+    if lp0.ndim != 2 or _finite(v["logp"], m) is None:
+        return None
+    P, B = len(v["logp"]), lp0.shape[0]
+    rows = lambda a: None if a is None else np.concatenate([np.asarray(a)] * P)  # noqa: E731
+    a_bar, e, _, _, _ = _gmpo_parts(np.asarray(v["logp"]).reshape((P * B,) + lp0.shape[1:]),
+                                    rows(old_logp), rows(advantages), rows(mask), clip_low,
+                                    clip_high, eps)
+    return [np.float64(t) for t in (-a_bar * e).reshape(P, B).sum(axis=1) / max(B, 1)]
+
+
+def _grouped_rows(rewards, group_size, group_ids, P):
+    """Group ids that keep P stacked copies of a batch's groups apart."""
+    _, _, gid, *_ = _group_inputs(rewards, group_size, group_ids, 0, 0.0, "none", "mean", None,
+                                  "keep")
+    G = int(gid.max(initial=-1)) + 1
+    return np.concatenate([gid + p * G for p in range(P)])
+
+
+def _gpg_advantages(v, group_size=None, group_ids=None, f_norm=1.0):
+    R = _finite(v["rewards"], None)
+    if R is None or R.shape[1] == 0:
+        return None
+    _, gid, counts, f_norm = _gpg_parts(R[0], group_size, group_ids, f_norm)     # validates
+    return list(gpg_alpha(R) / f_norm * group_centred(R, gid, counts))
+
+
+def _whitened_group_advantages(v, mask, group_size=None, group_ids=None, scale="none",
+                               eps=1e-6, whiten_eps=1e-8):
+    """The group advantages of all points as the groups of one stacked batch, then the
+    whitening of every point with a leading axis."""
+    R = _finite(v["rewards"], None)
+    if R is None or R.shape[1] == 0:
+        return None
+    m, _, group, whitening = _whitened_parts(R[0], mask, group_size, group_ids, scale, eps,
+                                             whiten_eps)                            # validates
+    P, B = R.shape
+    a = group_advantages(R.reshape(-1), group_ids=_grouped_rows(R[0], group_size, group_ids, P),
+                         **{k: val for k, val in group.items()
+                            if k not in ("group_size", "group_ids")}).reshape(P, B)
+    X = np.where(m, a[:, :, None], 0.0)
+    xs, m, ddof, w_eps, eps_mode = _whiten_inputs(X[0], m, whitening["ddof"], whitening["eps"],
+                                                  whitening["eps_mode"], True, False)
+    Y = _whiten_values(X, m, ddof, w_eps, eps_mode, True, False)
+    return list(np.where(m, Y, 0.0))
+
+
 # name: (many points, the public function that raises for a point that is not finite)
 EVALUATORS = {"aggregate": (_aggregate, aggregate), "approx_kl": (_approx_kl, approx_kl),
               "whiten": (_whiten, whiten), "policy_objective": (_policy_objective,
                                                                  policy_objective),
-              "kl_estimator_moments": (_kl_estimator_moments, kl_estimator_moments)}
+              "kl_estimator_moments": (_kl_estimator_moments, kl_estimator_moments),
+              "gmpo_loss": (_gmpo_loss, gmpo_loss),
+              "gpg_advantages": (_gpg_advantages, gpg_advantages),
+              "whitened_group_advantages": (_whitened_group_advantages,
+                                            whitened_group_advantages)}
 # the arrays that differ between points (the rest are shared)
 VARYING = {"aggregate": ("loss",), "approx_kl": ("logp",), "whiten": ("x",),
-           "policy_objective": ("logp", "old_logp"), "kl_estimator_moments": ("logits",)}
+           "policy_objective": ("logp", "old_logp"), "kl_estimator_moments": ("logits",),
+           "gmpo_loss": ("logp",), "gpg_advantages": ("rewards",),
+           "whitened_group_advantages": ("rewards",)}
 
 
 def evaluate(name, shared, varying, params):
@@ -150,7 +214,41 @@ def _whiten_vjps(gs, x, mask=None, ddof=0, eps=1e-8, eps_mode="var", shift_mean=
     return [{"x": r} for r in rows]
 
 
-VJPS = {"whiten_vjp": _whiten_vjps}
+def _gpg_vjps(gs, rewards, group_size=None, group_ids=None, f_norm=1.0):
+    r, gid, counts, f_norm = _gpg_parts(rewards, group_size, group_ids, f_norm)
+    G = np.stack([np.asarray(g, dtype=np.float64) for g in gs])
+    return [{"rewards": row} for row in gpg_alpha(r) / f_norm * group_centred(G, gid, counts)]
+
+
+def _whitened_group_advantages_vjps(gs, rewards, mask, group_size=None, group_ids=None,
+                                    scale="none", eps=1e-6, whiten_eps=1e-8):
+    """whiten's VJP with a leading cotangent axis, the token sums, then group_advantages' VJP
+    of every cotangent as the groups of one stacked batch."""
+    m, X, group, whitening = _whitened_parts(rewards, mask, group_size, group_ids, scale, eps,
+                                             whiten_eps)                            # validates
+    xs, m, ddof, w_eps, eps_mode = _whiten_inputs(X, m, whitening["ddof"], whitening["eps"],
+                                                  whitening["eps_mode"], True, False)
+    G = np.stack([np.where(m, np.asarray(g, dtype=np.float64), 0.0) for g in gs])
+    gX = _whiten_vjp_values(G, xs, m, ddof, w_eps, eps_mode, True, False)
+    ga = np.where(m, gX, 0.0).sum(axis=-1)                                          # [K, B]
+    K, B = ga.shape
+    rest = {k: val for k, val in group.items() if k not in ("group_size", "group_ids")}
+    gr = group_advantages_vjp(ga.reshape(-1), np.tile(np.asarray(rewards, dtype=np.float64), K),
+                              group_ids=_grouped_rows(rewards, group_size, group_ids, K),
+                              **rest)["rewards"]
+    return [{"rewards": r} for r in gr.reshape(K, B)]
+
+
+def _kl_estimator_moments_vjps(gs, logits, ref_logits, kind):
+    """The five moment gradients once, combined per cotangent."""
+    parts = _moment_gradients(logits, ref_logits, kind)                            # validates
+    for g in gs:
+        args.moment_cotangent(g)
+    return [moments_vjp_of(parts, g) for g in gs]
+
+
+VJPS = {"whiten_vjp": _whiten_vjps, "kl_estimator_moments_vjp": _kl_estimator_moments_vjps, "gpg_advantages_vjp": _gpg_vjps,
+        "whitened_group_advantages_vjp": _whitened_group_advantages_vjps}
 
 
 def vjps(name, cotangents, arrays, params):

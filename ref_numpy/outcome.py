@@ -78,13 +78,23 @@ def opo_advantages_vjp(g, rewards, lengths, *, group_size=None, group_ids=None):
     return {"rewards": g - np.where(multi, L / SL * _group_sum(g, gid, counts), 0.0)}
 
 
+def group_centred(R, gid, counts):
+    """R minus its group's mean in groups of ≥ 2 (a group of one keeps its value), for R [..., B]
+    with any leading axes (many points or many cotangents at once)."""
+    member = (np.arange(len(counts))[:, None] == gid[None, :]).astype(np.float64)
+    mean = ((R[..., None, :] * member).sum(axis=-1) / np.maximum(counts, 1))[..., gid]
+    return R - np.where(counts[gid] >= 2, mean, 0.0)
+
+
 # ====================================================================== GPG
 def _gpg_parts(rewards, group_size, group_ids, f_norm):
     r, gid, counts = _groups("gpg_advantages", rewards, group_size, group_ids)
-    f_norm = checks.positive("f_norm", f_norm)
-    multi = counts[gid] >= 2
-    alpha = r.shape[0] / max(int(np.count_nonzero(r)), 1)
-    return r, gid, counts, multi, alpha / f_norm
+    return r, gid, counts, checks.positive("f_norm", f_norm)
+
+
+def gpg_alpha(R):
+    """α = B / max(1, #{r ≠ 0}) for rewards R [..., B]: one per point."""
+    return R.shape[-1] / np.maximum(np.count_nonzero(R, axis=-1), 1)[..., None]
 
 
 def gpg_advantages(rewards, *, group_size=None, group_ids=None, f_norm=1.0):
@@ -108,9 +118,8 @@ def gpg_advantages(rewards, *, group_size=None, group_ids=None, f_norm=1.0):
     Returns:
       [B] float64.
     """
-    r, gid, counts, multi, scale = _gpg_parts(rewards, group_size, group_ids, f_norm)
-    mean = _group_sum(r, gid, counts) / counts[gid] if r.size else r
-    return scale * (r - np.where(multi, mean, 0.0))
+    r, gid, counts, scale = _gpg_parts(rewards, group_size, group_ids, f_norm)
+    return gpg_alpha(r) / scale * group_centred(r, gid, counts)
 
 
 def gpg_advantages_vjp(g, rewards, *, group_size=None, group_ids=None, f_norm=1.0):
@@ -122,10 +131,9 @@ def gpg_advantages_vjp(g, rewards, *, group_size=None, group_ids=None, f_norm=1.
     Returns:
       {"rewards": [B]} float64.
     """
-    r, gid, counts, multi, scale = _gpg_parts(rewards, group_size, group_ids, f_norm)
+    r, gid, counts, scale = _gpg_parts(rewards, group_size, group_ids, f_norm)
     g = args.cotangent(OPS, g, "g", OPS.spec("rewards", rewards))
-    mean_g = _group_sum(g, gid, counts) / counts[gid] if r.size else g
-    return {"rewards": scale * (g - np.where(multi, mean_g, 0.0))}
+    return {"rewards": gpg_alpha(r) / scale * group_centred(g, gid, counts)}
 
 
 # ====================================================================== pass@k
@@ -259,6 +267,7 @@ def remax_advantages_vjp(g, rewards, baselines, mask=None):
 def _whitened_parts(rewards, mask, group_size, group_ids, scale, eps, whiten_eps):
     s = OPS.spec("rewards", rewards)
     scale = checks.choice("scale", scale, ("none", "group"))
+    whiten_eps = checks.non_negative("whiten_eps", whiten_eps)
     ms = OPS.spec("mask", mask)
     if len(ms.shape) != 2 or len(s.shape) != 1 or ms.shape[0] != s.shape[0]:
         raise ValueError(f"mask has shape {tuple(ms.shape)} but rewards has {tuple(s.shape)}; "

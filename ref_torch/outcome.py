@@ -91,6 +91,7 @@ def whitened_group_advantages(rewards, mask, *, group_size=None, group_ids=None,
     Args/Returns: as ref_numpy.whitened_group_advantages, with tensors.
     """
     scale = checks.choice("scale", scale, ("none", "group"))
+    whiten_eps = checks.non_negative("whiten_eps", whiten_eps)
     ms, s = OPS.spec("mask", mask), OPS.spec("rewards", rewards)
     if len(ms.shape) != 2 or len(s.shape) != 1 or ms.shape[0] != s.shape[0]:
         raise ValueError(f"mask has shape {tuple(ms.shape)} but rewards has {tuple(s.shape)}; "

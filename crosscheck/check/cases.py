@@ -34,6 +34,8 @@ class Case:
     params: Dict[str, object]                 # hyper-parameters by keyword
     stages: Tuple[str, ...] = ALL_STAGES
     fd_step: float = FD_STEP
+    memo: Dict[tuple, object] = dataclasses.field(default_factory=dict, repr=False,
+                                                  compare=False)   # results shared by stages
 
     def shape(self):
         first = next(a for a in self.arrays.values() if a is not None)

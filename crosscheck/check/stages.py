@@ -33,6 +33,18 @@ def _valid(case: cases_mod.Case, name: str) -> np.ndarray:
     return np.ones(x.shape, dtype=bool)
 
 
+def _reference(entry: Entry, case: cases_mod.Case) -> list:
+    """ref_numpy's outputs on a case, computed once and shared by its stages (read-only)."""
+    key = (entry.name, "outputs")
+    if key not in case.memo:
+        outs = bridge.outputs(entry.numpy_fn(**case.arrays, **case.params), entry.outputs)
+        for o in outs:
+            if isinstance(o, np.ndarray):
+                o.flags.writeable = False
+        case.memo[key] = outs
+    return case.memo[key]
+
+
 def _cotangent(entry: Entry, outs: Sequence[np.ndarray], vec: np.ndarray):
     return bridge.cotangent(outs, vec, entry.outputs, entry.dict_output)
 
@@ -62,7 +74,7 @@ def _info(entry, case, index, seed, **more):
 # ---------------------------------------------------------------- stages
 def stage_value(entry: Entry, case, index, seed, res: StageResult) -> None:
     tol = tolerances.get("value")
-    ref = bridge.outputs(entry.numpy_fn(**case.arrays, **case.params), entry.outputs)
+    ref = _reference(entry, case)
     twin = bridge.outputs(entry.torch_fn(**bridge.to_torch(case.arrays), **case.params), entry.outputs)
     mask = case.arrays.get("mask")
     for name, a, b, kappa in zip(entry.outputs, ref, twin, condition(entry, case)):
@@ -91,7 +103,7 @@ def _padding_leak(valid, a, b):
 
 def stage_vjp(entry: Entry, case, index, seed, res: StageResult, rng) -> None:
     tol = tolerances.get("vjp")
-    outs = bridge.outputs(entry.numpy_fn(**case.arrays, **case.params), entry.outputs)
+    outs = _reference(entry, case)
     g = _cotangent(entry, outs, rng.normal(size=sum(o.size for o in outs)))
     hand = _hand_vjp(entry, case, g)
     auto = _autograd_vjp(entry, case, g)
@@ -111,7 +123,7 @@ def _fd_against(entry: Entry, case, index, seed, res, stage, grad_of, freeze, rn
                 got_from, undetached=False, hand=None):
     """Compare grad_of(arrays, cotangent)[input] with finite differences of the NumPy value."""
     tol = tolerances.get(stage)
-    outs = bridge.outputs(entry.numpy_fn(**case.arrays, **case.params), entry.outputs)
+    outs = _reference(entry, case)
     n_out = sum(o.size for o in outs)
     f_scale = max((float(np.abs(o[np.isfinite(o)]).max(initial=0.0)) for o in outs), default=0.0)
     f_scale *= max(float(np.max(k)) for k in condition(entry, case))   # inputs' own rounding
@@ -231,7 +243,7 @@ def _fd_of_objectives(entry: Entry, case, index, seed, res) -> None:
     name = entry.diff[0]
     x0 = case.arrays[name]
     grads = dict(zip(entry.outputs,
-                     bridge.outputs(entry.numpy_fn(**case.arrays, **case.params), entry.outputs)))
+                     _reference(entry, case)))
     objectives = entry.objectives(case.arrays, case.params)
     answers = yield [("jacobian", lambda X, objective=objective: np.asarray(objective(X))[:, None],
                       x0, case.fd_step, 1) for objective in objectives.values()]

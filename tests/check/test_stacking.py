@@ -104,7 +104,7 @@ def test_rows_stacking_is_declared_only_where_rows_are_independent():
     for name in [n for n in STACKED if REGISTRY[n].stack == "rows"]:
         entry = REGISTRY[name]
         case = next(c for c in (entry.case(cases.rng_for(0, name, i), i) for i in range(12))
-                    if np.ndim(c.arrays[entry.diff[0]]) == 2 and
+                    if np.ndim(c.arrays[entry.diff[0]]) >= 2 and
                     np.shape(c.arrays[entry.diff[0]])[0] > 1)
         x = entry.diff[0]
         moved = dict(case.arrays, **{x: case.arrays[x].copy()})
