@@ -102,6 +102,36 @@ PROFILES: Dict[str, Profile] = {p.name: p for p in (
             "approx_kl": _rule(V + "compute_policy_loss_vanilla: ppo_kl", kind="k1"),
             "clip_fraction": _rule(V + "compute_policy_loss_vanilla: pg_clipfrac",
                                    definition="loss", clip_low=0.2, clip_high=0.2),
+            "rollout_is_weights": _rule(
+                "verl/trainer/ppo/rollout_corr_helper.py::compute_rollout_correction_weights "
+                "(SAFETY_BOUND 20; a float threshold truncates, 'lower_upper' masks)",
+                level="token", mode="truncate", lower=None, upper=2.0, seq_stat="sum",
+                kept="unit", log_ratio_clamp=20.0),
+            "reinforce_loss": _rule(V + "compute_policy_loss_reinforce, _gpg, _dro "
+                                    "(policy_loss.dro_beta), _bypass_mode (rollout_correction: "
+                                    "rollout_is_threshold 2.0)", beta=0.0, is_level=None,
+                                    is_mode="truncate", is_lower=None, is_upper=2.0,
+                                    is_log_ratio_clamp=20.0),
+            "dppo_loss": _rule(V + "compute_policy_loss_dppo_tv / _dppo_kl; C = "
+                               "config.get('clip_ratio_c', 20.0), which is ActorConfig's "
+                               "clip_ratio_c (default 3.0)", divergence="tv", clip_low=0.2,
+                               clip_high=0.2, clip_c=3.0, log_ratio_clamp=20.0, kl_eps=1e-8),
+            "gmpo_loss": _rule(V + "compute_policy_loss_geo_mean", clip_low=0.2, clip_high=0.2,
+                               eps=1e-8),
+            "entropy": _rule(V + "compute_entropy_loss; verl/utils/torch_functional.py::"
+                             "entropy_from_logits"),
+            "kl_rewards": _rule(V + "compute_rewards (kl = old_log_prob − ref_log_prob; "
+                                "algorithm.kl_ctrl.kl_coef 0.001)", beta=0.001, kind="k1",
+                                clamp=None),
+            "opo_advantages": _rule(V + "compute_opo_outcome_advantage"),
+            "gpg_advantages": _rule(V + "compute_gpg_outcome_advantage", f_norm=1.0),
+            "passk_advantages": _rule(V + "compute_grpo_passk_outcome_advantage", eps=1e-6,
+                                      scale="group"),
+            "remax_advantages": _rule(V + "compute_remax_outcome_advantage"),
+            "whitened_group_advantages": _rule(
+                V + "compute_reinforce_plus_plus_baseline_outcome_advantage (scale 'none'); "
+                "compute_gdpo_outcome_advantage (scale 'group')", scale="none", eps=1e-6,
+                whiten_eps=1e-8),
         },
         objective={
             "ppo": _rule("verl/workers/utils/losses.py::ppo_loss with "

@@ -26,7 +26,7 @@ def permutation_check(aud: Auditor, case, rng) -> Optional[Outcome]:
         moved = aud.to_numpy(aud.call(shuffled)[0])[0]
     except Exception as exc:
         return Outcome("permutation", False, exception_text(exc))
-    kappa = aud.condition(data)[0]
+    kappa = np.broadcast_to(np.asarray(aud.condition(data)[0], dtype=np.float64), base.shape)
     same = bridge.within(moved, base[perm], aud.tol, cond=np.maximum(kappa, kappa[perm])) | \
         (np.isnan(moved) & np.isnan(base[perm]))
     if not same.all():

@@ -74,6 +74,8 @@ class Trainer:
     version_file: Optional[str] = None  # a version file inside the package folder
     installable: bool = True           # False: a checkout only (--path required)
     not_covered_why: str = "no reference function yet"
+    # a function of the inventory not covered for its own reason: ((qualname, why), ...)
+    not_run: Tuple[Tuple[str, str], ...] = ()
     notes: Tuple[str, ...] = ()
 
     def version_of(self, root):
@@ -204,7 +206,8 @@ class Card:
             lines += ["", f"not covered ({self.trainer.not_covered_why})"]
             by: Dict[str, List[str]] = {}
             for f, q, line in self.not_covered:
-                by.setdefault(f, []).append(f"{q} (l.{line})")
+                why = dict(self.trainer.not_run).get(q)
+                by.setdefault(f, []).append(f"{q} (l.{line})" + (f" [{why}]" if why else ""))
             for f, names in by.items():
                 lines.append(f"  {f}: " + ", ".join(names))
         for m, why in self.failed_modules.items():
@@ -254,7 +257,8 @@ class Card:
             out += [f"- `{r.row.name}`: " + "; ".join(r.row.choices) for r in choices]
         if self.not_covered:
             out += ["", f"## Not covered ({t.not_covered_why})", ""]
-            out += [f"- `{q}` ({f}:{line})" for f, q, line in self.not_covered]
+            out += [f"- `{q}` ({f}:{line})" + (f": {dict(t.not_run)[q]}" if q in dict(t.not_run)
+                                               else "") for f, q, line in self.not_covered]
         if t.notes:
             out += ["", "## Notes", ""] + [f"- {n}" for n in t.notes]
         return "\n".join(out) + "\n"
@@ -275,7 +279,8 @@ class Card:
                        findings=r.findings,
                        seconds=round(r.seconds, 3))
                   for r in self.rows],
-            not_covered=[dict(file=f, function=q, line=line) for f, q, line in self.not_covered],
+            not_covered=[dict(file=f, function=q, line=line, why=dict(self.trainer.not_run).get(
+                q, self.trainer.not_covered_why)) for f, q, line in self.not_covered],
             failed_modules=self.failed_modules, seconds=round(self.seconds, 3)))
 
 

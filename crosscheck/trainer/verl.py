@@ -97,6 +97,161 @@ def _policy(fn, output=None):
     return adapter
 
 
+class _Fields(dict):
+    """A config section read both as config.key and config.get(key) (verl's BaseConfig)."""
+    __getattr__ = dict.__getitem__
+
+
+def _token_policy(fn, **fields):
+    """A policy loss evaluated one valid token at a time (a [1, 1] batch, where agg_loss is
+    the identity); its aggregation is agg_loss's rows."""
+    config_class = inspect.unwrap(fn).__globals__["ActorConfig"]
+    policy_loss = fields.pop("policy_loss", None)
+    extra = {} if policy_loss is None else {"policy_loss": _Fields(policy_loss)}
+
+    def adapter(logp, old_logp, advantages, mask):
+        config = _actor_config(config_class, 1, 1, **extra, **fields)
+        first = "rollout_log_prob" if "rollout_log_prob" in inspect.signature(fn).parameters \
+            else "old_log_prob"
+
+        def one(lp, old, adv):
+            return fn(**{first: old}, log_prob=lp, advantages=adv,
+                      response_mask=lp.new_ones((1, 1)), loss_agg_mode="token-mean",
+                      config=config)[0]
+        return per_token(one, mask, logp, old_logp, per_sequence(advantages, logp))
+    return adapter
+
+
+def _weighted_reinforce(fn):
+    """compute_policy_loss_reinforce given the weights of verl's own
+    compute_rollout_correction_weights (token TIS at 2.0) of logp against old_logp, as
+    compute_policy_loss_bypass_mode passes them."""
+    import sys
+    config_class = inspect.unwrap(fn).__globals__["ActorConfig"]
+
+    def adapter(logp, old_logp, advantages, mask):
+        helper = sys.modules[RC].compute_rollout_correction_weights
+        weights, _ = helper(log_ratio=torch_where(mask, logp - old_logp),
+                            response_mask=_float(mask, logp), rollout_is="token",
+                            rollout_is_threshold=2.0)
+        config = _actor_config(config_class, 1, 1)
+
+        def one(lp, old, adv, w):
+            return fn(rollout_log_prob=old, log_prob=lp, advantages=adv,
+                      response_mask=lp.new_ones((1, 1)), loss_agg_mode="token-mean",
+                      config=config, rollout_is_weights=w)[0]
+        return per_token(one, mask, logp, old_logp, per_sequence(advantages, logp), weights)
+    return adapter
+
+
+_TOKEN = ("evaluated one valid token at a time (a [1, 1] batch, where agg_loss is the "
+          "identity), the losses assembled into [B, T]; its aggregation is agg_loss's rows",
+          "an ActorConfig made without running its __init__ (clip_ratio 0.2, clip_ratio_c 3.0, "
+          "the ActorConfig defaults)")
+
+
+def _geo_mean(fn):
+    config_class = inspect.unwrap(fn).__globals__["ActorConfig"]
+
+    def adapter(logp, old_logp, advantages, mask):
+        loss, _ = fn(old_log_prob=old_logp, log_prob=logp,
+                     advantages=per_sequence(advantages, logp), response_mask=_float(mask, logp),
+                     loss_agg_mode="token-mean", config=_actor_config(config_class))
+        return loss
+    return adapter
+
+
+def _rollout_weights(level, threshold):
+    def make(fn):
+        def adapter(logp, rollout_logp, mask):
+            log_ratio = torch_where(mask, logp - rollout_logp)
+            weights, _ = fn(log_ratio=log_ratio, response_mask=_float(mask, logp),
+                            rollout_is=level, rollout_is_threshold=threshold)
+            return weights
+        return adapter
+    return make
+
+
+def torch_where(mask, x):
+    """x with 0 at masked positions (padding is finite in verl's batches)."""
+    return x.where(mask.bool(), x.new_zeros(()))
+
+
+def _entropy(fn):
+    def adapter(logits, mask):
+        return per_token(lambda z: fn(z, z.new_ones(z.shape[:-1]), "token-mean"), mask, logits)
+    return adapter
+
+
+def _rewards(fn):
+    def adapter(scores, logp, ref_logp, mask):
+        if scores.dim() == 1:                      # the score at the last valid token
+            T = mask.shape[-1]
+            position = mask.new_zeros(mask.shape, dtype=torch_long()) + \
+                __import__("torch").arange(T)
+            last = position.where(mask.bool(), position.new_full((), -1)).max(dim=-1).values
+            scores = (position == last[:, None]).to(logp.dtype) * \
+                torch_where(mask.bool().any(-1), scores)[:, None]
+        out = fn(scores, torch_where(mask, logp), torch_where(mask, ref_logp), KL_RATIO)
+        return torch_where(mask, out)
+    return adapter
+
+
+def torch_long():
+    return __import__("torch").long
+
+
+KL_RATIO = 0.1      # passed as kl_ratio (verl's kl_ctrl.kl_coef default 0.001 hides errors)
+
+
+def _responses(rewards, lengths):
+    """One reward per sequence as verl's token_level_rewards: a response of L_i tokens, the
+    reward at its last one."""
+    import torch
+    L = lengths.to(torch.long)
+    T = max(int(L.max()), 1) if len(L) else 1
+    position = torch.arange(T)[None, :]
+    mask = (position < L[:, None]).to(rewards.dtype)
+    r = (position == (L[:, None] - 1)).to(rewards.dtype) * rewards[:, None]
+    return r, mask
+
+
+def _opo(fn):
+    def adapter(rewards, lengths, group_ids):
+        r, mask = _responses(rewards, lengths)
+        adv, _ = fn(token_level_rewards=r, response_mask=mask, index=np.asarray(group_ids))
+        return adv[:, 0]
+    return adapter
+
+
+def _passk(fn):
+    def adapter(rewards, group_ids):
+        r = rewards[:, None]
+        adv, _ = fn(token_level_rewards=r, response_mask=r.new_ones(r.shape),
+                    index=np.asarray(group_ids), epsilon=1e-6,
+                    config={"norm_adv_by_std_in_grpo": True})
+        return adv[:, 0]
+    return adapter
+
+
+def _remax(fn):
+    def adapter(rewards, baselines, mask):
+        adv, _ = fn(token_level_rewards=torch_where(mask, rewards), reward_baselines=baselines,
+                    response_mask=_float(mask, rewards))
+        return torch_where(mask, adv)
+    return adapter
+
+
+def _whitened(fn, **kwargs):
+    def adapter(rewards, mask, group_ids):
+        r = rewards[:, None] * (__import__("torch").arange(mask.shape[-1]) == 0).to(
+            rewards.dtype)
+        adv, _ = fn(token_level_rewards=r, response_mask=_float(mask, rewards),
+                    index=np.asarray(group_ids), **kwargs)
+        return adv
+    return adapter
+
+
 def _deprecated(fn):
     def adapter(logp, old_logp, advantages, mask):
         loss, *_ = fn(old_log_prob=old_logp, log_prob=logp,
@@ -166,6 +321,13 @@ _CLAMPED = Known(
     "verl clamps the log-ratio to ±20 before exp (core_algos.py: 'Clamp negative_approx_kl for "
     "stability') and logs ppo_kl from the clamped values, so the metric saturates once "
     "|log π − log π_old| > 20; ordinary updates never reach it")
+
+_ALL_REJECTED = Known(
+    "raises", "defect",
+    "when IcePop rejects every token of the batch (all weights 0), compute_is_metrics computes "
+    "the effective sample size as 1.0 / masked_mean(0).item() and raises ZeroDivisionError "
+    "instead of returning the weights; on batches where any weight survives the weights equal "
+    "the reference's. A small micro-batch with a large train/rollout mismatch reaches it")
 
 _MICRO_MEAN = Known(
     "microbatch", "defect",
@@ -271,11 +433,103 @@ ROWS = (
                               ("low_var_kl", "k3", (20.0, 10.0)))
 )
 
+RC = "verl.trainer.ppo.rollout_corr_helper"
+ROWS = ROWS + (
+    Row(f"{CA}:compute_policy_loss_reinforce", "reinforce_loss", _token_policy,
+        choices=_TOKEN + ("rollout_is_weights None: plain REINFORCE",),
+        params=("rollout_log_prob", "log_prob", "advantages", "response_mask", "config")),
+    Row(f"{CA}:compute_policy_loss_reinforce", "reinforce_loss", _weighted_reinforce,
+        label="token TIS weights",
+        choices=_TOKEN + ("rollout_is_weights from verl's compute_rollout_correction_weights "
+                          "(rollout_is 'token', threshold 2.0) of log_prob against "
+                          "old_log_prob read as the rollout's, computed on the whole batch "
+                          "first, as compute_policy_loss_bypass_mode does",),
+        conventions=dict(is_level="token", is_upper=2.0),
+        params=("rollout_log_prob", "log_prob", "advantages", "response_mask", "config",
+                "rollout_is_weights")),
+    Row(f"{CA}:compute_policy_loss_gpg", "reinforce_loss", _token_policy,
+        choices=_TOKEN + ("GPG's change is in its advantages (compute_gpg_outcome_advantage's "
+                          "row); its loss is REINFORCE's",),
+        params=("old_log_prob", "log_prob", "advantages", "response_mask", "config")),
+    Row(f"{CA}:compute_policy_loss_dro", "reinforce_loss",
+        lambda fn: _token_policy(fn, policy_loss={"dro_beta": 0.5}),
+        choices=_TOKEN + ("policy_loss.dro_beta = 0.5",), conventions=dict(beta=0.5),
+        params=("old_log_prob", "log_prob", "advantages", "response_mask", "config")),
+    Row(f"{CA}:compute_policy_loss_dppo_tv", "dppo_loss", _token_policy,
+        choices=_TOKEN + ("DPPO's truncation C is config.get('clip_ratio_c', 20.0): the "
+                          "ActorConfig field, 3.0 by default",),
+        conventions=dict(divergence="tv"),
+        params=("old_log_prob", "log_prob", "advantages", "response_mask", "config")),
+    Row(f"{CA}:compute_policy_loss_dppo_kl", "dppo_loss", _token_policy,
+        choices=_TOKEN + ("DPPO's truncation C is config.get('clip_ratio_c', 20.0): the "
+                          "ActorConfig field, 3.0 by default",),
+        conventions=dict(divergence="kl"),
+        params=("old_log_prob", "log_prob", "advantages", "response_mask", "config")),
+    Row(f"{CA}:compute_policy_loss_geo_mean", "gmpo_loss", _geo_mean,
+        choices=("the whole batch in one call: GMPO takes the mean over sequences itself, "
+                 "whatever loss_agg_mode says", "an ActorConfig holding clip_ratio 0.2"),
+        params=("old_log_prob", "log_prob", "advantages", "response_mask", "config")),
+    Row(f"{CA}:compute_entropy_loss", "entropy", _entropy,
+        choices=("evaluated one valid token at a time ([1, 1, V] logits, where agg_loss is the "
+                 "identity): the entropy per token; its aggregation is agg_loss's rows",),
+        params=("logits", "response_mask", "loss_agg_mode")),
+    Row(f"{CA}:compute_rewards", "kl_rewards", _rewards,
+        choices=(f"kl_ratio = {KL_RATIO} (beta); a score per sequence placed at its last valid "
+                 "token as token_level_scores (verl's reward managers place it there)",
+                 "log-probs 0 at padding, the output read at valid tokens"),
+        conventions=dict(beta=KL_RATIO),
+        params=("token_level_scores", "old_log_prob", "ref_log_prob", "kl_ratio")),
+    Row(f"{CA}:compute_opo_outcome_advantage", "opo_advantages", _opo,
+        choices=("each sequence a right-padded response of L_i tokens with its reward at the "
+                 "last one (OPO's length is the response_mask count)",
+                 "index = group_ids as a NumPy array", "the advantage read from token 0"),
+        params=("token_level_rewards", "response_mask", "index")),
+    Row(f"{CA}:compute_gpg_outcome_advantage", "gpg_advantages", _outcome,
+        choices=_OUTCOME + ("f_norm 1.0 (its default); alpha is recomputed inside as "
+                            "B / #non-zero scores",),
+        params=("token_level_rewards", "response_mask", "index")),
+    Row(f"{CA}:compute_grpo_passk_outcome_advantage", "passk_advantages", _passk,
+        choices=_OUTCOME + ("config = {norm_adv_by_std_in_grpo: True}, epsilon 1e-6",),
+        params=("token_level_rewards", "response_mask", "index", "epsilon", "config")),
+    Row(f"{CA}:compute_remax_outcome_advantage", "remax_advantages", _remax,
+        choices=("token rewards 0 at padding; the advantages read at valid tokens (verl's "
+                 "reverse cumulative sum leaves the reward-to-go at holes)",),
+        params=("token_level_rewards", "reward_baselines", "response_mask")),
+    Row(f"{CA}:compute_reinforce_plus_plus_baseline_outcome_advantage",
+        "whitened_group_advantages", _whitened,
+        choices=("one reward per sequence at token 0 of token_level_rewards (verl sums the "
+                 "row, masked or not)", "response_mask = the [B, T] mask: the whitening is "
+                 "over its tokens", "index = group_ids as a NumPy array"),
+        params=("token_level_rewards", "response_mask", "index")),
+    Row(f"{CA}:compute_gdpo_outcome_advantage", "whitened_group_advantages",
+        lambda fn: _whitened(fn, epsilon=1e-6),
+        choices=("one reward dimension: token_level_rewards (no gdpo_reward_keys), weight 1",
+                 "one reward per sequence at token 0 of token_level_rewards",
+                 "response_mask = the [B, T] mask", "index = group_ids as a NumPy array"),
+        conventions=dict(scale="group"),
+        params=("token_level_rewards", "response_mask", "index", "epsilon")),
+) + tuple(
+    Row(f"{RC}:compute_rollout_correction_weights", "rollout_is_weights",
+        _rollout_weights(level, threshold), label=f"{level} {kind}",
+        choices=("log_ratio = logp − rollout_logp, 0 at padding (verl's padding is finite)",
+                 f"rollout_is = {level!r}, rollout_is_threshold = {threshold!r}"),
+        conventions=dict(level=level, mode=mode, lower=lower, upper=2.0),
+        params=("log_ratio", "response_mask", "rollout_is", "rollout_is_threshold"),
+        known=(_ALL_REJECTED,) if mode == "mask" else ())
+    for level in ("token", "sequence")
+    for kind, mode, threshold, lower in (("TIS", "truncate", 2.0, None),
+                                         ("IcePop mask", "mask", "0.5_2.0", 0.5))
+)
+
 TRAINER = Trainer(
     name="verl", package="verl", dist="verl", profile="verl", pinned="0.9.1",
-    modules=(CA, TF), rows=ROWS, version_file="version/version",
+    modules=(CA, TF, RC), rows=ROWS, version_file="version/version",
     inventory=((CA, r"compute_.*|agg_loss|kl_penalty"), (TF, r"masked_whiten")),
     not_covered_why="no reference function yet",
+    not_run=(("compute_policy_loss_bypass_mode",
+              "wraps its weights in a DataProto, which needs tensordict (not installed); its "
+              "REINFORCE branch is compute_policy_loss_reinforce's loss with the weights of "
+              "compute_rollout_correction_weights [token TIS], both rows below"),),
     notes=("agg_loss's 'token-sum' mode and kl_penalty's straight-through '+' forms (k3+: k3's "
            "value, k2's gradient) have no reference yet",
            "verl/workers/utils/losses.py::ppo_loss composes the policy loss, agg_loss and "

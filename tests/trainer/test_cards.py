@@ -18,7 +18,9 @@ DOCS = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "cards")
 # row name -> the checks it fails at the pinned version ([] = conforms)
 EXPECTED = {
     "verl": {"compute_policy_loss [ppo, deprecated]": ["microbatch"],
-             "compute_policy_loss_vanilla [ppo_kl]": ["value"]},
+             "compute_policy_loss_vanilla [ppo_kl]": ["value"],
+             "compute_rollout_correction_weights [token IcePop mask]": ["raises"],
+             "compute_rollout_correction_weights [sequence IcePop mask]": ["raises"]},
     "trl": {"GRPOTrainer._compute_loss [dapo]": ["mask"],
             "GRPOTrainer._compute_loss [dapo, β = 0.04]": ["mask"],
             "GRPOTrainer._compute_loss [grpo]": ["mask"],
