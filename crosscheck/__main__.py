@@ -48,7 +48,7 @@ def _list(entries) -> str:
     rows = [("function", "differentiable wrt", "trainers use it as", "stop-gradient",
              "audit property checks")]
     for e in entries.values():
-        rows.append((e.name, ", ".join(e.diff) or "- (a count)",
+        rows.append((e.name, ", ".join(e.diff) or "- (not differentiated)",
                      "a loss (differentiated)" if e.trainer_grad else "computed without grad",
                      e.detached or "-", ", ".join(e.checks) or "-"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
@@ -56,7 +56,7 @@ def _list(entries) -> str:
                      for r in rows)
 
 
-def check_main(argv) -> int:
+def check_main(argv, workers: int = 1) -> int:
     parser = check_parser()
     args = parser.parse_args(argv)
     from .check import registry, report
@@ -85,7 +85,7 @@ def check_main(argv) -> int:
         from .check import scale
         results, timings = scale.run(args.scale, seed=args.seed)
     else:
-        results = run(entries, seed=args.seed, n_cases=args.cases)
+        results = run(entries, seed=args.seed, n_cases=args.cases, workers=workers)
     seconds = time.perf_counter() - t0
     ok = all(r.passed for r in results)
     if args.json:
@@ -342,11 +342,16 @@ SUBCOMMANDS = {"explain": explain_main, "audit": audit_main, "trainer": trainer_
 
 
 def main(argv=None) -> int:
+    """The command line. Run as a program (argv None: a fresh process that has computed
+    nothing yet), the cross-check forks a second worker when there are two cores; called with
+    argv, as from Python, it stays in one process (forking a process whose torch thread pool
+    has run is unsafe)."""
+    program = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if argv and argv[0] in SUBCOMMANDS:
             return SUBCOMMANDS[argv[0]](argv[1:])
-        return check_main(argv)
+        return check_main(argv, workers=2 if program and (os.cpu_count() or 1) >= 2 else 1)
     except BrokenPipeError:            # `... | head` closed stdout: stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_FAIL

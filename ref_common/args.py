@@ -208,7 +208,11 @@ def groups(ops: Ops, fn: str, rewards, group_size, group_ids) -> Grouped:
     checks.require_float(s)
     checks.require_sequence(s)
     r = ops.floats(rewards)
-    B = s.shape[0]
+    return Grouped(s, r, group_rule(ops, fn, s.shape[0], group_size, group_ids), group_ids)
+
+
+def group_rule(ops: Ops, fn: str, B: int, group_size, group_ids) -> Optional[int]:
+    """Checks the groups of B rows (exactly one of group_size and group_ids); the group size."""
     ids = None if group_ids is None else ops.spec("group_ids", group_ids)
     if (group_size is not None) == (ids is not None):
         raise ValueError(f"{fn} needs exactly one of group_size= or group_ids=; "
@@ -225,7 +229,31 @@ def groups(ops: Ops, fn: str, rewards, group_size, group_ids) -> Grouped:
             raise ValueError(f"group_size is {group_size} but rewards has B = {B} rows; "
                              f"group_size must divide B")
         group_size = int(group_size)
-    return Grouped(s, r, group_size, group_ids)
+    return group_size
+
+
+class TokenGroups(NamedTuple):
+    rewards: Any
+    old_logp: Any
+    sum_pi_squared: Any
+    mask: Any
+    group_size: Optional[int]
+
+
+def token_groups(ops: Ops, fn: str, rewards, old_logp, sum_pi_squared, mask_, group_size,
+                 group_ids) -> TokenGroups:
+    """Token rewards [B, T] of grouped sequences, with the sampled tokens' log-probs and the
+    policies' Σπ² at each step."""
+    s, r = token(ops, "rewards", rewards)
+    if len(s.shape) != 2:
+        raise ValueError(f"rewards has shape {tuple(s.shape)}; expected [B, T]")
+    old = like(ops, "old_logp", old_logp, s)
+    sq = like(ops, "sum_pi_squared", sum_pi_squared, s)
+    m = mask(ops, mask_, s, r)
+    size = group_rule(ops, fn, s.shape[0], group_size, group_ids)
+    for name, x in (("rewards", r), ("old_logp", old), ("sum_pi_squared", sq)):
+        finite(ops, name, x, m)
+    return TokenGroups(r, old, sq, m, size)
 
 
 def per_row(ops: Ops, name: str, x, B: int, *, positive: bool = False):

@@ -14,10 +14,13 @@ from .policy_losses import (cispo_loss, cispo_loss_vjp, clip_fraction, gspo_loss
                             ppo_clip_loss_vjp, sapo_loss, sapo_loss_vjp, value_loss,
                             value_loss_vjp)
 from .outcome import (gpg_advantages, gpg_advantages_vjp, opo_advantages, opo_advantages_vjp,
+                      optimal_token_baseline_advantages,
+                      optimal_token_baseline_advantages_vjp,
                       passk_advantages, passk_advantages_vjp, remax_advantages,
                       remax_advantages_vjp, whitened_group_advantages,
                       whitened_group_advantages_vjp)
-from .pg_losses import (dppo_loss, dppo_loss_vjp, gmpo_loss, gmpo_loss_vjp, reinforce_loss,
+from .pg_losses import (dppo_loss, dppo_loss_vjp, gmpo_loss, gmpo_loss_vjp, kl_cov_loss,
+                        kl_cov_loss_vjp, reinforce_loss,
                         reinforce_loss_vjp, rollout_is_weights)
 from .reduce import aggregate, aggregate_vjp
 
@@ -42,6 +45,7 @@ __all__ = [
     "reinforce_loss", "reinforce_loss_vjp",
     "dppo_loss", "dppo_loss_vjp",
     "gmpo_loss", "gmpo_loss_vjp",
+    "kl_cov_loss", "kl_cov_loss_vjp",
     "entropy", "entropy_vjp",
     "kl_rewards", "kl_rewards_vjp",
     "opo_advantages", "opo_advantages_vjp",
@@ -49,4 +53,5 @@ __all__ = [
     "passk_advantages", "passk_advantages_vjp",
     "remax_advantages", "remax_advantages_vjp",
     "whitened_group_advantages", "whitened_group_advantages_vjp",
+    "optimal_token_baseline_advantages", "optimal_token_baseline_advantages_vjp",
 ]

@@ -14,6 +14,18 @@ LOG_FLOAT_MAX = float(np.log(np.finfo(np.float64).max))
 _KINDS = {"f": "float", "i": "int", "u": "int", "b": "bool", "c": "complex"}
 
 
+_NAMES = {}
+
+
+def _dtype_names(dtype):
+    """(kind, name) of a dtype, looked up once per dtype (numpy builds dtype.name anew on every
+    access, a cost every validated call pays)."""
+    names = _NAMES.get(dtype)
+    if names is None:
+        names = _NAMES[dtype] = (_KINDS.get(dtype.kind, "other"), dtype.name)
+    return names
+
+
 class NumpyOps:
     """ref_common.args.Ops for NumPy: every float input becomes a float64 array."""
 
@@ -22,7 +34,8 @@ class NumpyOps:
     @staticmethod
     def spec(name, x) -> Spec:
         a = np.asarray(x)
-        return Spec(name, tuple(a.shape), _KINDS.get(a.dtype.kind, "other"), a.dtype.name)
+        kind, dtype = _dtype_names(a.dtype)
+        return Spec(name, tuple(a.shape), kind, dtype)
 
     @staticmethod
     def floats(x):

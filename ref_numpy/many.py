@@ -27,7 +27,8 @@ from .advantages import _group_inputs, group_advantages, group_advantages_vjp
 from .kl import _approx_parts, approx_kl, k_estimator, kl_penalty
 from .outcome import (_gpg_parts, _whitened_parts, gpg_advantages, gpg_alpha, group_centred,
                       whitened_group_advantages)
-from .pg_losses import _gmpo_parts, gmpo_loss
+from .pg_losses import (_gmpo_parts, _kl_cov_parts, gmpo_loss, kl_cov_loss, kl_cov_loss_vjp,
+                        kl_cov_selection)
 from .policy_losses import _finite_objective, _policy_parts, policy_objective
 from .reduce import _weights, aggregate
 
@@ -134,6 +135,21 @@ def _gmpo_loss(v, old_logp, advantages, mask=None, clip_low=0.2, clip_high=None,
     return [np.float64(t) for t in (-a_bar * e).reshape(P, B).sum(axis=1) / max(B, 1)]
 
 
+def _kl_cov_loss(v, old_logp, advantages, mask=None, ratio=2e-4, coef=1.0):
+    """The covariance selection spans the batch: it is taken per point, with a leading axis."""
+    _, old, adv, m, _, coef = _kl_cov_parts(v["logp"][0], old_logp, advantages, mask, ratio,
+                                            coef)                                   # validates
+    LP = _finite(np.asarray(v["logp"]).reshape((len(v["logp"]),) + m.shape), m)
+    if LP is None:
+        return None
+    LP = np.where(m, LP, 0.0)
+    chosen = kl_cov_selection(LP, adv, m, ratio)
+    with np.errstate(over="ignore"):
+        loss = -adv * ar.capped_exp(LP - old) + coef * np.abs(LP - old) * chosen
+    shape = np.shape(v["logp"][0])
+    return [x.reshape(shape) for x in np.where(m, loss, 0.0)]
+
+
 def _grouped_rows(rewards, group_size, group_ids, P):
     """Group ids that keep P stacked copies of a batch's groups apart."""
     _, _, gid, *_ = _group_inputs(rewards, group_size, group_ids, 0, 0.0, "none", "mean", None,
@@ -175,14 +191,14 @@ EVALUATORS = {"aggregate": (_aggregate, aggregate), "approx_kl": (_approx_kl, ap
               "whiten": (_whiten, whiten), "policy_objective": (_policy_objective,
                                                                  policy_objective),
               "kl_estimator_moments": (_kl_estimator_moments, kl_estimator_moments),
-              "gmpo_loss": (_gmpo_loss, gmpo_loss),
+              "gmpo_loss": (_gmpo_loss, gmpo_loss), "kl_cov_loss": (_kl_cov_loss, kl_cov_loss),
               "gpg_advantages": (_gpg_advantages, gpg_advantages),
               "whitened_group_advantages": (_whitened_group_advantages,
                                             whitened_group_advantages)}
 # the arrays that differ between points (the rest are shared)
 VARYING = {"aggregate": ("loss",), "approx_kl": ("logp",), "whiten": ("x",),
            "policy_objective": ("logp", "old_logp"), "kl_estimator_moments": ("logits",),
-           "gmpo_loss": ("logp",), "gpg_advantages": ("rewards",),
+           "gmpo_loss": ("logp",), "kl_cov_loss": ("logp",), "gpg_advantages": ("rewards",),
            "whitened_group_advantages": ("rewards",)}
 
 
@@ -247,7 +263,18 @@ def _kl_estimator_moments_vjps(gs, logits, ref_logits, kind):
     return [moments_vjp_of(parts, g) for g in gs]
 
 
-VJPS = {"whiten_vjp": _whiten_vjps, "kl_estimator_moments_vjp": _kl_estimator_moments_vjps, "gpg_advantages_vjp": _gpg_vjps,
+def _kl_cov_loss_vjps(gs, logp, old_logp, advantages, mask=None, ratio=2e-4, coef=1.0):
+    """The per-token derivative once (the selection is fixed), times each cotangent."""
+    kl_cov_loss_vjp(gs[0], logp, old_logp, advantages, mask, ratio=ratio, coef=coef)  # checks
+    lp, old, adv, m, chosen, coef = _kl_cov_parts(logp, old_logp, advantages, mask, ratio, coef)
+    rho = lp - old
+    d = -adv * ar.capped_exp(rho) * (rho <= ar.LOG_FLOAT_MAX) + coef * np.sign(rho) * chosen
+    shape = np.shape(logp)
+    return [{"logp": np.where(m, np.where(m, np.asarray(g, dtype=np.float64).reshape(m.shape),
+                                          0.0) * d, 0.0).reshape(shape)} for g in gs]
+
+
+VJPS = {"whiten_vjp": _whiten_vjps, "kl_cov_loss_vjp": _kl_cov_loss_vjps, "kl_estimator_moments_vjp": _kl_estimator_moments_vjps, "gpg_advantages_vjp": _gpg_vjps,
         "whitened_group_advantages_vjp": _whitened_group_advantages_vjps}
 
 

@@ -327,3 +327,104 @@ def whitened_group_advantages_vjp(g, rewards, mask, *, group_size=None, group_id
     gX = whiten_vjp(gm, X, m, **whitening)["x"]
     ga = np.where(m, gX, 0.0).sum(axis=-1)
     return group_advantages_vjp(ga, rewards, **group)
+
+
+# ====================================================================== optimal token baseline
+def _per_group(X, gid, n_groups):
+    """Σ of the rows of X [B, T] in each group, [G, T], added in row order (the same bits
+    whatever other groups the batch holds)."""
+    out = np.zeros((n_groups,) + X.shape[1:])
+    np.add.at(out, gid, X)
+    return out
+
+
+def _otb_parts(rewards, old_logp, sum_pi_squared, mask, group_size, group_ids, zero_tail, eps):
+    a = args.token_groups(OPS, "optimal_token_baseline_advantages", rewards, old_logp,
+                          sum_pi_squared, mask, group_size, group_ids)
+    eps = checks.non_negative("eps", eps)
+    zero_tail = checks.boolean("zero_tail", zero_tail)
+    m = a.mask
+    B, T = m.shape
+    if a.group_size is not None:
+        gid = np.arange(B) // a.group_size
+    else:
+        gid = np.unique(np.asarray(group_ids), return_inverse=True)[1].reshape(-1)
+    n_groups = int(gid.max(initial=-1)) + 1
+    member = (np.arange(n_groups)[:, None] == gid[None, :]).astype(np.float64)   # [G, B]
+    r = ar.zero_masked(a.rewards, m)
+    G = np.flip(np.cumsum(np.flip(r, -1), axis=-1), -1)          # Σ_{s ≥ t} m_s r_s
+    w = 1.0 - 2.0 * np.exp(ar.zero_masked(a.old_logp, m)) + ar.zero_masked(a.sum_pi_squared, m)
+    W = np.cumsum(np.where(m, w, 0.0), axis=-1)                   # Σ_{j ≤ t} m_j w_j
+    den = _per_group(np.where(m, W, 0.0), gid, n_groups) + eps   # [G, T]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        c = np.where(m, W, 0.0) / den[gid]                         # each row's baseline weight
+    keep = (member.sum(axis=1) >= 2)[gid][:, None] & np.ones((B, T), bool)
+    if zero_tail:
+        L = m.sum(axis=-1)
+        for g in range(n_groups):
+            rows = np.flatnonzero(gid == g)
+            if len(rows) < 2:
+                continue
+            lengths = np.sort(L[rows])
+            longest = rows[L[rows] == lengths[-1]]
+            if len(longest) == 1 and lengths[-1] > lengths[-2]:
+                keep[longest[0], int(lengths[-2]):] = False
+    return m, gid, member, G, c, keep
+
+
+def optimal_token_baseline_advantages(rewards, old_logp, sum_pi_squared, mask=None, *,
+                                      group_size=None, group_ids=None, zero_tail=True,
+                                      eps=1e-8):
+    """The optimal token baseline (OTB): a baseline per step t, weighted by each trajectory's
+    accumulated score-function variance,
+
+        G_{i,t} = Σ_{s ≥ t} m_s r_{i,s}                       (reward-to-go)
+        w_{i,t} = 1 − 2π_{i,t} + Σ_v π_{i,t}(v)²              (‖∇log π‖² of a softmax, a proxy)
+        W_{i,t} = Σ_{j ≤ t} m_j w_{i,j}
+        b_t = Σ_{i∈g} m G W / (Σ_{i∈g} m W + eps),   A_{i,t} = m_{i,t}(G_{i,t} − b_t)
+
+    b aligns trajectories of a group by position t; a group of one has b = 0; with zero_tail a
+    group's single longest trajectory gets b = 0 from the second-longest length on.
+
+    Reference: verl `compute_optimal_token_baseline_advantage` (π = exp(old_log_probs),
+    Σπ² = sum_pi_squared, epsilon 1e-8, handle_zero_tail True), after the variance-optimal
+    baseline B* = E[G·W]/E[W] of the policy-gradient estimator.
+    Note: with every w equal, W_t is the step count and b_t the group's mean reward-to-go at t.
+    The rollout-IS variant (W scaled by ρ̄²) is not in this reference.
+
+    Worked example: two one-step trajectories, r = [1, 0], π = [0.5, 0.5], Σπ² = [0.5, 0.5]:
+    w = W = [0.5, 0.5], b = 0.5, A = [0.5, −0.5].
+
+    Args:
+      rewards, old_logp, sum_pi_squared: [B, T] float.
+      mask: [B, T] bool or 0/1, or None.
+      group_size: int dividing B, or group_ids: [B] int.
+      zero_tail: bool.  eps: float ≥ 0.
+
+    Returns:
+      [B, T] float64, 0 at masked positions.
+    """
+    m, gid, member, G, c, keep = _otb_parts(rewards, old_logp, sum_pi_squared, mask, group_size,
+                                            group_ids, zero_tail, eps)
+    b = _per_group(c * G, gid, len(member))[gid]                # Σ_j c_j G_j, per row's group
+    return np.where(m, G - np.where(keep, b, 0.0), 0.0)
+
+
+def optimal_token_baseline_advantages_vjp(g, rewards, old_logp, sum_pi_squared, mask=None, *,
+                                          group_size=None, group_ids=None, zero_tail=True,
+                                          eps=1e-8):
+    """VJP of `optimal_token_baseline_advantages` wrt rewards.
+
+    Gradient: the weights c_{j,t} = m W_{j,t}/(Σ_g m W + eps) do not depend on r, so
+    A_{i,t} = m_{i,t}(G_{i,t} − keep_{i,t}·Σ_{j∈g} c_{j,t} G_{j,t}) is linear in G:
+        ḡ_G_{j,t} = m_{j,t} g_{j,t} − c_{j,t}·Σ_{i∈g} keep_{i,t} m_{i,t} g_{i,t},
+    and G_{j,t} = Σ_{s ≥ t} m_s r_{j,s} gives ḡ_r_{j,s} = m_{j,s}·Σ_{t ≤ s} ḡ_G_{j,t}.
+
+    Returns:
+      {"rewards": [B, T]} float64.
+    """
+    m, gid, member, G, c, keep = _otb_parts(rewards, old_logp, sum_pi_squared, mask, group_size,
+                                            group_ids, zero_tail, eps)
+    gm = ar.zero_masked(args.cotangent(OPS, g, "g", OPS.spec("rewards", rewards)), m)
+    gG = gm - c * _per_group(np.where(keep, gm, 0.0), gid, len(member))[gid]
+    return {"rewards": np.where(m, np.cumsum(gG, axis=-1), 0.0)}

@@ -3,7 +3,7 @@ penalty), DPPO's trust-region mask and GMPO's geometric mean, each with a hand-d
 """
 import numpy as np
 
-from ref_common import args
+from ref_common import args, checks
 
 from . import _arrays as ar
 from ._arrays import OPS
@@ -300,3 +300,82 @@ def gmpo_loss_vjp(g, logp, old_logp, advantages, mask=None, *, clip_low=0.2, cli
     per_seq = g / max(len(a_bar), 1) * (-a_bar * e * live) / denom
     out = np.where(free, per_seq[:, None], 0.0)
     return {"logp": out.reshape(np.shape(logp))}
+
+
+# ====================================================================== KL-Cov
+def kl_cov_selection(lp, adv, m, ratio):
+    """The k = max(1, ⌊N·ratio⌋) valid tokens of largest covariance term
+    (A − mean A)(logp − mean logp) (means over the N valid tokens), for arrays [..., B, T]
+    with any leading axes: a boolean [..., B, T]. Ties go to the first in row-major order."""
+    n = m.sum(axis=(-2, -1), keepdims=True)
+    n_safe = np.maximum(n, 1)
+    a_mean = np.where(m, adv, 0.0).sum(axis=(-2, -1), keepdims=True) / n_safe
+    l_mean = np.where(m, lp, 0.0).sum(axis=(-2, -1), keepdims=True) / n_safe
+    cov = np.where(m, (adv - a_mean) * (lp - l_mean), -np.inf)
+    flat = cov.reshape(cov.shape[:-2] + (-1,))
+    N = int(m.sum(axis=(-2, -1)).reshape(-1)[0]) if m.size else 0
+    k = max(1, int(N * ratio)) if N else 0
+    order = np.argsort(-flat, axis=-1, kind="stable")[..., :k]
+    chosen = np.zeros(flat.shape, dtype=bool)
+    np.put_along_axis(chosen, order, True, axis=-1)
+    return chosen.reshape(cov.shape) & m
+
+
+def _kl_cov_parts(logp, old_logp, advantages, mask, ratio, coef):
+    lp, old, adv, m, _ = loss_inputs(logp, old_logp, advantages, mask, None)
+    ratio = checks.in_range("ratio", ratio, 0.0, 1.0, lo_open=True)
+    coef = checks.non_negative("coef", coef)
+    lp, old, adv, m = (x[None, :] if x.ndim == 1 else x for x in (lp, old, adv, m))
+    return lp, old, adv, m, kl_cov_selection(lp, adv, m, ratio), coef
+
+
+def kl_cov_loss(logp, old_logp, advantages, mask=None, *, ratio=2e-4, coef=1.0):
+    """KL-Cov: the unclipped surrogate, with a |log-ratio| penalty on the few tokens whose
+    advantage and log-probability co-vary most (the ones that collapse entropy):
+
+        cov_t = (A_t − Ā)(logp_t − mean logp)     (means over the batch's valid tokens)
+        S = the k = max(1, ⌊N·ratio⌋) tokens of largest cov (a stop-gradient selection)
+        l_t = −A_t·r_t + coef·|logp_t − old_logp_t|·1[t ∈ S],   r = exp(logp − old_logp)
+
+    Reference: Cui et al., "The Entropy Mechanism of Reinforcement Learning for Reasoning
+    Language Models" (arXiv:2505.22617), as verl writes it in `compute_policy_loss_kl_cov`
+    (ratio = policy_loss.kl_cov_ratio 2e-4, coef = ppo_kl_coef 1.0; no ratio clip at all).
+    Note: the selection spans the whole batch (a token's penalty depends on every other
+    token), so micro-batches select differently from the full batch.
+
+    Worked example: A = [1, −1], logp = [−0.5, −2], old = [−1, −1.5], ratio 0.1 (k = 1):
+    cov = [0.375, 0.375]: a tie, the first token wins; l = [−e^0.5 + 0.5, e^−0.5] =
+    [−1.148721, 0.606531].
+
+    Args:
+      logp, old_logp: [B, T] float (or [T]).
+      advantages: [B, T] or [B] float.
+      mask: [B, T] bool or 0/1, or None.
+      ratio: the share of valid tokens penalised, in (0, 1].  coef: float ≥ 0.
+
+    Returns:
+      [B, T] float64, 0 at masked positions.
+    """
+    lp, old, adv, m, chosen, coef = _kl_cov_parts(logp, old_logp, advantages, mask, ratio, coef)
+    with np.errstate(over="ignore"):
+        loss = -adv * ar.capped_exp(lp - old) + coef * np.abs(lp - old) * chosen
+    return np.where(m, loss, 0.0).reshape(np.shape(logp))
+
+
+def kl_cov_loss_vjp(g, logp, old_logp, advantages, mask=None, *, ratio=2e-4, coef=1.0):
+    """VJP of `kl_cov_loss` wrt logp.
+
+    Gradient: the selection S is stop-gradient (piecewise constant in logp), so
+        ∂l_t/∂logp_t = −A_t·r_t + coef·sign(logp_t − old_logp_t)·1[t ∈ S]
+    (r saturates at the largest float, its derivative 0 past it), times g.
+
+    Returns:
+      {"logp": [B, T]} float64.
+    """
+    lp, old, adv, m, chosen, coef = _kl_cov_parts(logp, old_logp, advantages, mask, ratio, coef)
+    gm = ar.zero_masked(args.cotangent(OPS, g, "g", OPS.spec("logp", logp)), m.reshape(
+        np.shape(logp)))
+    rho = lp - old
+    r = ar.capped_exp(rho) * (rho <= ar.LOG_FLOAT_MAX)
+    d = -adv * r + coef * np.sign(rho) * chosen
+    return {"logp": np.where(m, gm.reshape(m.shape) * d, 0.0).reshape(np.shape(logp))}

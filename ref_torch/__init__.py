@@ -9,9 +9,10 @@ from .estimators import kl_estimator_gradient, kl_estimator_moments
 from .kl import approx_kl, kl_penalty, kl_rewards
 from .policy_losses import (cispo_loss, clip_fraction, gspo_loss, policy_objective, ppo_clip_loss,
                             sapo_loss, value_loss)
-from .outcome import (gpg_advantages, opo_advantages, passk_advantages, remax_advantages,
+from .outcome import (gpg_advantages, opo_advantages, optimal_token_baseline_advantages,
+                      passk_advantages, remax_advantages,
                       whitened_group_advantages)
-from .pg_losses import dppo_loss, gmpo_loss, reinforce_loss, rollout_is_weights
+from .pg_losses import dppo_loss, gmpo_loss, kl_cov_loss, reinforce_loss, rollout_is_weights
 from .reduce import aggregate
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "reinforce_loss",
     "dppo_loss",
     "gmpo_loss",
+    "kl_cov_loss",
     "entropy",
     "kl_rewards",
     "opo_advantages",
@@ -42,4 +44,5 @@ __all__ = [
     "passk_advantages",
     "remax_advantages",
     "whitened_group_advantages",
+    "optimal_token_baseline_advantages",
 ]

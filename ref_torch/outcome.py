@@ -102,3 +102,46 @@ def whitened_group_advantages(rewards, mask, *, group_size=None, group_ids=None,
     x = torch.where(m, a[:, None], tt.zero(a))
     y = whiten(x, m, ddof=1, eps=whiten_eps, eps_mode="var", shift_mean=True)
     return torch.where(m, y, tt.zero(y))
+
+
+def optimal_token_baseline_advantages(rewards, old_logp, sum_pi_squared, mask=None, *,
+                                      group_size=None, group_ids=None, zero_tail=True,
+                                      eps=1e-8):
+    """OTB: A_t = G_t − b_t with b_t = Σ_g G·W / (Σ_g W + eps) over a group's trajectories at
+    step t, W the running sum of 1 − 2π + Σπ² (a group of one: b = 0; zero_tail: the single
+    longest trajectory gets b = 0 past the second-longest length).
+    Args/Returns: as ref_numpy.optimal_token_baseline_advantages, with tensors.
+    """
+    a = args.token_groups(OPS, "optimal_token_baseline_advantages", rewards, old_logp,
+                          sum_pi_squared, mask, group_size, group_ids)
+    eps = checks.non_negative("eps", eps)
+    zero_tail = checks.boolean("zero_tail", zero_tail)
+    m, zero = a.mask, tt.zero(a.rewards)
+    B, T = m.shape
+    if a.group_size is not None:
+        ids = torch.arange(B, device=m.device) // a.group_size
+    else:
+        ids = group_ids.to(m.device)
+    to_go = torch.flip(torch.cumsum(torch.flip(torch.where(m, a.rewards, zero), [-1]), -1), [-1])
+    pi = torch.exp(torch.where(m, a.old_logp, zero))
+    step = torch.where(m, 1 - 2 * pi + torch.where(m, a.sum_pi_squared, zero), zero)
+    W = torch.cumsum(step, dim=-1).detach()
+    baseline = torch.zeros_like(to_go)
+    for g in torch.unique(ids):
+        rows = torch.nonzero(ids == g)[:, 0]
+        if len(rows) < 2:
+            continue
+        weight = torch.where(m[rows], W[rows], zero)
+        b = (to_go[rows] * weight).sum(dim=0) / (weight.sum(dim=0) + eps)
+        b = b.expand(len(rows), T)
+        if zero_tail:
+            lengths = m[rows].sum(dim=-1)
+            ordered = torch.sort(lengths).values
+            is_longest = lengths == ordered[-1]
+            if int(is_longest.sum()) == 1 and ordered[-1] > ordered[-2]:
+                tail = (torch.arange(T, device=m.device) >= ordered[-2])[None, :] & \
+                    is_longest[:, None]
+                b = torch.where(tail, zero, b)
+        one_hot = (torch.arange(B, device=m.device)[:, None] == rows[None, :]).to(b.dtype)
+        baseline = baseline + one_hot @ b
+    return torch.where(m, to_go - baseline, zero)

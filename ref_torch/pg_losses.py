@@ -3,7 +3,7 @@ from their equations; autograd gives the gradients (the weights, DPPO's truncate
 trust-region indicator are detached, as their definitions say)."""
 import torch
 
-from ref_common import args
+from ref_common import args, checks
 
 from . import _tensors as tt
 from ._tensors import OPS
@@ -115,3 +115,29 @@ def gmpo_loss(logp, old_logp, advantages, mask=None, *, clip_low=0.2, clip_high=
     mean_adv = adv0.sum(dim=-1) / length
     ratio = torch.exp(torch.clamp(mean_log_ratio, max=tt.log_float_max(lp0.dtype)))
     return (-mean_adv * ratio).sum() / max(mean_adv.shape[0], 1)
+
+
+def kl_cov_loss(logp, old_logp, advantages, mask=None, *, ratio=2e-4, coef=1.0):
+    """KL-Cov (arXiv:2505.22617): −A·r everywhere, plus coef·|log r| on the top
+    max(1, ⌊N·ratio⌋) valid tokens by the (detached) covariance (A − Ā)(logp − mean logp).
+    Args/Returns: as ref_numpy.kl_cov_loss, with tensors.
+    """
+    lp0, old0, adv0, m, ratio_, zero = _prepare(logp, old_logp, advantages, mask, None)
+    share = checks.in_range("ratio", ratio, 0.0, 1.0, lo_open=True)
+    coef = checks.non_negative("coef", coef)
+    flat_m = m.reshape(-1)
+    n = int(flat_m.sum())
+    penalty = torch.zeros_like(lp0).reshape(-1)
+    if n:
+        with torch.no_grad():
+            a = adv0.reshape(-1)[flat_m]
+            lp = lp0.reshape(-1)[flat_m]
+            cov = (a - a.mean()) * (lp - lp.mean())
+            k = max(1, int(n * share))
+            # the largest k, ties to the first position (a stable sort of −cov)
+            top = torch.sort(-cov, stable=True).indices[:k]
+            where = torch.nonzero(flat_m)[:, 0][top]
+        penalty = penalty.index_fill(0, where, 1.0)
+    penalty = penalty.reshape(lp0.shape)
+    loss = -adv0 * ratio_ + coef * (lp0 - old0).abs() * penalty
+    return torch.where(m, loss, zero)

@@ -123,6 +123,11 @@ PROFILES: Dict[str, Profile] = {p.name: p for p in (
             "kl_rewards": _rule(V + "compute_rewards (kl = old_log_prob − ref_log_prob; "
                                 "algorithm.kl_ctrl.kl_coef 0.001)", beta=0.001, kind="k1",
                                 clamp=None),
+            "kl_cov_loss": _rule(V + "compute_policy_loss_kl_cov; verl/workers/config/actor.py:"
+                                 " PolicyLossConfig.kl_cov_ratio, ppo_kl_coef", ratio=2e-4,
+                                 coef=1.0),
+            "optimal_token_baseline_advantages": _rule(
+                V + "compute_optimal_token_baseline_advantage", zero_tail=True, eps=1e-8),
             "opo_advantages": _rule(V + "compute_opo_outcome_advantage"),
             "gpg_advantages": _rule(V + "compute_gpg_outcome_advantage", f_norm=1.0),
             "passk_advantages": _rule(V + "compute_grpo_passk_outcome_advantage", eps=1e-6,

@@ -14,7 +14,6 @@ import zlib
 from typing import Dict, Optional, Tuple
 
 import numpy as np
-from scipy.optimize import brentq
 
 import ref_numpy
 from ref_common.vocab import AGG_MODES
@@ -388,6 +387,26 @@ def gmpo_loss_case(rng, i):
     return _token_case(rng, i, params, [-lo, lo if hi is None else hi])
 
 
+def kl_cov_loss_case(rng, i):
+    """Log-ratios away from 0 (|·|'s kink), and the k-th and (k+1)-th largest covariance terms
+    apart (the selection is constant under finite-difference steps)."""
+    params = dict(ratio=_cycle(i, [2e-4, 0.1, 0.3]), coef=_cycle(i // 3, [1.0, 0.5]))
+    for attempt in range(50):
+        case = _token_case(rng, i, params, [0.0])
+        lp, adv, m = (case.arrays[k] for k in ("logp", "advantages", "mask"))
+        if adv.shape != lp.shape:                   # one advantage per sequence
+            adv = np.repeat(adv[:, None], lp.shape[1], axis=1)
+        n = int(m.sum())
+        if n < 2:
+            break
+        a, l = adv[m], lp[m]
+        cov = np.sort((a - a.mean()) * (l - l.mean()))[::-1]
+        k = max(1, int(n * params["ratio"]))
+        if k >= n or cov[k - 1] - cov[k] > 0.05 * (1 + abs(cov[k - 1])):
+            break
+    return case
+
+
 def entropy_case(rng, i):
     B, T = _shape(i, rng)
     kind = _mask_kind(i)
@@ -400,6 +419,21 @@ def entropy_case(rng, i):
     return Case(f"{kind} mask, V={V}, logits ~ {offset:g} + N(0, {spread:g}²)", arrays, {})
 
 
+def _bisect(f, lo, hi):
+    """The root of f in [lo, hi] (f changes sign there) to float precision. Written here
+    because importing scipy.optimize for it would cost the default run 0.4 s."""
+    flo = f(lo)
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if mid in (lo, hi):
+            break
+        if (f(mid) > 0) == (flo > 0):
+            lo, flo = mid, f(mid)
+        else:
+            hi = mid
+    return lo
+
+
 def _kl_edges(kind, clamp):
     """Log-ratio values x = ref − logp where kl_penalty's clamps bind (its kinks)."""
     if clamp is None:
@@ -410,7 +444,7 @@ def _kl_edges(kind, clamp):
         if kind == "k2":
             edges += [-math.sqrt(2 * out_b), math.sqrt(2 * out_b)]
         elif kind == "k3":
-            edges += [brentq(lambda x: math.expm1(x) - x - out_b, lo, hi)
+            edges += [_bisect(lambda x: math.expm1(x) - x - out_b, lo, hi)
                       for lo, hi in ((-out_b - 2, 0.0), (0.0, math.log(out_b + 2) + 1))]
         else:
             edges += [-out_b, out_b]
@@ -501,6 +535,32 @@ def whitened_group_advantages_case(rng, i):
                   whiten_eps=_cycle(i // 4, [1e-8, 1e-6]))
     arrays["mask"] = m
     return Case(f"{label}, {kind} mask T={T}, scale={params['scale']}", arrays, params)
+
+
+def optimal_token_baseline_advantages_case(rng, i):
+    G = _cycle(i, [4, 3, 2])
+    P = _cycle(i // 2, [2, 1, 3])
+    B, T = P * G, _cycle(i, [6, 1, 9, 4])
+    kind = _cycle(i // 3, ["ragged", "full", "holed"])
+    m = _mask(rng, B, T, kind)
+    pi = rng.uniform(0.05, 0.95, size=(B, T))
+    sq = pi ** 2 + rng.uniform(0.0, 1.0, size=(B, T)) * (1 - pi) ** 2     # Σπ² given π
+    r = rng.normal(size=(B, T)) * (rng.random((B, T)) < 0.4)
+    params = dict(zero_tail=_cycle(i // 2, [True, False]), eps=_cycle(i, [1e-8, 1e-6]))
+    arrays = dict(rewards=_garbage(r, m, rng), old_logp=_garbage(np.log(pi), m, rng),
+                  sum_pi_squared=_garbage(sq, m, rng), mask=m)
+    label = f"{kind} mask"
+    if i % 2 == 0:
+        params["group_size"] = G
+        label += f", group_size={G}"
+    else:
+        ids = np.repeat(np.arange(P), G)
+        ids[-1] = P + 5                                  # a group of one
+        perm = rng.permutation(B)
+        arrays = {k: v[perm] for k, v in arrays.items()}
+        arrays["group_ids"] = ids[perm]
+        label += ", shuffled group_ids with a singleton"
+    return Case(label + f", zero_tail={params['zero_tail']}", arrays, params)
 
 
 def value_loss_case(rng, i):

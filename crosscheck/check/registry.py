@@ -195,6 +195,8 @@ def build() -> Dict[str, Entry]:
         _entry("gmpo_loss", ("logp",), stack="many",
                grid=dict(clip_low=(0.2, 0.4, 0.1), clip_high=(None, 0.2, 0.4),
                          eps=(0.0, 1e-8))),
+        _entry("kl_cov_loss", ("logp",), stack="many",
+               grid=dict(ratio=(2e-4, 0.1, 0.2), coef=(1.0, 0.1, 0.5))),
         _entry("entropy", ("logits",), stack="rows"),
         _entry("kl_rewards", ("logp",), trainer_grad=False, stack="rows",
                grid=dict(kind=vocab.KL_KINDS, clamp=(None, (20.0, 10.0), (None, 10.0)),
@@ -211,6 +213,9 @@ def build() -> Dict[str, Entry]:
         _entry("whitened_group_advantages", ("rewards",), trainer_grad=False, stack="many",
                data_keywords=("group_size", "group_ids"), checks=("permutation",),
                grid=dict(scale=("none", "group"), eps=(1e-6, 1e-4), whiten_eps=(1e-8, 1e-6))),
+        _entry("optimal_token_baseline_advantages", ("rewards",), trainer_grad=False,
+               stack="groups", data_keywords=("group_size", "group_ids"),
+               checks=("permutation",), grid=dict(zero_tail=(True, False), eps=(1e-8, 1e-6))),
     ]
     return {e.name: e for e in entries}
 

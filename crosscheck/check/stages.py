@@ -8,6 +8,8 @@ detach  where the definition holds a stop-gradient factor: torch autograd vs fin
         of the objective with that factor frozen; the distance to finite differences of the
         undetached value is reported beside it
 """
+import os
+import pickle
 from typing import Dict, List, Sequence
 
 import numpy as np
@@ -160,13 +162,20 @@ def _fd_against(entry: Entry, case, index, seed, res, stage, grad_of, freeze, rn
                      expected_from="scipy finite differences" +
                      (" (detached factor frozen)" if freeze is not None else ""))
         if idx.size <= finite_diff.FULL_JACOBIAN_MAX_INPUTS:
-            requests.append(("jacobian", f_many, base, case.fd_step, n_out))
+            # the fd and detach stages difference the same frozen objective: the Jacobian is
+            # solved once, in the fd stage's request, and the detach stage reads it
+            key = (entry.name, name, "frozen Jacobian")
+            reuse = stage == "detach" and key in case.memo
+            if stage == "fd":
+                case.memo[key] = None
+            if not reuse:
+                requests.append(("jacobian", f_many, base, case.fd_step, n_out))
             if undetached:
                 requests.append(("jacobian", lambda X, f=f_many: f(X, None), base,
                                  case.fd_step, n_out))
             finishers.append((_full_jacobian(entry, case, res, outs, name, idx, how, grad_of,
-                                             hand, tol, noise, info, undetached),
-                              1 + undetached))
+                                             hand, tol, noise, info, undetached, key, reuse),
+                              (0 if reuse else 1) + undetached))
         else:
             for k in range(3):
                 u = rng.normal(size=n_out)
@@ -189,11 +198,19 @@ def _fd_against(entry: Entry, case, index, seed, res, stage, grad_of, freeze, rn
 
 
 def _full_jacobian(entry, case, res, outs, name, idx, how, grad_of, hand, tol, noise, info,
-                   undetached):
+                   undetached, key, reuse):
     """What to record once the full finite-difference Jacobian (and the undetached one) is
-    known: every entry against the gradient's, its rows from one VJP per output."""
+    known: every entry against the gradient's, its rows from one VJP per output. With `reuse`
+    the frozen Jacobian is the one the fd stage solved (case.memo[key]); else it is stored
+    there."""
     def finish(answers):
+        if reuse:
+            J_fd = case.memo[key]
+            if J_fd is None:
+                raise RuntimeError("the fd stage's finite-difference Jacobian is missing")
+            answers = [J_fd] + list(answers)
         J_fd = answers[0]
+        case.memo[key] = J_fd
         n_out = J_fd.shape[0]
         units = [_cotangent(entry, outs, e) for e in np.eye(n_out)]
         J_got = np.array([row.reshape(-1)[idx] for row in
@@ -245,11 +262,20 @@ def _fd_of_objectives(entry: Entry, case, index, seed, res) -> None:
     grads = dict(zip(entry.outputs,
                      _reference(entry, case)))
     objectives = entry.objectives(case.arrays, case.params)
-    answers = yield [("jacobian", lambda X, objective=objective: np.asarray(objective(X))[:, None],
-                      x0, case.fd_step, 1) for objective in objectives.values()]
+    at_x0 = {}                  # each objective's value at x0, seen among the stencil points
+
+    def values(X, key, objective):
+        Y = np.asarray(objective(X))
+        centre = np.all(np.atleast_2d(X) == x0[None, :], axis=1)
+        if centre.any():
+            at_x0[key] = float(Y[centre][0])
+        return Y[:, None]
+    answers = yield [("jacobian", lambda X, key=key, objective=objective: values(X, key, objective),
+                      x0, case.fd_step, 1) for key, objective in objectives.items()]
     for (key, objective), J in zip(objectives.items(), answers):
         J = J[0]
-        noise = finite_diff.roundoff(abs(float(objective(x0[None, :])[0])), case.fd_step)
+        f0 = at_x0[key] if key in at_x0 else float(objective(x0[None, :])[0])
+        noise = finite_diff.roundoff(abs(f0), case.fd_step)
         cmp = bridge.compare(grads[key], J, tol, max(1.0, float(np.abs(J).max())), noise)
         record(res, cmp, _info(entry, case, index, seed, input=name, output=key,
                                 got_from=f"ref_numpy {key}",
@@ -280,7 +306,7 @@ def applicable(entry: Entry, case: cases_mod.Case, stage: str) -> bool:
     if stage not in case.stages:
         return False
     if stage in ("vjp", "fd", "detach") and not entry.diff:
-        return False            # not differentiable (a count)
+        return False            # not differentiated (a count, stop-gradient weights)
     if stage == "vjp" and entry.numpy_vjp is None:
         return False            # a gradient-valued function: its value stage is the autograd check
     if stage == "detach":
@@ -388,8 +414,17 @@ def _advance(gen, failed, pending, answer, first=False) -> None:
 
 
 def run(entries: Dict[str, Entry], seed: int = 0, n_cases: int = 12,
-        stages: Sequence[str] = STAGES, progress=None) -> List[StageResult]:
-    """Every stage of every entry: the fd and detach problems of all entries solved together."""
+        stages: Sequence[str] = STAGES, progress=None, workers: int = 1) -> List[StageResult]:
+    """Every stage of every entry: the fd and detach problems of all entries solved together.
+    With workers=2 (and os.fork), a forked child checks every other entry meanwhile; the
+    results come back in registry order, and the same (each case is seeded by its entry).
+    Fork only from a process whose torch thread pool has not run (the command line's)."""
+    if workers > 1 and len(entries) > 1 and hasattr(os, "fork"):
+        out = _run_forked(entries, seed, n_cases, stages)
+        if progress is not None:
+            for entry in entries.values():
+                progress(entry, [r for r in out if r.name == entry.name])
+        return out
     per_entry, jobs = [], []
     for entry in entries.values():
         results, entry_jobs = _entry_jobs(entry, seed, n_cases, stages)
@@ -403,3 +438,38 @@ def run(entries: Dict[str, Entry], seed: int = 0, n_cases: int = 12,
         if progress is not None:
             progress(entry, rs)
     return out
+
+
+def _run_forked(entries, seed, n_cases, stages) -> List[StageResult]:
+    """Half of the entries (every other one) in a forked child, the rest here, at once. The
+    child sends its results through a pipe; if it fails, its half runs here."""
+    names = list(entries)
+    theirs = {n: entries[n] for n in names[1::2]}
+    mine = {n: entries[n] for n in names[0::2]}
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:                                       # the child: its half, then exit
+        os.close(read_end)
+        try:
+            import torch
+            torch.set_num_threads(1)                   # two processes share the cores
+            payload = pickle.dumps(("ok", run(theirs, seed, n_cases, stages)))
+        except BaseException as exc:                   # noqa: B902 — reported to the parent
+            payload = pickle.dumps(("error", repr(exc)))
+        with os.fdopen(write_end, "wb") as pipe:
+            pipe.write(payload)
+        os._exit(0)                                    # no atexit, no buffers flushed twice
+    os.close(write_end)
+    try:
+        here = run(mine, seed, n_cases, stages)
+        with os.fdopen(read_end, "rb") as pipe:
+            data = pipe.read()
+    finally:
+        os.waitpid(pid, 0)
+    status, there = pickle.loads(data) if data else ("error", "no output")
+    if status != "ok":
+        there = run(theirs, seed, n_cases, stages)
+    by_name = {}
+    for r in here + there:
+        by_name.setdefault(r.name, []).append(r)
+    return [r for n in names for r in by_name.get(n, [])]

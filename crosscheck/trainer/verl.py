@@ -144,6 +144,44 @@ def _weighted_reinforce(fn):
     return adapter
 
 
+def _kl_cov(fn, ratio):
+    """Each token's loss read through rollout_is_weights: verl multiplies pg_losses by them
+    after selecting its tokens and before agg_loss, so a weight of N at one token (0
+    elsewhere) and token-mean over the N valid tokens give that token's loss."""
+    import torch
+    config_class = inspect.unwrap(fn).__globals__["ActorConfig"]
+
+    def adapter(logp, old_logp, advantages, mask):
+        B, T = mask.shape
+        n = int(mask.sum())
+        config = _actor_config(config_class, n, B, policy_loss=_Fields(
+            kl_cov_ratio=ratio, ppo_kl_coef=1.0))
+        out = []
+        for b in range(B):
+            for t in range(T):
+                if not bool(mask[b, t]):
+                    out.append(logp.new_zeros(()))
+                    continue
+                w = logp.new_zeros((B, T))
+                w[b, t] = n
+                out.append(fn(old_log_prob=old_logp, log_prob=logp,
+                              advantages=per_sequence(advantages, logp),
+                              response_mask=mask.bool(), loss_agg_mode="token-mean",
+                              config=config, rollout_is_weights=w)[0])
+        return torch.stack(out).reshape(B, T) if out else logp.new_zeros((B, T))
+    return adapter
+
+
+def _otb(fn):
+    def adapter(rewards, old_logp, sum_pi_squared, mask, group_ids):
+        adv, _ = fn(token_level_rewards=torch_where(mask, rewards),
+                    response_mask=_float(mask, rewards), index=np.asarray(group_ids),
+                    old_log_probs=torch_where(mask, old_logp),
+                    sum_pi_squared=torch_where(mask, sum_pi_squared))
+        return torch_where(mask, adv)
+    return adapter
+
+
 _TOKEN = ("evaluated one valid token at a time (a [1, 1] batch, where agg_loss is the "
           "identity), the losses assembled into [B, T]; its aggregation is agg_loss's rows",
           "an ActorConfig made without running its __init__ (clip_ratio 0.2, clip_ratio_c 3.0, "
@@ -465,6 +503,15 @@ ROWS = ROWS + (
                           "ActorConfig field, 3.0 by default",),
         conventions=dict(divergence="kl"),
         params=("old_log_prob", "log_prob", "advantages", "response_mask", "config")),
+    Row(f"{CA}:compute_policy_loss_kl_cov", "kl_cov_loss", lambda fn: _kl_cov(fn, 0.1),
+        choices=("the whole batch in each call (its token selection spans the batch); each "
+                 "token's loss read through rollout_is_weights = N at that token, 0 elsewhere, "
+                 "with token-mean over the batch's N valid tokens",
+                 "policy_loss.kl_cov_ratio = 0.1 (the default 2e-4 selects one token of "
+                 "batches under 10,000 tokens), ppo_kl_coef = 1.0"),
+        conventions=dict(ratio=0.1),
+        params=("old_log_prob", "log_prob", "advantages", "response_mask", "config",
+                "rollout_is_weights")),
     Row(f"{CA}:compute_policy_loss_geo_mean", "gmpo_loss", _geo_mean,
         choices=("the whole batch in one call: GMPO takes the mean over sequences itself, "
                  "whatever loss_agg_mode says", "an ActorConfig holding clip_ratio 0.2"),
@@ -479,6 +526,13 @@ ROWS = ROWS + (
                  "log-probs 0 at padding, the output read at valid tokens"),
         conventions=dict(beta=KL_RATIO),
         params=("token_level_scores", "old_log_prob", "ref_log_prob", "kl_ratio")),
+    Row(f"{CA}:compute_optimal_token_baseline_advantage", "optimal_token_baseline_advantages",
+        _otb, choices=("token rewards, old_log_probs and sum_pi_squared 0 at padding (finite in "
+                       "verl's batches); the advantages read at valid tokens",
+                       "index = group_ids as a NumPy array; rollout_is_weights None, "
+                       "handle_zero_tail and epsilon at their defaults"),
+        params=("token_level_rewards", "response_mask", "index", "old_log_probs",
+                "sum_pi_squared")),
     Row(f"{CA}:compute_opo_outcome_advantage", "opo_advantages", _opo,
         choices=("each sequence a right-padded response of L_i tokens with its reward at the "
                  "last one (OPO's length is the response_mask count)",
@@ -529,7 +583,13 @@ TRAINER = Trainer(
     not_run=(("compute_policy_loss_bypass_mode",
               "wraps its weights in a DataProto, which needs tensordict (not installed); its "
               "REINFORCE branch is compute_policy_loss_reinforce's loss with the weights of "
-              "compute_rollout_correction_weights [token TIS], both rows below"),),
+              "compute_rollout_correction_weights [token TIS], both rows below"),
+             ("compute_policy_loss_clip_cov",
+              "draws the tokens it un-clips with torch.randperm among its candidates: not a "
+              "deterministic function of its inputs"),
+             ("compute_pf_ppo_reweight_data",
+              "resamples the batch with torch.multinomial on DataProto objects: a sampler, not "
+              "a loss or an estimator")),
     notes=("agg_loss's 'token-sum' mode and kl_penalty's straight-through '+' forms (k3+: k3's "
            "value, k2's gradient) have no reference yet",
            "verl/workers/utils/losses.py::ppo_loss composes the policy loss, agg_loss and "

@@ -99,7 +99,7 @@ def test_list_shows_every_function_with_every_column_filled():
         cells = [line[a:b].strip() for a, b in zip(starts, starts[1:] + [None])]
         assert all(cells), line                   # "-" where a fact does not apply, never blank
     clip_fraction = next(line for line in lines if line.startswith("clip_fraction"))
-    assert "- (a count)" in clip_fraction
+    assert "- (not differentiated)" in clip_fraction
     assert "w = clip(ratio): CISPO's importance weight" in text
 
 

@@ -1,0 +1,133 @@
+"""DPPO, GMPO and KL-Cov: worked numbers computed by hand from their definitions, and the
+identities that tie each to PPO's surrogate."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import ref_numpy
+import ref_torch
+
+
+def both(name, *arrays, **kw):
+    a = getattr(ref_numpy, name)(*arrays, **kw)
+    b = getattr(ref_torch, name)(*(None if x is None else torch.tensor(x) for x in arrays), **kw)
+    return np.asarray(a), b.detach().numpy()
+
+
+def grads(name, g, *arrays, **kw):
+    """The hand VJP wrt logp and torch autograd's, for the same cotangent."""
+    hand = getattr(ref_numpy, name + "_vjp")(g, *arrays, **kw)["logp"]
+    t = [torch.tensor(x) for x in arrays]
+    t[0].requires_grad_(True)
+    (getattr(ref_torch, name)(*t, **kw) * torch.tensor(g)).sum().backward()
+    return hand, t[0].grad.numpy()
+
+
+# ------------------------------------------------------------------ DPPO
+def test_dppo_inside_the_region_is_the_truncated_is_policy_gradient():
+    # p = 0.5, q = 0.4: D_TV = 0.1 ≤ 0.2; r = 1.25: l = −1.25·log 0.5, ∂l/∂logp = −1.25
+    lp, old, adv = np.array([math.log(0.5)]), np.array([math.log(0.4)]), np.array([1.0])
+    for got in both("dppo_loss", lp, old, adv, clip_c=None):
+        np.testing.assert_allclose(got, [-1.25 * math.log(0.5)], rtol=1e-15)
+    for got in grads("dppo_loss", np.ones(1), lp, old, adv):
+        np.testing.assert_allclose(got, [-1.25], rtol=1e-15)
+
+
+def test_dppo_drops_a_token_that_moved_too_far_in_its_advantages_direction():
+    # p − q = 0.3 > 0.2 with A > 0: out; the same move with A < 0 is kept (−A·r·logp)
+    lp, old = np.array([math.log(0.5)]), np.array([math.log(0.2)])
+    for got in both("dppo_loss", lp, old, np.array([1.0])):
+        np.testing.assert_array_equal(got, [0.0])
+    for got in both("dppo_loss", lp, old, np.array([-1.0])):
+        np.testing.assert_allclose(got, [2.5 * math.log(0.5)], rtol=1e-15)
+
+
+def test_dppo_binary_kl_of_equal_probabilities_is_zero_and_keeps_every_token():
+    rng = np.random.default_rng(0)
+    lp = np.log(rng.uniform(0.05, 0.95, (3, 4)))
+    adv = rng.normal(size=(3, 4))
+    for divergence in ("tv", "kl"):
+        got = ref_numpy.dppo_loss(lp, lp, adv, divergence=divergence, clip_low=1e-9)
+        np.testing.assert_allclose(got, -adv * lp, rtol=1e-15)       # r = 1, every token kept
+
+
+def test_dppo_with_a_region_that_never_binds_has_the_unclipped_ppo_gradient():
+    rng = np.random.default_rng(1)
+    lp = np.log(rng.uniform(0.05, 0.95, (3, 5)))
+    old = np.log(rng.uniform(0.05, 0.95, (3, 5)))
+    adv, g = rng.normal(size=(3, 5)), rng.normal(size=(3, 5))
+    dppo = ref_numpy.dppo_loss_vjp(g, lp, old, adv, clip_low=2.0, clip_c=None)["logp"]
+    unclipped = ref_numpy.ppo_clip_loss_vjp(g, lp, old, adv, clip_low=0.999, clip_high=1e6)
+    np.testing.assert_allclose(dppo, unclipped["logp"], rtol=1e-14)
+
+
+def test_dppo_kl_refuses_a_positive_log_probability():
+    x = np.array([[0.5]])
+    with pytest.raises(ValueError, match="logp at valid position"):
+        ref_numpy.dppo_loss(x, -x, x, divergence="kl")
+    with pytest.raises(ValueError, match="logp at valid position"):
+        ref_torch.dppo_loss(torch.tensor(x), torch.tensor(-x), torch.tensor(x), divergence="kl")
+
+
+# ------------------------------------------------------------------ GMPO
+def test_gmpo_matches_hand_computed_numbers():
+    # ρ = [0.1, 0.3], ε = 0.2, A = 1: ρ̃ = [0.1, 0.2], R = 0.15; loss = −e^0.15, and only the
+    # unclipped token carries gradient, e^0.15 / 2
+    lp, old, adv = np.array([0.1, 0.3]), np.zeros(2), np.ones(2)
+    for got in both("gmpo_loss", lp, old, adv):
+        np.testing.assert_allclose(got, -math.exp(0.15), rtol=1e-15)
+    for got in grads("gmpo_loss", np.array(1.0), lp, old, adv):
+        np.testing.assert_allclose(got, [-math.exp(0.15) / 2, 0.0], rtol=1e-15)
+
+
+def test_gmpo_on_one_token_sequences_is_ppo_clipped_in_log_space():
+    # with L = 1 the geometric mean is the token's ratio: PPO with the clip interval
+    # [e^−ε_low, e^ε_high], averaged over sequences
+    rng = np.random.default_rng(2)
+    lp = np.log(rng.uniform(0.05, 0.95, (6, 1)))
+    old = lp - rng.normal(0, 0.4, (6, 1))
+    adv = rng.normal(size=(6, 1))
+    lo, hi = 0.2, 0.3
+    ppo = ref_numpy.ppo_clip_loss(lp, old, adv, clip_low=1 - math.exp(-lo),
+                                  clip_high=math.exp(hi) - 1)
+    got = ref_numpy.gmpo_loss(lp, old, adv, clip_low=lo, clip_high=hi)
+    np.testing.assert_allclose(got, ppo.mean(), rtol=1e-13)
+
+
+def test_gmpo_empty_rows_count_in_the_mean_and_add_nothing():
+    lp = np.array([[0.1, 0.2], [0.0, 0.0]])
+    m = np.array([[True, True], [False, False]])
+    adv = np.array([1.0, np.nan])
+    got = ref_numpy.gmpo_loss(lp, np.zeros_like(lp), adv, m)
+    np.testing.assert_allclose(got, -math.exp(0.15) / 2, rtol=1e-15)
+
+
+# ------------------------------------------------------------------ KL-Cov
+def test_kl_cov_matches_hand_computed_numbers():
+    # cov = [0.375, 0.375], a tie: the first token (row-major) is penalised
+    lp, old, adv = np.array([-0.5, -2.0]), np.array([-1.0, -1.5]), np.array([1.0, -1.0])
+    want = [-math.exp(0.5) + 0.5, math.exp(-0.5)]
+    for got in both("kl_cov_loss", lp, old, adv, ratio=0.1):
+        np.testing.assert_allclose(got, want, rtol=1e-15)
+    for got in grads("kl_cov_loss", np.ones(2), lp, old, adv, ratio=0.1):
+        np.testing.assert_allclose(got, [-math.exp(0.5) + 1.0, math.exp(-0.5)], rtol=1e-15)
+
+
+def test_kl_cov_without_its_penalty_is_the_unclipped_surrogate():
+    rng = np.random.default_rng(3)
+    lp, old = rng.normal(size=(3, 4)), rng.normal(size=(3, 4))
+    adv = rng.normal(size=(3, 4))
+    got = ref_numpy.kl_cov_loss(lp, old, adv, ratio=0.5, coef=0.0)
+    np.testing.assert_allclose(got, -adv * np.exp(lp - old), rtol=1e-15)
+
+
+def test_kl_cov_penalises_the_largest_covariance_tokens():
+    rng = np.random.default_rng(4)
+    lp, old, adv = rng.normal(size=(4, 5)), rng.normal(size=(4, 5)), rng.normal(size=(4, 5))
+    got = ref_numpy.kl_cov_loss(lp, old, adv, ratio=0.25, coef=1.0)
+    penalised = ~np.isclose(got, -adv * np.exp(lp - old), rtol=0, atol=1e-12)
+    cov = (adv - adv.mean()) * (lp - lp.mean())
+    assert penalised.sum() == 5                                 # ⌊20 · 0.25⌋
+    assert cov[penalised].min() > cov[~penalised].max()
