@@ -356,8 +356,8 @@ def _otb_parts(rewards, old_logp, sum_pi_squared, mask, group_size, group_ids, z
     w = 1.0 - 2.0 * np.exp(ar.zero_masked(a.old_logp, m)) + ar.zero_masked(a.sum_pi_squared, m)
     W = np.cumsum(np.where(m, w, 0.0), axis=-1)                   # Σ_{j ≤ t} m_j w_j
     den = _per_group(np.where(m, W, 0.0), gid, n_groups) + eps   # [G, T]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        c = np.where(m, W, 0.0) / den[gid]                         # each row's baseline weight
+    with np.errstate(divide="ignore", invalid="ignore"):         # a step no member reaches
+        c = np.where(m & (den[gid] > 0), np.where(m, W, 0.0) / den[gid], 0.0)   # has no weight
     keep = (member.sum(axis=1) >= 2)[gid][:, None] & np.ones((B, T), bool)
     if zero_tail:
         L = m.sum(axis=-1)

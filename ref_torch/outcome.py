@@ -132,7 +132,10 @@ def optimal_token_baseline_advantages(rewards, old_logp, sum_pi_squared, mask=No
         if len(rows) < 2:
             continue
         weight = torch.where(m[rows], W[rows], zero)
-        b = (to_go[rows] * weight).sum(dim=0) / (weight.sum(dim=0) + eps)
+        total = weight.sum(dim=0) + eps
+        reached = total > 0                               # a step no member reaches: b = 0
+        b = torch.where(reached, (to_go[rows] * weight).sum(dim=0) /
+                        torch.where(reached, total, torch.ones_like(total)), zero)
         b = b.expand(len(rows), T)
         if zero_tail:
             lengths = m[rows].sum(dim=-1)
@@ -142,6 +145,5 @@ def optimal_token_baseline_advantages(rewards, old_logp, sum_pi_squared, mask=No
                 tail = (torch.arange(T, device=m.device) >= ordered[-2])[None, :] & \
                     is_longest[:, None]
                 b = torch.where(tail, zero, b)
-        one_hot = (torch.arange(B, device=m.device)[:, None] == rows[None, :]).to(b.dtype)
-        baseline = baseline + one_hot @ b
+        baseline = baseline.index_put((rows,), b)
     return torch.where(m, to_go - baseline, zero)

@@ -62,6 +62,7 @@ EXAMPLES: Dict[str, Example] = {
     "explain-ppo-head": Example(("explain", "--topic", "ppo"), head=8),
     "explain-ppo": Example(("explain", "--topic", "ppo"), head=18),
     "explain-kl-zh": Example(("explain", "--topic", "kl", "--lang", "zh"), tail=17),
+    "explain-beyond": Example(("explain", "--topic", "beyond")),
     "audit-cispo": Example(("audit", EX + "buggy.py:cispo_without_detach", "--ref", "cispo_loss",
                             "--profile", "minimind"),
                            output=EX + "output/buggy_cispo_without_detach.txt"),

@@ -4,4 +4,4 @@
 holds its words in English and Chinese; `plots` draws the figures. Importing this package does
 not import torch (the command line's --help reads TOPICS from here).
 """
-TOPICS = ("gae", "whiten", "ppo", "grpo", "cispo", "kl", "compare")
+TOPICS = ("gae", "whiten", "ppo", "grpo", "cispo", "kl", "compare", "beyond")

@@ -11,10 +11,10 @@ from scipy.integrate import cumulative_trapezoid
 
 import ref_numpy
 
-FIGURES = ("ppo_objective.png", "kl_estimators.png", "gae_weights.png")
+FIGURES = ("ppo_objective.png", "kl_estimators.png", "gae_weights.png", "beyond_ppo.png")
 # the figures each topic draws
 FIGURES_OF = {"ppo": (FIGURES[0],), "cispo": (FIGURES[0],), "kl": (FIGURES[1],),
-              "gae": (FIGURES[2],)}
+              "gae": (FIGURES[2],), "beyond": (FIGURES[3],)}
 
 
 class PlotUnavailable(RuntimeError):
@@ -72,6 +72,8 @@ def write_figures(out_dir: str, topics=None):
         _estimator_figure(plt, out_dir, paths)
     if FIGURES[2] in wanted:
         _gae_figure(plt, out_dir, paths)
+    if FIGURES[3] in wanted:
+        _beyond_figure(plt, out_dir, paths)
     return paths
 
 
@@ -132,3 +134,27 @@ def _gae_figure(plt, out_dir, paths):
     ax.set_title("GAE weights, γ = 0.99 (from gae_vjp)", fontsize=10)
     ax.legend()
     _save(plt, fig, out_dir, FIGURES[2], paths)
+
+
+def _beyond_figure(plt, out_dir, paths):
+    # 4. ∂loss/∂logπ against the ratio, per method (one-token sequences, so GSPO is PPO's
+    # curve and GMPO's clip is PPO's in log space), from the hand VJPs of the topic's conventions
+    from .topics import BEYOND
+    r = np.linspace(0.05, 3.0, 600)[:, None]
+    logp = np.full_like(r, -1.0)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=False)
+    for ax, A in zip(axes, (1.0, -1.0)):
+        for label, fn, params, g in BEYOND:
+            if label == "GSPO":
+                continue
+            cot = np.array(float(len(r))) if g is None else np.ones_like(r)
+            grad = getattr(ref_numpy, fn + "_vjp")(cot, logp, logp - np.log(r),
+                                                   np.full_like(r, A), **params)["logp"]
+            ax.plot(r[:, 0], grad[:, 0], lw=1.4, label=label)
+        ax.axvline(0.8, color="grey", lw=0.5)
+        ax.axvline(1.2, color="grey", lw=0.5)
+        ax.set_xlabel("ratio r = π/π_old (the rollout's for TIS, MIS)")
+        ax.set_ylabel("∂loss/∂logπ")
+        ax.set_title(f"gradient per token vs ratio, A = {A:+g}", fontsize=10)
+        ax.legend(fontsize=8)
+    _save(plt, fig, out_dir, FIGURES[3], paths)

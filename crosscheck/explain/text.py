@@ -155,6 +155,29 @@ EN = {
     "@cmp.memory.grpo": "actor + reference",
     "compare.numbers": "The std convention matters: rewards [1, 0, 0, 0] give A_0 = {b} with "
                        "MiniMind's biased std and {u} with TRL's unbiased std.",
+    # ---------------------------------------------------------------- 8 beyond PPO
+    "beyond.title": "== 8. Beyond PPO: how each clip, gate or weight shapes the gradient ==",
+    "beyond.intro": "One sequence of five tokens, logπ = −1, ratios r = π/π_old of 0.5, 0.9, 1.0, "
+                    "1.3, 2.5. Each column is ∂loss/∂logπ per token (the hand VJP, confirmed by "
+                    "autograd): PPO (ε = 0.2), CISPO (its weight clip(r, 0.8, 1.2), detached), "
+                    "GSPO (the sequence ratio's geometric mean, ε = 0.2), SAPO (τ 1.0 / 1.05), "
+                    "GMPO (ε = 0.2 in log space, per token, then the geometric mean), and the "
+                    "rollout corrections of REINFORCE with π_old read as the rollout policy: TIS "
+                    "(the weight min(r, 2), detached) and MIS (the weight r, 0 beyond 2).",
+    "beyond.pos": "A = +1:",
+    "beyond.neg": "A = −1:",
+    "beyond.why": "Why: PPO cuts a token's gradient to 0 once its ratio has left [1 − ε, 1 + ε] "
+                  "in the advantage's direction (r = 1.3 and 2.5 for A > 0, r = 0.5 for A < 0). "
+                  "CISPO never cuts: every token keeps −A times its clipped, detached weight. "
+                  "GSPO and GMPO judge the whole sequence: each token gets one share of the "
+                  "sequence's gradient (the mean over its 5 tokens), and GMPO's per-token clip "
+                  "removes only the tokens past ±ε in the advantage's direction, as PPO's does. "
+                  "SAPO fades instead of cutting: its gradient is −A·r·4σ(1 − σ), "
+                  "σ = σ(τ(r − 1)); the weight 4σ(1 − σ) is 1 at r = 1 and decays with |r − 1| "
+                  "at a speed set by τ (with τ = 1 the factor r still wins up to r = 2.5). TIS "
+                  "keeps every token with its weight capped at 2; MIS drops the token whose weight "
+                  "is past the bound. At r = 1 every per-token method gives −A, the on-policy "
+                  "policy gradient.",
 }
 
 ZH = {
@@ -282,6 +305,25 @@ ZH = {
     "@cmp.memory.grpo": "Actor + Ref",
     "compare.numbers": "std 的约定很重要：奖励 [1, 0, 0, 0] 时，MiniMind 的有偏 std 给出 A_0 = {b}，"
                        "TRL 的无偏 std 给出 {u}。",
+    # ---------------------------------------------------------------- 8 beyond PPO
+    "beyond.title": "== 8. PPO 之外：各种裁剪、门控与权重如何塑造梯度 ==",
+    "beyond.intro": "一条 5 个 token 的序列，logπ = −1，比率 r = π/π_old 为 0.5、0.9、1.0、1.3、"
+                    "2.5。每列是每个 token 的 ∂loss/∂logπ（手推 VJP，经 autograd 确认）：PPO"
+                    "（ε = 0.2）、CISPO（权重 clip(r, 0.8, 1.2)，已 detach）、GSPO（序列比率取几何"
+                    "平均，ε = 0.2）、SAPO（τ 为 1.0 / 1.05）、GMPO（在对数空间逐 token 以 ε = 0.2 "
+                    "裁剪，再取几何平均），以及把 π_old 视为 rollout 策略的 REINFORCE 的 rollout "
+                    "修正：TIS（权重 min(r, 2)，已 detach）与 MIS（权重为 r，超过 2 则为 0）。",
+    "beyond.pos": "A = +1：",
+    "beyond.neg": "A = −1：",
+    "beyond.why": "原因：PPO 在比率沿优势方向离开 [1 − ε, 1 + ε] 后把该 token 的梯度截为 0"
+                  "（A > 0 时为 r = 1.3 与 2.5，A < 0 时为 r = 0.5）。CISPO 从不截断：每个 token "
+                  "都保留 −A 乘以其裁剪并 detach 后的权重。GSPO 与 GMPO 以整条序列为单位：每个 "
+                  "token 分得序列梯度的一份（对其 5 个 token 取平均），GMPO 的逐 token 裁剪与 PPO "
+                  "一样，只去掉沿优势方向超出 ±ε 的 token。SAPO 以衰减代替截断：其梯度为 "
+                  "−A·r·4σ(1 − σ)，σ = σ(τ(r − 1))；权重 4σ(1 − σ) 在 r = 1 处为 1，随 |r − 1| "
+                  "以 τ 决定的速度衰减（τ = 1 时直到 r = 2.5 仍是因子 r 占上风）。TIS 保留每个 "
+                  "token，权重上限为 2；MIS 丢弃权重超出界限的 token。在 r = 1 处，每种逐 token "
+                  "方法都给出 −A，即在策略上的策略梯度。",
 }
 
 TEXT = {"en": EN, "zh": ZH}

@@ -1,4 +1,5 @@
-"""`python -m crosscheck explain`: the seed's seven topics, every number computed live.
+"""`python -m crosscheck explain`: the seed's seven topics and "beyond PPO", every number computed
+live.
 
 Each value comes from ref_numpy and is confirmed by ref_torch; each gradient is the hand VJP,
 printed beside torch autograd, and the walkthrough raises `WalkthroughError` if any pair ever
@@ -438,8 +439,55 @@ def topic_compare(lab: Lab) -> Section:
     return s
 
 
+# ============================================================ topic 8: beyond PPO
+BEYOND_R = np.array([0.5, 0.9, 1.0, 1.3, 2.5])
+# (column, registry function, conventions, cotangent per token): each method's gradient
+# wrt logπ of the one sequence's loss (GSPO's per-token copies of its sequence loss are
+# averaged, GMPO's loss is the sequence's already)
+BEYOND = (("PPO", "ppo_clip_loss", dict(clip_low=0.2), 1.0),
+          ("CISPO", "cispo_loss", dict(bound="relative", clip_low=0.2, clip_high=0.2), 1.0),
+          ("GSPO", "gspo_loss", dict(clip_low=0.2, clip_high=0.2, form="sequence"), 0.2),
+          ("SAPO", "sapo_loss", dict(tau_pos=1.0, tau_neg=1.05), 1.0),
+          ("GMPO", "gmpo_loss", dict(clip_low=0.2, clip_high=0.2), None),
+          ("TIS", "reinforce_loss", dict(is_level="token", is_upper=2.0), 1.0),
+          ("MIS", "reinforce_loss", dict(is_level="token", is_mode="mask", is_upper=2.0), 1.0))
+
+
+def topic_beyond(lab: Lab) -> Section:
+    logp = np.full((1, 5), -1.0)
+    old = logp - np.log(BEYOND_R)[None, :]
+    data = {}
+    s = Section("beyond", {})
+    s.say("beyond.title")
+    s.say("beyond.intro")
+    outputs = {}
+    for A in (1.0, -1.0):
+        arrays = dict(logp=logp, old_logp=old, advantages=np.full((1, 5), A),
+                      mask=np.ones((1, 5), bool))
+        sign = "+1" if A > 0 else "-1"
+        # the sequence ratios the two sequence-level methods judge (loss = −A·ratio)
+        outputs[f"gspo_sequence_ratio_A={sign}"] = float(-lab.value(
+            "gspo_loss", arrays, dict(BEYOND[2][2]))[0, 0] / A)
+        outputs[f"gmpo_sequence_ratio_A={sign}"] = float(-lab.value(
+            "gmpo_loss", arrays, dict(BEYOND[4][2])) / A)
+        cols = {}
+        for label, fn, params, g in BEYOND:
+            cot = np.array(1.0) if g is None else np.full((1, 5), g)
+            hand, _ = lab.grad(fn, arrays, params, cot, "logp")
+            cols[label] = hand.reshape(-1)
+        data["A=+1" if A > 0 else "A=-1"] = {k: v.tolist() for k, v in cols.items()}
+        s.say("beyond.pos" if A > 0 else "beyond.neg")
+        s.table(["ratio"] + [c[0] for c in BEYOND],
+                [[f"{BEYOND_R[i]:.1f}"] + [f4(cols[c[0]][i]) for c in BEYOND] for i in range(5)])
+    s.say("beyond.why")
+    s.data = dict(inputs=dict(ratio=BEYOND_R.tolist(), logp=-1.0, advantages=[1.0, -1.0],
+                              conventions={c[0]: dict(function=c[1], **c[2]) for c in BEYOND}),
+                  outputs=outputs, gradients=data)
+    return s
+
+
 BUILDERS = dict(gae=topic_gae, whiten=topic_whiten, ppo=topic_ppo, grpo=topic_grpo,
-                cispo=topic_cispo, kl=topic_kl, compare=topic_compare)
+                cispo=topic_cispo, kl=topic_kl, compare=topic_compare, beyond=topic_beyond)
 
 
 def walkthrough(topics=TOPICS, entries=None) -> List[Section]:

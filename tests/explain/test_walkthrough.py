@@ -294,6 +294,9 @@ JSON_KEYS = {
     "kl": ({"p", "q"}, {"per_sample", "moments", "far_apart_var", "grad_kl_forward",
                         "grad_kl_reverse"}, {"dk_dlogp", "expected"}),
     "compare": ({"rewards"}, {"minimind_A0", "trl_A0"}, set()),
+    "beyond": ({"ratio", "logp", "advantages", "conventions"},
+               {"gspo_sequence_ratio_A=+1", "gspo_sequence_ratio_A=-1", "gmpo_sequence_ratio_A=+1",
+                "gmpo_sequence_ratio_A=-1"}, {"A=+1", "A=-1"}),
 }
 
 
@@ -316,6 +319,24 @@ def test_the_json_carries_each_topics_documented_fields(topics):
         [sum(grpo["outputs"]["advantages"][:4]), sum(grpo["outputs"]["advantages"][4:])],
         abs=1e-12)
     assert grpo["inputs"]["lengths"] and len(grpo["inputs"]["lengths"]) == 8
+
+
+def test_beyond_ppo_gradients_follow_each_methods_rule(topics):
+    """Hand-derived per-token gradients for ratios [0.5, 0.9, 1.0, 1.3, 2.5], A = ±1, logπ = −1:
+    PPO −A·r inside the clip in A's direction and 0 past it; CISPO −A·clip(r, 0.8, 1.2);
+    TIS −A·min(r, 2); MIS −A·r up to 2 and 0 beyond; GSPO −A·s/5 with s the geometric mean."""
+    g = json.loads(json.dumps(explain.to_json_doc([topics["beyond"]])))["topics"][0]["gradients"]
+    r = np.array([0.5, 0.9, 1.0, 1.3, 2.5])
+    s = float(np.exp(np.log(r).mean()))
+    for A, key in ((1.0, "A=+1"), (-1.0, "A=-1")):
+        cut = (r > 1.2) if A > 0 else (r < 0.8)
+        np.testing.assert_allclose(g[key]["PPO"], np.where(cut, 0.0, -A * r), atol=1e-12)
+        np.testing.assert_allclose(g[key]["CISPO"], -A * np.clip(r, 0.8, 1.2), atol=1e-12)
+        np.testing.assert_allclose(g[key]["TIS"], -A * np.minimum(r, 2.0), atol=1e-12)
+        np.testing.assert_allclose(g[key]["MIS"], np.where(r > 2.0, 0.0, -A * r), atol=1e-12)
+        np.testing.assert_allclose(g[key]["GSPO"], np.full(5, -A * s / 5), atol=1e-12)
+    zh = explain.render(topics["beyond"], "zh")
+    assert "PPO 之外" in zh and "-0.2158" in zh
 
 
 def test_the_gae_text_states_the_decay_factors(topics):

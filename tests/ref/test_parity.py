@@ -51,7 +51,8 @@ def test_vjp_docstrings_derive_the_gradient():
 def test_hyper_parameters_are_keyword_only():
     arrays = {"rewards", "values", "mask", "x", "logp", "old_logp", "advantages", "old_values",
               "returns", "ref_logp", "loss", "dones", "last_value", "group_ids", "logits",
-              "ref_logits", "valid", "rollout_logp", "scores", "lengths", "baselines"}
+              "ref_logits", "valid", "rollout_logp", "scores", "lengths", "baselines",
+              "sum_pi_squared"}
     for name in registry.build():
         for p in inspect.signature(getattr(ref_numpy, name)).parameters.values():
             if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD:
