@@ -162,6 +162,8 @@ def into_domain(rule, case):
         if tag == "per_sequence_advantages" and arrays.get("advantages") is not None and \
                 np.ndim(arrays["advantages"]) == 2:
             return None, profiles_mod.DOMAINS[tag]
+        if tag == "per_sequence_scores" and np.ndim(arrays.get("scores")) == 2:
+            return None, profiles_mod.DOMAINS[tag]
         if tag == "groups_of_two":
             ids, size = arrays.get("group_ids"), params.get("group_size")
             if ids is None:

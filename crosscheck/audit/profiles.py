@@ -25,6 +25,7 @@ DOMAINS = {
     "per_sequence_advantages": "per-token advantages (this trainer's code takes one per "
                                "sequence)",
     "groups_of_two": "a group of one (this trainer requires at least two per group)",
+    "per_sequence_scores": "per-token scores (this trainer's code takes one per sequence)",
 }
 
 
@@ -250,6 +251,16 @@ PROFILES: Dict[str, Profile] = {p.name: p for p in (
             "aggregate": _rule("openrlhf/utils/loss_utils.py (token_level_loss=True)",
                                mode="token-mean", empty_rows="exclude"),
             "approx_kl": _rule("openrlhf/models/loss.py::PolicyLoss: ppo_kl", kind="k1"),
+            "entropy": _rule("openrlhf/models/utils.py::compute_entropy"),
+            "kl_rewards": _rule("openrlhf/models/utils.py::compute_reward with "
+                                "compute_approx_kl (k1, clamped to ±10); cli/train_ppo_ray.py: "
+                                "algo.kl.init_coef 0.01",
+                                ("per_sequence_scores",), beta=0.01, kind="k1",
+                                clamp=(None, 10.0)),
+            "rollout_is_weights": _rule(
+                "openrlhf/models/loss.py::PolicyLoss (is_correction_level, is_correction_mode "
+                "'mask', gating 'ratio', threshold [0.5, 5.0])", level="token", mode="mask",
+                lower=0.5, upper=5.0, seq_stat="mean", kept="token", log_ratio_clamp=None),
             "clip_fraction": _rule("openrlhf/models/loss.py::PolicyLoss: clip_ratio",
                                    definition="loss", clip_low=0.2, clip_high=0.2),
         },

@@ -138,6 +138,33 @@ def _kl(kind):
     return make
 
 
+KL_COEF = 0.1
+
+
+def _reward(fn):
+    """compute_reward given one score per sequence and kl = logp − ref_logp (k1, as
+    compute_approx_kl gives it before its ±10 clamp, whose rows are below)."""
+    def adapter(scores, logp, ref_logp, mask):
+        zero = logp.new_zeros(())
+        kl = torch.where(mask.bool(), logp - ref_logp, zero)
+        r = torch.where(mask.bool().any(-1), scores, zero)
+        out = fn(r, KL_COEF, kl, action_mask=mask)
+        return torch.where(mask.bool(), out, zero)
+    return adapter
+
+
+def _entropy(fn):
+    """compute_entropy is wrapped by torch.compile; the adapter runs the Python function it
+    wraps, eagerly (the same statements, without a compiler)."""
+    eager = getattr(fn, "_torchdynamo_orig_callable", fn)
+
+    def adapter(logits, mask):
+        zero = logits.new_zeros(())
+        return torch.where(mask.bool(), eager(torch.where(mask.bool()[..., None], logits, zero)),
+                           zero)
+    return adapter
+
+
 _LOSS = ("PolicyLoss(clip_eps_low=0.2, clip_eps_high=0.2, policy_loss_type=...) called with "
          "action_mask as a float tensor",
          "the global counts passed as batch_num_tokens / global_batch_size, as "
@@ -174,6 +201,16 @@ ROWS = (
     Row(f"{EM}:RemoteExperienceMaker.compute_advantages_and_returns", "group_advantages",
         _grouped("dr_grpo"), label="dr_grpo", choices=_GROUPED,
         conventions=dict(scale="none"), params=("experiences",)),
+    Row(f"{UTILS}:compute_entropy", "entropy", _entropy,
+        choices=("the function torch.compile wraps, run eagerly (_torchdynamo_orig_callable)",
+                 "logits 0 at padding, the entropy read at valid tokens"),
+        params=("logits",)),
+    Row(f"{UTILS}:compute_reward", "kl_rewards", _reward,
+        choices=(f"kl_coef = {KL_COEF} (beta); kl = logp − ref_logp at valid tokens (k1)",
+                 "one score per sequence (OpenRLHF's r); the output read at valid tokens (an "
+                 "empty row's score lands on its last, masked position)"),
+        conventions=dict(beta=KL_COEF, clamp=None),
+        params=("r", "kl_coef", "kl", "action_mask")),
     Row(f"{LOSS}:ValueLoss.forward", "value_loss", _value,
         choices=("ValueLoss(clip_eps=0.5) evaluated one valid token at a time (a [1, 1] batch, "
                  "where aggregate_loss is the identity), the losses assembled into [B, T]; its "
@@ -215,8 +252,10 @@ TRAINER = Trainer(
                (UTILS, r"compute_approx_kl|compute_reward|masked_normalize|compute_entropy"),
                (EM, r"RemoteExperienceMaker\.(get_advantages_and_returns|"
                     r"get_cumulative_returns|compute_advantages_and_returns)")),
-    notes=("PolicyLoss's rollout importance-sampling correction (is_correction_level) has no "
-           "reference yet; the rows run with it off, OpenRLHF's default",
+    notes=("PolicyLoss's rollout importance-sampling correction (is_correction_level) is "
+           "rollout_is_weights(seq_stat='mean', kept='token', lower=0.5, upper=5.0) times the "
+           "PPO loss, but policy_objective takes no weights: the rows run with it off, "
+           "OpenRLHF's default",
            "compute_advantages_and_returns also whitens the advantages of 'gae', 'reinforce' "
            "and 'reinforce_baseline' over the batch (biased variance, rsqrt(max(var, 1e-8))); "
            "that statement block is not reached as a function"),
