@@ -517,6 +517,29 @@ def gmpo(clip_low, clip_high, eps) -> Gmpo:
     return Gmpo(lo, hi, checks.non_negative("eps", eps))
 
 
+class Vespo(NamedTuple):
+    k_pos: float
+    lambda_pos: float
+    k_neg: float
+    lambda_neg: float
+    log_ratio_clamp: Optional[float]
+    log_w_min: float
+    log_w_max: float
+
+
+def vespo(k_pos, lambda_pos, k_neg, lambda_neg, log_ratio_clamp, log_w_min, log_w_max) -> Vespo:
+    k_pos = checks.non_negative("k_pos", k_pos)
+    lambda_pos = checks.positive("lambda_pos", lambda_pos)
+    k_neg = checks.non_negative("k_neg", k_neg)
+    lambda_neg = checks.positive("lambda_neg", lambda_neg)
+    clamp = checks.positive("log_ratio_clamp", log_ratio_clamp, allow_none=True)
+    lo, hi = checks.number("log_w_min", log_w_min), checks.number("log_w_max", log_w_max)
+    if lo > hi:
+        raise ValueError(f"log_w_min is {lo} but log_w_max is {hi}; expected log_w_min ≤ "
+                         "log_w_max")
+    return Vespo(k_pos, lambda_pos, k_neg, lambda_neg, clamp, lo, hi)
+
+
 def clip_fraction(definition, clip_low, clip_high):
     """(definition, ClipBounds) of clip_fraction."""
     definition = checks.choice("definition", definition, vocab.CLIP_FRACTIONS)

@@ -17,7 +17,7 @@ SINGLETONS = ("zero", "keep", "error")         # a group of one: A = 0, baseline
 KL_KINDS = ("k1", "k2", "k3", "abs")          # kl_penalty (abs: |log ratio|)
 ESTIMATOR_KINDS = ("k1", "k2", "k3")          # approx_kl and the exact estimator analysis
 CISPO_BOUNDS = ("absolute", "relative")
-POLICY_LOSSES = ("ppo", "cispo", "gspo", "sapo")
+POLICY_LOSSES = ("ppo", "cispo", "gspo", "sapo", "vespo")
 GSPO_FORMS = ("token", "sequence")
 CLIP_FRACTIONS = ("loss", "sign", "ratio")
 

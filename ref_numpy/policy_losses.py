@@ -1,6 +1,8 @@
 """Per-token policy and value losses (PPO clip, dual clip, CISPO, clipped value loss) and the
 composed actor objective, each with a hand-derived VJP.
 """
+import math
+
 import numpy as np
 
 from ref_common import args
@@ -337,6 +339,72 @@ def sapo_loss_vjp(g, logp, old_logp, advantages, mask=None, *, tau_pos=1.0, tau_
     return {"logp": np.where(m, -gm * adv * 4.0 * sig * (1.0 - sig) * ratio * drho, 0.0)}
 
 
+def _vespo_parts(logp, old_logp, advantages, mask, k_pos, lambda_pos, k_neg, lambda_neg,
+                 log_ratio_clamp, log_w_min, log_w_max):
+    lp, old, adv, m, _ = loss_inputs(logp, old_logp, advantages, mask, None)
+    p = args.vespo(k_pos, lambda_pos, k_neg, lambda_neg, log_ratio_clamp, log_w_min, log_w_max)
+    rho = lp - old
+    if p.log_ratio_clamp is not None:
+        rho = np.clip(rho, -p.log_ratio_clamp, p.log_ratio_clamp)
+    log_w = np.clip(np.where(m, rho, 0.0).sum(axis=-1, keepdims=True), p.log_w_min, p.log_w_max)
+    pos = adv >= 0
+    k = np.where(pos, p.k_pos, p.k_neg)
+    lam = np.where(pos, p.lambda_pos, p.lambda_neg)
+    phi = np.exp(lam + k * log_w - lam * np.exp(log_w))
+    return lp, adv, m, phi
+
+
+def vespo_loss(logp, old_logp, advantages, mask=None, *, k_pos=2.0, lambda_pos=3.0, k_neg=3.0,
+               lambda_neg=2.0, log_ratio_clamp=20.0, log_w_min=math.log(1e-8), log_w_max=20.0):
+    """VESPO: REINFORCE weighted by a gamma-shaped function of the sequence's importance ratio,
+
+        log w = clip(Σ_t m_t·clip(logp_t − old_logp_t, ±log_ratio_clamp), log_w_min, log_w_max)
+        φ(w) = e^λ·w^k·e^(−λw)      (φ(1) = 1; k, λ = k_pos, lambda_pos where A ≥ 0, else _neg)
+        l_t = −sg(φ(w))·A_t·logp_t
+
+    φ rises like w^k near 0 and decays like e^(−λw) for large w: a soft trust region on the
+    sequence ratio, strongest where the sequence has moved far from the sampling policy.
+
+    Reference: TRL `GRPOTrainer.get_gamma_weights` and `loss_type="vespo"` (k 2 / 3, λ 3 / 2
+    for A ≥ 0 / A < 0; the log-ratio clamped to ±20, log w to [log 1e-8, 20]).
+    Note: φ is detached (a gradient scale), so the gradient is −φ·A per token; on policy
+    (w = 1) it is −A, the policy gradient. With k = 0 and λ → 0, φ → 1 (plain REINFORCE).
+
+    Worked example: one token, A = 1, logp = −0.5, old = −0.5 − log 2 (w = 2), k = 2, λ = 3:
+    φ = e^3·4·e^(−6) = 4e^(−3) = 0.199148, l = 0.099574, ∂l/∂logp = −0.199148.
+
+    Args:
+      logp, old_logp: [B, T] float (or [T]).
+      advantages: [B, T] or [B] float.
+      mask: [B, T] bool or 0/1, or None.
+      k_pos, k_neg: float ≥ 0.  lambda_pos, lambda_neg: float > 0.
+      log_ratio_clamp: None or > 0.  log_w_min ≤ log_w_max: floats.
+
+    Returns:
+      [B, T] float64, 0 at masked positions.
+    """
+    lp, adv, m, phi = _vespo_parts(logp, old_logp, advantages, mask, k_pos, lambda_pos, k_neg,
+                                   lambda_neg, log_ratio_clamp, log_w_min, log_w_max)
+    return np.where(m, -phi * adv * lp, 0.0)
+
+
+def vespo_loss_vjp(g, logp, old_logp, advantages, mask=None, *, k_pos=2.0, lambda_pos=3.0,
+                   k_neg=3.0, lambda_neg=2.0, log_ratio_clamp=20.0, log_w_min=math.log(1e-8),
+                   log_w_max=20.0):
+    """VJP of `vespo_loss` wrt logp.
+
+    Gradient: φ(w) is a stop-gradient factor, so ∂l_t/∂logp_t = −φ·A_t, times g. (Through φ
+    the sequence's every token would also get −A·logp·φ'(w)·w, which VESPO does not want.)
+
+    Returns:
+      {"logp": [B, T]} float64.
+    """
+    _, adv, m, phi = _vespo_parts(logp, old_logp, advantages, mask, k_pos, lambda_pos, k_neg,
+                                  lambda_neg, log_ratio_clamp, log_w_min, log_w_max)
+    gm = ar.zero_masked(args.cotangent(OPS, g, "g", OPS.spec("logp", logp)), m)
+    return {"logp": np.where(m, -gm * phi * adv, 0.0)}
+
+
 # ====================================================================== diagnostics
 def clip_fraction(logp, old_logp, advantages, mask=None, *, clip_low=0.2, clip_high=None,
                   definition="loss"):
@@ -431,7 +499,8 @@ def value_loss_vjp(g, values, old_values, returns, mask=None, *, clip=0.2):
 def _policy_parts(mask, ref_logp, loss, beta, kl_kind, kl_clamp, agg):
     p = args.policy_objective(mask, ref_logp, loss, beta, kl_kind, kl_clamp, agg)
     fn, vjp = {"ppo": (ppo_clip_loss, ppo_clip_loss_vjp), "cispo": (cispo_loss, cispo_loss_vjp),
-               "gspo": (gspo_loss, gspo_loss_vjp), "sapo": (sapo_loss, sapo_loss_vjp)}[p.loss]
+               "gspo": (gspo_loss, gspo_loss_vjp), "sapo": (sapo_loss, sapo_loss_vjp),
+               "vespo": (vespo_loss, vespo_loss_vjp)}[p.loss]
     return fn, vjp, p.beta > 0, p.beta, dict(kind=kl_kind, clamp=kl_clamp)
 
 

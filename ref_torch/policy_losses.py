@@ -1,5 +1,7 @@
 """Policy and value losses in torch, written in objective form from the papers' equations;
 autograd gives the gradients (CISPO's weight is detached, as its definition says)."""
+import math
+
 import torch
 
 from ref_common import args
@@ -69,6 +71,28 @@ def sapo_loss(logp, old_logp, advantages, mask=None, *, tau_pos=1.0, tau_neg=1.0
                       torch.full_like(adv0, p.tau_neg))
     gate = torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
     return torch.where(m, -gate * adv0, zero)
+
+
+def vespo_loss(logp, old_logp, advantages, mask=None, *, k_pos=2.0, lambda_pos=3.0, k_neg=3.0,
+               lambda_neg=2.0, log_ratio_clamp=20.0, log_w_min=math.log(1e-8), log_w_max=20.0):
+    """VESPO: l = −sg(φ(w))·A·logp, φ(w) = e^λ·w^k·e^(−λw) of the sequence ratio w (product of
+    the token ratios, clamped), k and λ by the sign of A.
+    Args/Returns: as ref_numpy.vespo_loss, with tensors.
+    """
+    lp0, old0, adv0, m, _, zero = _prepare(logp, old_logp, advantages, mask, None)
+    p = args.vespo(k_pos, lambda_pos, k_neg, lambda_neg, log_ratio_clamp, log_w_min, log_w_max)
+    with torch.no_grad():
+        log_ratio = lp0 - old0
+        if p.log_ratio_clamp is not None:
+            log_ratio = torch.clamp(log_ratio, -p.log_ratio_clamp, p.log_ratio_clamp)
+        log_w = torch.clamp(torch.where(m, log_ratio, zero).sum(dim=-1, keepdim=True),
+                            p.log_w_min, p.log_w_max)
+        nonneg = adv0 >= 0
+        k = torch.where(nonneg, torch.full_like(adv0, p.k_pos), torch.full_like(adv0, p.k_neg))
+        lam = torch.where(nonneg, torch.full_like(adv0, p.lambda_pos),
+                          torch.full_like(adv0, p.lambda_neg))
+        phi = torch.exp(lam + k * log_w - lam * torch.exp(log_w))
+    return torch.where(m, -phi * adv0 * lp0, zero)
 
 
 def cispo_loss(logp, old_logp, advantages, mask=None, *, clip_high=5.0, clip_low=None,
@@ -155,7 +179,7 @@ def policy_objective(logp, old_logp, advantages, mask, ref_logp=None, *, loss="p
     """
     p = args.policy_objective(mask, ref_logp, loss, beta, kl_kind, kl_clamp, agg)
     policy = {"ppo": ppo_clip_loss, "cispo": cispo_loss, "gspo": gspo_loss,
-              "sapo": sapo_loss}[p.loss]
+              "sapo": sapo_loss, "vespo": vespo_loss}[p.loss]
     per_token = policy(logp, old_logp, advantages, mask, **loss_kwargs)
     if ref_logp is not None:            # checked even at beta = 0: a wrong one is still a bug
         kl = kl_penalty(logp, ref_logp, mask, kind=kl_kind, clamp=kl_clamp)

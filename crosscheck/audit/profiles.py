@@ -17,6 +17,7 @@ Beside the conventions, a profile states:
 - for policy_objective, one rule per policy loss: the keywords of the chosen loss only.
 """
 import dataclasses
+import math
 from typing import Dict, Mapping, Optional, Tuple
 
 # the domain tags a rule may declare, and what a case outside each looks like
@@ -185,6 +186,10 @@ PROFILES: Dict[str, Profile] = {p.name: p for p in (
             "gspo_loss": _rule("trl/trainer/grpo_trainer.py::_compute_loss "
                                "(importance_sampling_level='sequence')", form="sequence",
                                clip_low=3e-4, clip_high=4e-4),
+            "vespo_loss": _rule("trl/trainer/grpo_trainer.py::get_gamma_weights; grpo_config.py: "
+                                "vespo_k_pos/neg, vespo_lambda_pos/neg", k_pos=2.0,
+                                lambda_pos=3.0, k_neg=3.0, lambda_neg=2.0, log_ratio_clamp=20.0,
+                                log_w_min=math.log(1e-8), log_w_max=20.0),
             "sapo_loss": _rule("trl/trainer/grpo_trainer.py::_compute_loss (loss_type='sapo'); "
                                "grpo_config.py: sapo_temperature_pos, sapo_temperature_neg",
                                tau_pos=1.0, tau_neg=1.05, log_ratio_clamp=None),
@@ -205,6 +210,11 @@ PROFILES: Dict[str, Profile] = {p.name: p for p in (
             "cispo": _rule("trl/trainer/grpo_trainer.py::_compute_loss (loss_type='cispo')",
                            loss="cispo", agg="token-mean", kl_kind="k3", bound="absolute",
                            clip_high=5.0),
+            "vespo": _rule("trl/trainer/grpo_trainer.py::_compute_loss (loss_type='vespo', "
+                           "get_gamma_weights; aggregated as 'dapo')", loss="vespo",
+                           agg="token-mean", kl_kind="k3", k_pos=2.0, lambda_pos=3.0,
+                           k_neg=3.0, lambda_neg=2.0, log_ratio_clamp=20.0,
+                           log_w_min=math.log(1e-8), log_w_max=20.0),
             "gspo": _rule("trl/trainer/grpo_trainer.py::_compute_loss (loss_type='grpo', "
                           "importance_sampling_level='sequence')", loss="gspo",
                           agg="seq-mean-token-mean", empty_rows="include", kl_kind="k3",

@@ -276,6 +276,14 @@ def _ratio_case(rng, i, loss):
         edges = _ratio_edges(clip_low, clip_high, clip_c)
         if delta is not None:
             edges.append(math.log(delta))
+    elif loss == "vespo":
+        # φ(w) is detached and held frozen: its clamps are not kinks of the objective
+        lrc = _cycle(i // 4, [20.0, None])
+        params = dict(k_pos=_cycle(i, [2.0, 1.0]), lambda_pos=_cycle(i // 2, [3.0, 1.0]),
+                      k_neg=_cycle(i // 3, [3.0, 2.0]), lambda_neg=_cycle(i, [2.0, 1.0, 0.5]),
+                      log_ratio_clamp=lrc)
+        edges = []
+        lrc = None
     elif loss == "sapo":
         # smooth in the ratio: its only kinks are the log-ratio clamp's edges
         lrc = _cycle(i // 4, [None, 20.0])
@@ -329,6 +337,10 @@ def cispo_loss_case(rng, i):
 
 def sapo_loss_case(rng, i):
     return _ratio_case(rng, i, "sapo")
+
+
+def vespo_loss_case(rng, i):
+    return _ratio_case(rng, i, "vespo")
 
 
 def rollout_is_weights_case(rng, i):
@@ -624,7 +636,7 @@ def aggregate_case(rng, i):
 
 
 def policy_objective_case(rng, i):
-    loss = _cycle(i, ["ppo", "cispo", "gspo", "sapo"])
+    loss = _cycle(i, ["ppo", "cispo", "gspo", "sapo", "vespo"])
     base = gspo_loss_case(rng, i // 3) if loss == "gspo" else _ratio_case(rng, i // 3, loss)
     B, T = base.shape()
     m = base.arrays["mask"]

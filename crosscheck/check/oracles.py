@@ -66,12 +66,12 @@ def gspo_rule(params):
 
 
 def objective_rule(params):
-    """policy_objective holds its policy loss's stop-gradient (CISPO's weight, GSPO-token's
-    sequence ratio). The KL term must see the real logp: the aggregation is linear, so the
+    """policy_objective holds its policy loss's stop-gradient (CISPO's weight, VESPO's φ(w),
+    GSPO-token's sequence ratio). The KL term must see the real logp: the aggregation is linear, so the
     frozen objective is the policy part on the frozen arrays (β = 0) plus the KL part on the
     real ones (ratio 1 and A = 0 switch the policy loss off)."""
     loss = params.get("loss", "ppo")
-    if loss == "cispo":
+    if loss in ("cispo", "vespo"):
         return freeze_ratio
     if loss != "gspo" or gspo_rule(params) is None:
         return None

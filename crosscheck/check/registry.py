@@ -111,7 +111,7 @@ def _objective_undetached(params):
 
 # the policy loss entry that policy_objective's `loss` convention names
 POLICY_LOSS_ENTRIES = {"ppo": "ppo_clip_loss", "cispo": "cispo_loss", "gspo": "gspo_loss",
-                       "sapo": "sapo_loss"}
+                       "sapo": "sapo_loss", "vespo": "vespo_loss"}
 assert tuple(POLICY_LOSS_ENTRIES) == vocab.POLICY_LOSSES
 
 _PPO_GRID = dict(clip_low=(0.2, 0.1, 0.28), clip_high=(None, 0.2, 0.28), clip_c=(None, 3.0),
@@ -158,7 +158,7 @@ def build() -> Dict[str, Entry]:
         _entry("aggregate", ("loss",), checks=("microbatch",), stack="many",
                grid=dict(mode=vocab.AGG_MODES, empty_rows=vocab.EMPTY_ROWS)),
         _entry("policy_objective", ("logp",),
-               detached="CISPO's weight, or GSPO-token's sequence ratio",
+               detached="CISPO's weight, VESPO's φ(w), or GSPO-token's sequence ratio",
                freeze=oracles.objective_rule, undetached=_objective_undetached,
                checks=("microbatch",), stack="many",
                grid=dict(agg=vocab.AGG_MODES, empty_rows=vocab.EMPTY_ROWS,
@@ -178,6 +178,11 @@ def build() -> Dict[str, Entry]:
         _entry("sapo_loss", ("logp",), stack="rows",
                grid=dict(tau_pos=(1.0, 0.5, 2.0), tau_neg=(1.05, 1.0, 1.5),
                          log_ratio_clamp=(None, 20.0))),
+        _entry("vespo_loss", ("logp",), stack="rows",
+               detached="φ(w): the gamma weight of the sequence ratio",
+               freeze=lambda params: oracles.freeze_ratio,
+               grid=dict(k_pos=(2.0, 1.0), lambda_pos=(3.0, 1.0), k_neg=(3.0, 2.0),
+                         lambda_neg=(2.0, 1.0), log_ratio_clamp=(20.0, None))),
         _entry("rollout_is_weights", (), trainer_grad=False,     # detached weights: values
                grid=dict(level=vocab.IS_LEVELS, mode=vocab.IS_MODES, seq_stat=vocab.IS_SEQ_STATS,
                          kept=vocab.IS_KEPT, log_ratio_clamp=(None, 20.0))),

@@ -103,11 +103,30 @@ def _padding_leak(valid, a, b):
     return tuple(int(k) for k in np.argwhere(leak)[0]) if leak.any() else None
 
 
+def _hand_vjp_and_rows(entry: Entry, case, outs, g):
+    """The hand VJP at cotangent g. Where the fd stage will need the full Jacobian of the hand
+    VJP (one differentiable input, a small case), its rows (one unit cotangent per output) are
+    computed in the same stacked call and kept in case.memo for it."""
+    if len(entry.diff) != 1 or "fd" not in case.stages:
+        return _hand_vjp(entry, case, g)
+    name = entry.diff[0]
+    idx = np.flatnonzero(_valid(case, name))
+    how = stacking.mode(entry.stack, case.arrays, case.params, name)
+    if idx.size == 0 or idx.size > finite_diff.FULL_JACOBIAN_MAX_INPUTS or \
+            how not in ("rows", "row", "groups", "many"):
+        return _hand_vjp(entry, case, g)
+    units = [_cotangent(entry, outs, e) for e in np.eye(sum(o.size for o in outs))]
+    rows = stacking.vjps(how, lambda arrays, gg: _hand_vjp(entry, case, gg, arrays), case.arrays,
+                         [g] + units, name, entry.numpy_vjp, case.params)
+    case.memo[(entry.name, name, "hand VJP rows")] = rows[1:]
+    return {name: rows[0]}
+
+
 def stage_vjp(entry: Entry, case, index, seed, res: StageResult, rng) -> None:
     tol = tolerances.get("vjp")
     outs = _reference(entry, case)
     g = _cotangent(entry, outs, rng.normal(size=sum(o.size for o in outs)))
-    hand = _hand_vjp(entry, case, g)
+    hand = _hand_vjp_and_rows(entry, case, outs, g)
     auto = _autograd_vjp(entry, case, g)
     for name in entry.diff:
         info = _info(entry, case, index, seed, input=name, got_from="ref_numpy hand VJP",
@@ -212,10 +231,11 @@ def _full_jacobian(entry, case, res, outs, name, idx, how, grad_of, hand, tol, n
         J_fd = answers[0]
         case.memo[key] = J_fd
         n_out = J_fd.shape[0]
-        units = [_cotangent(entry, outs, e) for e in np.eye(n_out)]
-        J_got = np.array([row.reshape(-1)[idx] for row in
-                          stacking.vjps(how, grad_of, case.arrays, units, name, hand,
-                                        case.params)])
+        rows = case.memo.get((entry.name, name, "hand VJP rows")) if hand is not None else None
+        if rows is None:
+            units = [_cotangent(entry, outs, e) for e in np.eye(n_out)]
+            rows = stacking.vjps(how, grad_of, case.arrays, units, name, hand, case.params)
+        J_got = np.array([row.reshape(-1)[idx] for row in rows])
         scale = max(1.0, float(np.abs(J_fd).max()))
         cmp = bridge.compare(J_got, J_fd, tol, scale, noise)
         out_i, in_i = cmp.index if cmp.index else (0, 0)

@@ -17,7 +17,7 @@ import types
 
 import torch
 
-from .card import Known, Row, Trainer
+from .card import Known, Row, Trainer, owner_class
 
 GRPO = "trl.trainer.grpo_trainer"
 MAX_LEN = 8.0          # max_completion_length, the Dr. GRPO constant
@@ -42,7 +42,8 @@ class _Accelerator:
 def _stand_in(logp, loss_type, level="token", beta=0.0, epsilon_low=0.2, epsilon_high=0.2):
     args = types.SimpleNamespace(use_bias_correction_kl=False, delta=None,
                                  steps_per_generation=1, sapo_temperature_pos=1.0,
-                                 sapo_temperature_neg=1.05)
+                                 sapo_temperature_neg=1.05, vespo_k_pos=2.0,
+                                 vespo_lambda_pos=3.0, vespo_k_neg=3.0, vespo_lambda_neg=2.0)
     me = types.SimpleNamespace(
         loss_type=loss_type, importance_sampling_level=level, beta=beta,
         epsilon_low=epsilon_low, epsilon_high=epsilon_high, args=args,
@@ -75,6 +76,7 @@ def _loss(loss_type, level="token", beta=0.0, **eps):
     def make(fn):
         def adapter(logp, old_logp, advantages, mask, ref_logp=None, n_tokens_global=None):
             me = _stand_in(logp, loss_type, level, beta, **eps)
+            me.get_gamma_weights = owner_class(fn).get_gamma_weights     # a staticmethod
             return fn(me, None, _inputs(logp, old_logp, advantages, mask,
                                         ref_logp if beta else None, n_tokens_global))
         return adapter
@@ -158,6 +160,11 @@ ROWS = (
                              "defaults)",),
         conventions=dict(loss="sapo", beta=0.0, agg="seq-mean-token-mean", empty_rows="include"),
         audit=dict(accumulation="mean"), params=_PARAMS, known=(_FLOAT32_TAU,)),
+    Row(ROW, "policy_objective", _loss("vespo"), label="vespo",
+        choices=_STAND_IN + _GLOBAL + ("vespo_k_pos 2.0, vespo_lambda_pos 3.0, vespo_k_neg "
+                                       "3.0, vespo_lambda_neg 2.0 (GRPOConfig's defaults); no "
+                                       "importance_sampling_ratio (no vLLM)",),
+        conventions=dict(loss="vespo", beta=0.0), params=_PARAMS),
     Row(ROW, "clip_fraction", _clip_metric, label="clip_ratio/region_mean",
         choices=_STAND_IN + ("the clip_ratio/region_mean metric it logs (loss_type 'dapo')",),
         params=_PARAMS),
@@ -168,8 +175,11 @@ TRAINER = Trainer(
     modules=(GRPO,), rows=ROWS,
     inventory=((GRPO, r"GRPOTrainer\.(_compute_loss|get_gamma_weights|get_off_policy_mask|"
                       r"get_high_entropy_mask)"),),
-    notes=("loss_type 'vespo' (get_gamma_weights), the off-policy sequence mask "
-           "and the vLLM importance-sampling correction have no reference yet",
+    notes=("the off-policy sequence mask (get_off_policy_mask) has no reference yet",
+           "the vLLM importance-sampling correction (vllm_importance_sampling_mode) is "
+           "rollout_is_weights of the old against the sampling log-probs (token_ / sequence_ × "
+           "truncate / mask, clip_max 3.0, no clamp), but TRL computes it inside "
+           "_generate_and_score_completions, which generates text: no row runs it",
            "TRL's group advantages (mean and nanstd over each prompt's completions, + 1e-4) are "
            "statements inside _generate_and_score_completions, which generates text; they are "
            "not reached as a function"),

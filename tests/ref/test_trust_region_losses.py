@@ -131,3 +131,32 @@ def test_kl_cov_penalises_the_largest_covariance_tokens():
     cov = (adv - adv.mean()) * (lp - lp.mean())
     assert penalised.sum() == 5                                 # ⌊20 · 0.25⌋
     assert cov[penalised].min() > cov[~penalised].max()
+
+
+# ------------------------------------------------------------------ VESPO
+def test_vespo_matches_hand_computed_numbers():
+    # w = 2, k = 2, λ = 3: φ = e^3·2²·e^−6 = 4e^−3; l = −φ·A·logp, ∂l/∂logp = −φ·A
+    phi = 4 * math.exp(-3)
+    lp, old, adv = np.array([-0.5]), np.array([-0.5 - math.log(2)]), np.array([1.0])
+    for got in both("vespo_loss", lp, old, adv):
+        np.testing.assert_allclose(got, [0.5 * phi], rtol=1e-14)
+    for got in grads("vespo_loss", np.ones(1), lp, old, adv):
+        np.testing.assert_allclose(got, [-phi], rtol=1e-14)
+
+
+def test_vespo_on_policy_is_reinforce_and_its_weight_is_one():
+    # w = 1 gives φ = e^λ·1·e^−λ = 1 for either sign: the REINFORCE loss −A·logp
+    rng = np.random.default_rng(5)
+    lp = np.log(rng.uniform(0.05, 0.95, (3, 6)))
+    adv = rng.normal(size=(3, 6))
+    np.testing.assert_allclose(ref_numpy.vespo_loss(lp, lp, adv),
+                               ref_numpy.reinforce_loss(lp, lp, adv), rtol=1e-15)
+
+
+def test_vespo_weight_is_the_sequences_and_follows_the_advantages_sign():
+    # two tokens whose log-ratios sum to log 3: φ_pos = e^3·9·e^−9, φ_neg = e^2·27·e^−6
+    lp = np.array([[-1.0, -1.0]])
+    old = lp - np.array([[math.log(3) / 2, math.log(3) / 2]])
+    adv = np.array([[1.0, -1.0]])
+    g = ref_numpy.vespo_loss_vjp(np.ones((1, 2)), lp, old, adv)["logp"]
+    np.testing.assert_allclose(g, [[-9 * math.exp(-6), 27 * math.exp(-4)]], rtol=1e-13)
