@@ -637,7 +637,8 @@ def aggregate_case(rng, i):
 
 def policy_objective_case(rng, i):
     loss = _cycle(i, ["ppo", "cispo", "gspo", "sapo", "vespo"])
-    base = gspo_loss_case(rng, i // 3) if loss == "gspo" else _ratio_case(rng, i // 3, loss)
+    # GSPO's form alternates with its case index: i // 5 gives both forms within the default 12
+    base = gspo_loss_case(rng, i // 5) if loss == "gspo" else _ratio_case(rng, i // 3, loss)
     B, T = base.shape()
     m = base.arrays["mask"]
     empty = _empty_micro_batch(i, B) and "rows empty" not in base.label

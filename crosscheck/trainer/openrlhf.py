@@ -138,6 +138,38 @@ def _kl(kind):
     return make
 
 
+def _is_weights(level, mode):
+    """PolicyLoss's rollout-correction coefficient of each token, read through its loss: with
+    log_probs = old_log_probs the PPO ratio is 1, so an advantage of −1 at one valid token (0
+    elsewhere) makes that token's PPO loss 1 and every other 0, and the token-mean over the
+    batch's N valid tokens is coef/N. The coefficient itself reads old_log_probs against
+    rollout_log_probs only, so the probe does not move it."""
+    def make(forward):
+        cls = owner_class(forward)
+
+        def adapter(logp, rollout_logp, mask):
+            B, T = mask.shape
+            zero = logp.new_zeros(())
+            old = torch.where(mask.bool(), logp, zero)
+            rollout = torch.where(mask.bool(), rollout_logp, zero)
+            m = mask.to(logp.dtype)
+            n = int(mask.sum())
+            loss = cls(clip_eps_low=0.2, clip_eps_high=0.2, policy_loss_type="ppo",
+                       is_correction_level=level, is_correction_mode=mode,
+                       is_correction_threshold=(0.5, 5.0))
+            out = logp.new_zeros((B, T))
+            for b in range(B):
+                for t in range(T):
+                    if bool(mask[b, t]):
+                        adv = logp.new_zeros((B, T))
+                        adv[b, t] = -1.0
+                        out[b, t] = loss(old, old, adv, action_mask=m, rollout_log_probs=rollout,
+                                         batch_num_tokens=n)[0] * n
+            return out
+        return adapter
+    return make
+
+
 KL_COEF = 0.1
 
 
@@ -211,6 +243,18 @@ ROWS = (
                  "empty row's score lands on its last, masked position)"),
         conventions=dict(beta=KL_COEF, clamp=None),
         params=("r", "kl_coef", "kl", "action_mask")),
+    *(Row(f"{LOSS}:PolicyLoss.forward", "rollout_is_weights", _is_weights(level, mode),
+          label=f"is_correction {level} {mode}",
+          choices=(f"PolicyLoss(is_correction_level={level!r}, is_correction_mode={mode!r}, "
+                   "gating 'ratio', threshold (0.5, 5.0))", "each token's coefficient read "
+                   "through the loss: log_probs = old_log_probs (ratio 1), advantage −1 at that "
+                   "token and 0 elsewhere, token-mean over the batch's N valid tokens, times N",
+                   "log-probs 0 at padding (finite in OpenRLHF's batches)"),
+          conventions=dict(level={"token": "token", "seq": "sequence"}[level],
+                           mode={"mask": "mask", "clip": "truncate"}[mode]),
+          params=("log_probs", "old_log_probs", "advantages", "action_mask",
+                  "rollout_log_probs", "batch_num_tokens"))
+      for level, mode in (("token", "mask"), ("seq", "mask"), ("token", "clip"))),
     Row(f"{LOSS}:ValueLoss.forward", "value_loss", _value,
         choices=("ValueLoss(clip_eps=0.5) evaluated one valid token at a time (a [1, 1] batch, "
                  "where aggregate_loss is the identity), the losses assembled into [B, T]; its "
@@ -252,10 +296,9 @@ TRAINER = Trainer(
                (UTILS, r"compute_approx_kl|compute_reward|masked_normalize|compute_entropy"),
                (EM, r"RemoteExperienceMaker\.(get_advantages_and_returns|"
                     r"get_cumulative_returns|compute_advantages_and_returns)")),
-    notes=("PolicyLoss's rollout importance-sampling correction (is_correction_level) is "
-           "rollout_is_weights(seq_stat='mean', kept='token', lower=0.5, upper=5.0) times the "
-           "PPO loss, but policy_objective takes no weights: the rows run with it off, "
-           "OpenRLHF's default",
+    notes=("PolicyLoss's rollout importance-sampling correction multiplies the PPO loss by the "
+           "coefficients of its is_correction rows (the policy rows run with it off, "
+           "OpenRLHF's default); its 'binary_kl' and 'tv' gating have no reference yet",
            "compute_advantages_and_returns also whitens the advantages of 'gae', 'reinforce' "
            "and 'reinforce_baseline' over the batch (biased variance, rsqrt(max(var, 1e-8))); "
            "that statement block is not reached as a function"),

@@ -167,4 +167,5 @@ def test_only_functions_with_a_detached_factor_list_one():
     stop = text.splitlines()[0].index("stop-gradient")
     detached = {line.split()[0] for line in text.splitlines()[1:] if line[stop] != "-"}
     assert detached == {n for n, e in registry.build().items() if e.detached}
-    assert detached == {"cispo_loss", "gspo_loss", "policy_objective", "reinforce_loss", "dppo_loss"}
+    assert detached == {"cispo_loss", "gspo_loss", "policy_objective", "reinforce_loss",
+                        "dppo_loss", "vespo_loss"}

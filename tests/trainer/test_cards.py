@@ -26,8 +26,7 @@ EXPECTED = {
             "GRPOTrainer._compute_loss [grpo]": ["mask"],
             "GRPOTrainer._compute_loss [bnpo]": ["mask", "microbatch"],
             "GRPOTrainer._compute_loss [dr_grpo]": ["mask"],
-            "GRPOTrainer._compute_loss [luspo]": ["mask"],
-            "GRPOTrainer._compute_loss [sapo]": ["value"]},
+            "GRPOTrainer._compute_loss [luspo]": ["mask"]},
     "openrlhf": {"RemoteExperienceMaker.get_advantages_and_returns": ["value"]},
 }
 INSTALLED = [n for n in EXPECTED if importlib.util.find_spec(n) is not None]
@@ -148,8 +147,9 @@ def test_minimind_needs_a_path():
 
 @_installed("trl")
 def test_trls_sapo_deviation_is_its_float32_temperature():
-    """The card explains TRL's SAPO value deviation by its temperatures being float32: with
-    τ_neg = float32(1.05) the reference gives TRL's loss to the last bits."""
+    """TRL's SAPO temperatures are float32 (the card's Known defect, under the float64 audit
+    tolerance on its cases): with τ_neg = float32(1.05) the reference gives TRL's loss to the
+    last bits, with 1.05 it does not."""
     import numpy as np
     import torch
 
