@@ -318,25 +318,33 @@ class Ratio(NamedTuple):
     log_ratio_clamp: Optional[float]
 
 
+def per_token_or_sequence(ops: Ops, name: str, x, lps: Spec) -> bool:
+    """x is a float array per token (logp's shape) or one per sequence ([B] for a [B, T] logp):
+    whether it is per sequence. Nothing else is accepted, since a [B, 1] column or a [T] vector
+    against [B, T] would broadcast silently elsewhere."""
+    xs = ops.spec(name, x)
+    checks.require_float(xs)
+    if tuple(xs.shape) == tuple(lps.shape):
+        per_seq = False
+    elif len(lps.shape) == 2 and tuple(xs.shape) == (lps.shape[0],):
+        per_seq = True
+    else:
+        one = f" or one per sequence [B] = ({lps.shape[0]},)" if len(lps.shape) == 2 else ""
+        raise ValueError(f"{name} has shape {tuple(xs.shape)} but logp has "
+                         f"{tuple(lps.shape)}; expected per token {tuple(lps.shape)}{one}")
+    if ops.uniform:
+        checks.same_dtype(lps, xs)
+        checks.same_device(lps, xs)
+    return per_seq
+
+
 def ratio_inputs(ops: Ops, logp, old_logp, advantages, mask_, log_ratio_clamp) -> Ratio:
     """The inputs every ratio-based loss shares. Advantages are per token (logp's shape) or per
     sequence ([B] for a [B, T] logp); nothing else is accepted, since a [B, 1] column or a [T]
     vector against [B, T] would broadcast silently elsewhere."""
     lps, lp = token(ops, "logp", logp)
     old = like(ops, "old_logp", old_logp, lps)
-    advs = ops.spec("advantages", advantages)
-    checks.require_float(advs)
-    if tuple(advs.shape) == tuple(lps.shape):
-        per_seq = False
-    elif len(lps.shape) == 2 and tuple(advs.shape) == (lps.shape[0],):
-        per_seq = True
-    else:
-        one = f" or one per sequence [B] = ({lps.shape[0]},)" if len(lps.shape) == 2 else ""
-        raise ValueError(f"advantages has shape {tuple(advs.shape)} but logp has "
-                         f"{tuple(lps.shape)}; expected per token {tuple(lps.shape)}{one}")
-    if ops.uniform:
-        checks.same_dtype(lps, advs)
-        checks.same_device(lps, advs)
+    per_seq = per_token_or_sequence(ops, "advantages", advantages, lps)
     m = mask(ops, mask_, lps, lp)
     clamp = checks.positive("log_ratio_clamp", log_ratio_clamp, allow_none=True)
     adv = ops.floats(advantages)
@@ -597,19 +605,7 @@ def kl_rewards(ops: Ops, scores, logp, mask_, beta) -> KlRewards:
     """The task scores beside kl_penalty's inputs (validated by `kl_penalty`): one per token
     (logp's shape) or one per sequence [B], placed at each row's last valid token."""
     lps = ops.spec("logp", logp)
-    ss = ops.spec("scores", scores)
-    checks.require_float(ss)
-    if tuple(ss.shape) == tuple(lps.shape):
-        per_seq = False
-    elif len(lps.shape) == 2 and tuple(ss.shape) == (lps.shape[0],):
-        per_seq = True
-    else:
-        one = f" or one per sequence [B] = ({lps.shape[0]},)" if len(lps.shape) == 2 else ""
-        raise ValueError(f"scores has shape {tuple(ss.shape)} but logp has "
-                         f"{tuple(lps.shape)}; expected per token {tuple(lps.shape)}{one}")
-    if ops.uniform:
-        checks.same_dtype(lps, ss)
-        checks.same_device(lps, ss)
+    per_seq = per_token_or_sequence(ops, "scores", scores, lps)
     s = ops.floats(scores)
     m = mask(ops, mask_, lps, ops.floats(logp))
     finite(ops, "scores", s, ops.rows_with_tokens(m) if per_seq else m)

@@ -216,8 +216,9 @@ def audit(fn, ref, *, backend="torch", profile=None, cases=200, seed=0, rtol=Non
       timeout: seconds each call of `fn` may take (None: no limit). A call past it fails the
         `raises` check and ends the audit; the call itself is abandoned, still running.
       domain: the inputs your function ever sees, overriding the profile's: a tuple of
-        "right_padded", "per_sequence_advantages", "groups_of_two" (crosscheck.audit.profiles
-        DOMAINS); cases outside it are moved into it or skipped, and the report says so.
+        "right_padded", "per_sequence_advantages", "groups_of_two", "per_sequence_scores"
+        (crosscheck.audit.profiles DOMAINS); cases outside it are moved into it or skipped, and
+        the report says so.
       **conventions: reference conventions overriding the profile, e.g. ddof=1, eps=1e-6.
 
     Returns:
