@@ -186,6 +186,11 @@ PROFILES: Dict[str, Profile] = {p.name: p for p in (
             "gspo_loss": _rule("trl/trainer/grpo_trainer.py::_compute_loss "
                                "(importance_sampling_level='sequence')", form="sequence",
                                clip_low=3e-4, clip_high=4e-4),
+            "rollout_is_weights": _rule(
+                "trl/trainer/grpo_trainer.py::_generate_and_score_completions; grpo_config.py: "
+                "vllm_importance_sampling_mode (sequence_mask), clip_max 3.0, clip_min None",
+                level="sequence", mode="mask", lower=None, upper=3.0, seq_stat="sum",
+                kept="unit", log_ratio_clamp=None),
             "vespo_loss": _rule("trl/trainer/grpo_trainer.py::get_gamma_weights; grpo_config.py: "
                                 "vespo_k_pos/neg, vespo_lambda_pos/neg", k_pos=2.0,
                                 lambda_pos=3.0, k_neg=3.0, lambda_neg=2.0, log_ratio_clamp=20.0,

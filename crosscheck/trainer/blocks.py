@@ -17,15 +17,23 @@ class BlockNotFound(LookupError):
     pass
 
 
-def _assigns(stmt, name: str) -> bool:
+def _assigns(stmt, name: str, nested: bool = False) -> bool:
+    """`stmt` assigns `name` (with `nested`, also anywhere inside a compound statement: an
+    if/elif chain that assigns it on each branch)."""
+    if nested:
+        return any(_assigns(s, name) for s in ast.walk(stmt) if isinstance(s, ast.stmt))
     targets = stmt.targets if isinstance(stmt, ast.Assign) else \
         [stmt.target] if isinstance(stmt, (ast.AugAssign, ast.AnnAssign)) else []
     return any(isinstance(n, ast.Name) and n.id == name
                for t in targets for n in ast.walk(t))
 
 
-def find(path: str, function: str, first: str, last: str) -> Tuple[list, int, int]:
-    """(statements, first line, last line) of the block in `function` of the file at `path`."""
+def find(path: str, function: str, first: str, last: str,
+         nested: bool = False) -> Tuple[list, int, int]:
+    """(statements, first line, last line) of the block in `function` (a name, or a method's
+    "Class.method") of the file at `path`. With `nested`, the block ends at the last statement
+    that assigns `last` directly or inside a compound statement."""
+    function = function.rsplit(".", 1)[-1]
     with open(path, encoding="utf-8") as fh:
         tree = ast.parse(fh.read(), path)
     fn = next((n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
@@ -38,7 +46,7 @@ def find(path: str, function: str, first: str, last: str) -> Tuple[list, int, in
                 continue
             starts = [i for i, s in enumerate(body) if _assigns(s, first)]
             for i in starts:
-                ends = [j for j in range(i, len(body)) if _assigns(body[j], last)]
+                ends = [j for j in range(i, len(body)) if _assigns(body[j], last, nested)]
                 if ends:
                     stmts = body[i:ends[-1] + 1]
                     return stmts, stmts[0].lineno, stmts[-1].end_lineno
@@ -47,10 +55,10 @@ def find(path: str, function: str, first: str, last: str) -> Tuple[list, int, in
 
 
 def compile_block(path: str, function: str, first: str, last: str,
-                  outputs: Tuple[str, ...]) -> Tuple[Callable, int, int]:
+                  outputs: Tuple[str, ...], nested: bool = False) -> Tuple[Callable, int, int]:
     """A callable running the block: keyword inputs (plus `args`, a dict of hyper-parameters)
     in, the `outputs` variables out (one value, or a tuple)."""
-    stmts, lo, hi = find(path, function, first, last)
+    stmts, lo, hi = find(path, function, first, last, nested)
     code = compile(ast.Module(body=stmts, type_ignores=[]), path, "exec")
 
     def run(args=None, **inputs):

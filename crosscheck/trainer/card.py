@@ -45,8 +45,8 @@ class Row:
     audit: Mapping[str, object] = field(default_factory=dict)        # audit() keywords
     params: Tuple[str, ...] = ()       # the trainer's parameters the adapter passes by name
     known: Tuple[Known, ...] = ()
-    block: Optional[Tuple[str, str, Tuple[str, ...]]] = None   # (first, last, outputs): a
-    # statement block of the function, run by crosscheck.trainer.blocks, not the function
+    block: Optional[tuple] = None      # (first, last, outputs[, nested]): a statement block of
+    # the function, run by crosscheck.trainer.blocks, not the function
 
     @property
     def module(self) -> str:
@@ -405,9 +405,11 @@ def run_row(row: Row, loaded: loading.Loaded, source: loading.Source, profile: s
     result.verdict = report.verdict
     if report.inconclusive:
         result.reason = "; ".join(report.inconclusive)
+    root = os.path.join(source.root, "")          # the trainer's files, named from its root
     for f in report.failures:
         known, said = explanation(row, f.check)
-        result.findings.append(dict(check=f.check, message=f.message, diagnosis=f.diagnosis,
+        result.findings.append(dict(check=f.check, message=f.message.replace(root, ""),
+                                    diagnosis=f.diagnosis,
                                     counterexample=f.counterexample, explanation=said,
                                     kind=known.kind if known else "unexplained"))
     return result

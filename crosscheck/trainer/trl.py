@@ -13,6 +13,7 @@ are statements inside `_generate_and_score_completions`, not a function):
 - `importance_sampling_level='sequence'` with loss_type 'grpo' is GSPO.
 """
 import collections
+import math
 import types
 
 import torch
@@ -121,6 +122,24 @@ _FLOAT32_TAU = Known(
     "and gradients then differ from SAPO's by about 1e-6 relative where A ≤ 0; in float32 or "
     "bfloat16 training it is below the rounding")
 ROW = f"{GRPO}:GRPOTrainer._compute_loss"
+GENERATE = f"{GRPO}:GRPOTrainer._generate_and_score_completions"
+CLIP_MAX = 3.0           # GRPOConfig's vllm_importance_sampling_clip_max (clip_min: None)
+
+
+def _vllm_is(mode):
+    """The vLLM importance-sampling block of _generate_and_score_completions (from
+    per_token_logps_diff to the truncated or masked vllm_importance_sampling_ratio), given the
+    train-engine log-probs as old_per_token_logps and the sampler's as sampling_per_token_logps."""
+    def make(block):
+        def adapter(logp, rollout_logp, mask):
+            me = types.SimpleNamespace(vllm_importance_sampling_mode=mode,
+                                       vllm_importance_sampling_clip_min=None,
+                                       vllm_importance_sampling_clip_max=CLIP_MAX)
+            ratio = block(old_per_token_logps=logp, sampling_per_token_logps=rollout_logp,
+                          mask=mask.to(logp.dtype), math=math, self=me)
+            return torch.where(mask.bool(), ratio.expand(logp.shape), logp.new_zeros(()))
+        return adapter
+    return make
 
 ROWS = (
     Row(ROW, "policy_objective", _loss("dapo"), label="dapo", choices=_STAND_IN + _GLOBAL,
@@ -165,6 +184,19 @@ ROWS = (
                                        "3.0, vespo_lambda_neg 2.0 (GRPOConfig's defaults); no "
                                        "importance_sampling_ratio (no vLLM)",),
         conventions=dict(loss="vespo", beta=0.0), params=_PARAMS),
+    *(Row(GENERATE, "rollout_is_weights", _vllm_is(mode), label=mode,
+          block=("per_token_logps_diff", "vllm_importance_sampling_ratio",
+                 ("vllm_importance_sampling_ratio",), True),
+          choices=("the statements from per_token_logps_diff to the last assignment of "
+                   "vllm_importance_sampling_ratio, run with the train-engine log-probs as "
+                   "old_per_token_logps, the sampler's as sampling_per_token_logps and a "
+                   f"stand-in self: mode {mode!r}, clip_max {CLIP_MAX:g}, clip_min None "
+                   "(GRPOConfig's defaults)", "the ratio read at valid tokens (a sequence's "
+                   "[B, 1] ratio broadcast over its tokens)"),
+          conventions=dict(level=mode.split("_")[0], mode=mode.split("_")[1], lower=None,
+                           upper=CLIP_MAX),
+          params=())
+      for mode in ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")),
     Row(ROW, "clip_fraction", _clip_metric, label="clip_ratio/region_mean",
         choices=_STAND_IN + ("the clip_ratio/region_mean metric it logs (loss_type 'dapo')",),
         params=_PARAMS),
@@ -176,10 +208,6 @@ TRAINER = Trainer(
     inventory=((GRPO, r"GRPOTrainer\.(_compute_loss|get_gamma_weights|get_off_policy_mask|"
                       r"get_high_entropy_mask)"),),
     notes=("the off-policy sequence mask (get_off_policy_mask) has no reference yet",
-           "the vLLM importance-sampling correction (vllm_importance_sampling_mode) is "
-           "rollout_is_weights of the old against the sampling log-probs (token_ / sequence_ × "
-           "truncate / mask, clip_max 3.0, no clamp), but TRL computes it inside "
-           "_generate_and_score_completions, which generates text: no row runs it",
            "TRL's group advantages (mean and nanstd over each prompt's completions, + 1e-4) are "
            "statements inside _generate_and_score_completions, which generates text; they are "
            "not reached as a function"),

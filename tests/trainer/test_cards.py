@@ -170,3 +170,23 @@ def test_trls_sapo_deviation_is_its_float32_temperature():
     as_f32 = ref_numpy.policy_objective(lp, old, A, m, tau_neg=float(np.float32(1.05)), **kw)
     assert abs(got - exact) > 1e-8 * abs(exact)
     assert got == pytest.approx(as_f32, rel=1e-14)
+
+
+def test_a_nested_block_ends_at_the_compound_statement_that_assigns_its_last_name(tmp_path):
+    """A block may end inside an if/elif chain (TRL's vLLM weights): with nested, the chain is
+    part of it; without, the block stops at the last direct assignment."""
+    from crosscheck.trainer import blocks
+    f = tmp_path / "script.py"
+    f.write_text("def step(x, mode):\n"
+                 "    y = x + 1\n"
+                 "    w = y * 2\n"
+                 "    if mode == 'a':\n"
+                 "        w = w + 10\n"
+                 "    else:\n"
+                 "        w = w - 10\n"
+                 "    return w\n")
+    run, lo, hi = blocks.compile_block(str(f), "Trainer.step", "y", "w", ("w",), True)
+    assert (lo, hi) == (2, 7)
+    assert run(x=1.0, mode="a") == 14.0 and run(x=1.0, mode="b") == -6.0
+    _, lo, hi = blocks.compile_block(str(f), "step", "y", "w", ("w",))
+    assert (lo, hi) == (2, 3)
