@@ -129,3 +129,12 @@ def test_otb_zero_tail_clears_the_baseline_of_the_single_longest_trajectory():
     np.testing.assert_allclose(off[0, 1:], 0.0, atol=1e-8)
     np.testing.assert_allclose(on[0, 1:], [1.0, 1.0], rtol=1e-15)
     np.testing.assert_allclose(on[:, 0], off[:, 0], rtol=1e-15)
+
+
+def test_passk_in_pairs_is_rloos_advantage_of_the_winner():
+    # in a group of two the best's margin over the second is its leave-one-out advantage
+    rng = np.random.default_rng(5)
+    r = rng.normal(size=10)
+    got = ref_numpy.passk_advantages(r, group_size=2, scale="none")
+    rloo = ref_numpy.group_advantages(r, group_size=2, baseline="leave_one_out", scale="none")
+    np.testing.assert_allclose(got, np.where(rloo > 0, rloo, 0.0), rtol=1e-15)
