@@ -429,10 +429,12 @@ def gspo(clip_low, clip_high, form, log_ratio_max) -> Gspo:
 class Sapo(NamedTuple):
     tau_pos: float
     tau_neg: float
+    level: str
 
 
-def sapo(tau_pos, tau_neg) -> Sapo:
-    return Sapo(checks.positive("tau_pos", tau_pos), checks.positive("tau_neg", tau_neg))
+def sapo(tau_pos, tau_neg, level="token") -> Sapo:
+    return Sapo(checks.positive("tau_pos", tau_pos), checks.positive("tau_neg", tau_neg),
+                checks.choice("level", level, vocab.SAPO_LEVELS))
 
 
 class PairInputs(NamedTuple):

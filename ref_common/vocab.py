@@ -19,6 +19,7 @@ ESTIMATOR_KINDS = ("k1", "k2", "k3")          # approx_kl and the exact estimato
 CISPO_BOUNDS = ("absolute", "relative")
 POLICY_LOSSES = ("ppo", "cispo", "gspo", "sapo", "vespo")
 GSPO_FORMS = ("token", "sequence")
+SAPO_LEVELS = ("token", "sequence")     # SAPO's ratio: per token, or the sequence's geometric mean
 CLIP_FRACTIONS = ("loss", "sign", "ratio")
 
 # rollout-correction importance weights π_train/π_rollout (rollout_is_weights, reinforce_loss)

@@ -278,16 +278,30 @@ def _sigmoid(x):
     return np.exp(np.minimum(x, 0.0)) / (1.0 + np.exp(-np.abs(x)))
 
 
-def _sapo_parts(logp, old_logp, advantages, mask, tau_pos, tau_neg, log_ratio_clamp):
-    lp, adv, m, ratio, drho = _ratio_inputs(logp, old_logp, advantages, mask, log_ratio_clamp)
-    p = args.sapo(tau_pos, tau_neg)
+def _sapo_parts(logp, old_logp, advantages, mask, tau_pos, tau_neg, log_ratio_clamp, level):
+    p = args.sapo(tau_pos, tau_neg, level)
+    if p.level == "token":
+        lp, adv, m, ratio, drho = _ratio_inputs(logp, old_logp, advantages, mask,
+                                                log_ratio_clamp)
+        length = None
+    else:                       # one ratio per sequence: the geometric mean of its tokens'
+        lp, old, adv, m, clamp = loss_inputs(logp, old_logp, advantages, mask, log_ratio_clamp)
+        length = np.maximum(m.sum(axis=-1, keepdims=True), 1)
+        rho = (lp - old).sum(axis=-1, keepdims=True) / length
+        drho = np.ones_like(rho)
+        if clamp is not None:
+            drho = (np.abs(rho) <= clamp).astype(np.float64)
+            rho = np.clip(rho, -clamp, clamp)
+        drho = drho * (rho <= ar.LOG_FLOAT_MAX)
+        ratio = np.broadcast_to(ar.capped_exp(rho), lp.shape)
+        drho = np.broadcast_to(drho, lp.shape)
     tau = np.where(adv > 0, p.tau_pos, p.tau_neg)
     sig = _sigmoid(tau * (ratio - 1.0))
-    return adv, m, ratio, drho, tau, sig
+    return adv, m, ratio, drho, tau, sig, length
 
 
 def sapo_loss(logp, old_logp, advantages, mask=None, *, tau_pos=1.0, tau_neg=1.05,
-              log_ratio_clamp=None):
+              log_ratio_clamp=None, level="token"):
     """SAPO: a smooth, temperature-controlled gate on the ratio instead of PPO's hard clip.
 
         r = exp(logp − old_logp),   f_τ(r) = σ(τ·(r − 1))·4/τ,   l = −f_τ(r)·A
@@ -300,6 +314,8 @@ def sapo_loss(logp, old_logp, advantages, mask=None, *, tau_pos=1.0, tau_neg=1.0
     the gate tends to 2/τ + (r − 1): the unclipped surrogate −r·A plus a constant. A larger τ
     for A ≤ 0 (tau_neg > tau_pos, the defaults 1.05 and 1.0 of both trainers) damps negative
     updates faster. verl clamps log r to ±20 first (`log_ratio_clamp=20`); TRL does not.
+    With level="sequence" (TRL's importance_sampling_level="sequence") every token of a
+    sequence takes the sequence's ratio s = exp(mean_t log r_t), GSPO's, through the same gate.
 
     Worked example: A = 1, τ = 1, r = 1: f = σ(0)·4 = 2, l = −2, ∂l/∂logp = −1;
     r = e^0.5 = 1.6487: f = σ(0.6487)·4 = 2.6269, ∂l/∂logp = −4σ(1 − σ)·r = −1.4867.
@@ -309,18 +325,19 @@ def sapo_loss(logp, old_logp, advantages, mask=None, *, tau_pos=1.0, tau_neg=1.0
       advantages: [B, T] or [B] float.
       mask: [B, T] bool or 0/1, or None.
       tau_pos, tau_neg: float > 0.
-      log_ratio_clamp: None or a bound b > 0 on |log r|.
+      log_ratio_clamp: None or a bound b > 0 on |log r| (on |log s| at sequence level).
+      level: "token" | "sequence".
 
     Returns:
       [B, T] float64, 0 at masked positions.
     """
-    adv, m, _, _, tau, sig = _sapo_parts(logp, old_logp, advantages, mask, tau_pos, tau_neg,
-                                         log_ratio_clamp)
+    adv, m, _, _, tau, sig, _ = _sapo_parts(logp, old_logp, advantages, mask, tau_pos, tau_neg,
+                                            log_ratio_clamp, level)
     return np.where(m, -sig * (4.0 / tau) * adv, 0.0)
 
 
 def sapo_loss_vjp(g, logp, old_logp, advantages, mask=None, *, tau_pos=1.0, tau_neg=1.05,
-                  log_ratio_clamp=None):
+                  log_ratio_clamp=None, level="token"):
     """VJP of `sapo_loss` wrt logp.
 
     Gradient:
@@ -329,14 +346,22 @@ def sapo_loss_vjp(g, logp, old_logp, advantages, mask=None, *, tau_pos=1.0, tau_
           ∂L/∂logp_t = g_t·(−A_t)·4·σ_t(1 − σ_t)·r_t·1[|log r_t| ≤ clamp]
       with σ_t = σ(τ_t(r_t − 1)). At r = 1: σ = ½ and the weight is −A·r, PPO's unclipped
       gradient. Past the exp cap of r the gradient is 0 (ref_numpy._arrays.LOG_FLOAT_MAX).
+      Sequence level: every l_t' depends on logp_t through s = exp(Σ_t m_t log r_t / L), with
+      ∂s/∂logp_t = s·m_t/L, so
+          ∂L/∂logp_t = (m_t/L)·Σ_t' g_t'·(−A_t')·4σ_t'(1 − σ_t')·s·1[|log s| ≤ clamp],
+      σ_t' = σ(τ_t'(s − 1)): the sequence's summed token terms, shared equally by its tokens.
 
     Returns:
       {"logp": [B, T]} float64.
     """
-    adv, m, ratio, drho, _, sig = _sapo_parts(logp, old_logp, advantages, mask, tau_pos,
-                                              tau_neg, log_ratio_clamp)
+    adv, m, ratio, drho, _, sig, length = _sapo_parts(logp, old_logp, advantages, mask,
+                                                      tau_pos, tau_neg, log_ratio_clamp, level)
     gm = ar.zero_masked(args.cotangent(OPS, g, "g", OPS.spec("logp", logp)), m)
-    return {"logp": np.where(m, -gm * adv * 4.0 * sig * (1.0 - sig) * ratio * drho, 0.0)}
+    per_token = np.where(m, -gm * adv * 4.0 * sig * (1.0 - sig) * ratio * drho, 0.0)
+    if length is None:
+        return {"logp": per_token}
+    # every token's loss depends on the sequence ratio, whose log is the mean of the tokens'
+    return {"logp": np.where(m, per_token.sum(axis=-1, keepdims=True) / length, 0.0)}
 
 
 def _vespo_parts(logp, old_logp, advantages, mask, k_pos, lambda_pos, k_neg, lambda_neg,

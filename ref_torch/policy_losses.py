@@ -60,13 +60,24 @@ def ppo_clip_loss(logp, old_logp, advantages, mask=None, *, clip_low=0.2, clip_h
 
 
 def sapo_loss(logp, old_logp, advantages, mask=None, *, tau_pos=1.0, tau_neg=1.05,
-              log_ratio_clamp=None):
+              log_ratio_clamp=None, level="token"):
     """SAPO (arXiv:2511.20347): the soft gate f_τ(r) = σ(τ(r − 1))·4/τ in place of PPO's clip,
-    loss = −f_τ(r)·A, τ = tau_pos where A > 0 else tau_neg.
+    loss = −f_τ(r)·A, τ = tau_pos where A > 0 else tau_neg; at sequence level r is the
+    sequence's exp(mean log-ratio) for each of its tokens.
     Args/Returns: as ref_numpy.sapo_loss, with tensors.
     """
-    _, _, adv0, m, ratio, zero = _prepare(logp, old_logp, advantages, mask, log_ratio_clamp)
-    p = args.sapo(tau_pos, tau_neg)
+    p = args.sapo(tau_pos, tau_neg, level)
+    if p.level == "token":
+        _, _, adv0, m, ratio, zero = _prepare(logp, old_logp, advantages, mask, log_ratio_clamp)
+    else:
+        lp0, old0, adv0, m, _, zero = _prepare(logp, old_logp, advantages, mask,
+                                               log_ratio_clamp)      # validates the clamp
+        mean_log = (lp0 - old0).sum(dim=-1, keepdim=True) / m.sum(dim=-1, keepdim=True).clamp(
+            min=1)
+        if log_ratio_clamp is not None:
+            mean_log = torch.clamp(mean_log, -log_ratio_clamp, log_ratio_clamp)
+        ratio = torch.exp(torch.clamp(mean_log, max=tt.log_float_max(lp0.dtype))).expand(
+            lp0.shape)
     tau = torch.where(adv0 > 0, torch.full_like(adv0, p.tau_pos),
                       torch.full_like(adv0, p.tau_neg))
     gate = torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)

@@ -288,7 +288,7 @@ def _ratio_case(rng, i, loss):
         # smooth in the ratio: its only kinks are the log-ratio clamp's edges
         lrc = _cycle(i // 4, [None, 20.0])
         params = dict(tau_pos=_cycle(i, [1.0, 0.5, 2.0]), tau_neg=_cycle(i // 3, [1.05, 1.5, 0.8]),
-                      log_ratio_clamp=lrc)
+                      log_ratio_clamp=lrc, level=_cycle(i // 2, ["token", "sequence"]))
         edges = []
     else:
         bound = _cycle(i, ["absolute", "relative"])

@@ -197,6 +197,13 @@ ROWS = (
                            upper=CLIP_MAX),
           params=())
       for mode in ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")),
+    Row(ROW, "policy_objective", _loss("sapo", level="sequence"), label="sapo, sequence",
+        choices=_STAND_IN + ("importance_sampling_level = 'sequence': the soft gate on the "
+                             "sequence's exp(mean log-ratio)", "sapo_temperature_pos 1.0, "
+                             "sapo_temperature_neg 1.05 (GRPOConfig's defaults)"),
+        conventions=dict(loss="sapo", level="sequence", beta=0.0, agg="seq-mean-token-mean",
+                         empty_rows="include"),
+        audit=dict(accumulation="mean"), params=_PARAMS, known=(_FLOAT32_TAU,)),
     Row(ROW, "clip_fraction", _clip_metric, label="clip_ratio/region_mean",
         choices=_STAND_IN + ("the clip_ratio/region_mean metric it logs (loss_type 'dapo')",),
         params=_PARAMS),

@@ -411,3 +411,23 @@ class TestPolicyObjective:
             hand, auto, _ = grads("policy_objective", 0, 1.0, logp, old, adv, m, ref, loss=loss,
                                   agg=agg, beta=0.1, kl_clamp=(20.0, 10.0), **extra)
             no_nan(hand["logp"], auto)
+
+
+def test_sapo_at_sequence_level_gates_the_geometric_mean_ratio():
+    # two tokens with log-ratios 0.2 and 0.6: s = e^0.4 for both; A = 1, τ = 1:
+    # l_t = −σ(s − 1)·4, ∂L/∂logp_t = ½·Σ_t' (−4σ(1 − σ)·s) = −4σ(1 − σ)·s
+    import math
+
+    import ref_numpy
+    s = math.exp(0.4)
+    sig = 1 / (1 + math.exp(-(s - 1)))
+    lp, old, adv = np.array([[0.2, 0.6]]), np.zeros((1, 2)), np.ones((1, 2))
+    got = ref_numpy.sapo_loss(lp, old, adv, level="sequence", tau_neg=1.0)
+    np.testing.assert_allclose(got, [[-4 * sig, -4 * sig]], rtol=1e-15)
+    g = ref_numpy.sapo_loss_vjp(np.ones((1, 2)), lp, old, adv, level="sequence")["logp"]
+    np.testing.assert_allclose(g, [[-4 * sig * (1 - sig) * s] * 2], rtol=1e-14)
+    # one token per sequence: the sequence ratio is the token's
+    one = np.array([[0.3], [-0.2]])
+    np.testing.assert_array_equal(
+        ref_numpy.sapo_loss(one, np.zeros_like(one), np.array([1.0, -1.0]), level="sequence"),
+        ref_numpy.sapo_loss(one, np.zeros_like(one), np.array([1.0, -1.0])))

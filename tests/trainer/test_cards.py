@@ -26,7 +26,8 @@ EXPECTED = {
             "GRPOTrainer._compute_loss [grpo]": ["mask"],
             "GRPOTrainer._compute_loss [bnpo]": ["mask", "microbatch"],
             "GRPOTrainer._compute_loss [dr_grpo]": ["mask"],
-            "GRPOTrainer._compute_loss [luspo]": ["mask"]},
+            "GRPOTrainer._compute_loss [luspo]": ["mask"],
+            "GRPOTrainer._compute_loss [sapo, sequence]": ["value"]},
     "openrlhf": {"RemoteExperienceMaker.get_advantages_and_returns": ["value"]},
 }
 INSTALLED = [n for n in EXPECTED if importlib.util.find_spec(n) is not None]
