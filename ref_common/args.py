@@ -280,7 +280,6 @@ def outcome_groups(ops: Ops, fn: str, rewards, group_size, group_ids):
 def group_advantages(ops: Ops, rewards, group_size, group_ids, ddof, eps, scale, baseline,
                      valid, singleton="zero") -> Groups:
     s, r, group_size, _ = groups(ops, "group_advantages", rewards, group_size, group_ids)
-    ids = None if group_ids is None else ops.spec("group_ids", group_ids)
     ddof = checks.ddof(ddof)
     eps = checks.non_negative("eps", eps)
     scale = checks.choice("scale", scale, vocab.GROUP_SCALES)
