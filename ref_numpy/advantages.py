@@ -351,15 +351,19 @@ def _whiten_vjp_values(gm, xs, m, ddof, eps, eps_mode, shift_mean, restore_mean)
 
 
 # ====================================================================== group advantages
+def group_codes(B, group_size, group_ids):
+    """Each of B rows' group as a code 0..G−1: consecutive blocks of group_size, or the rank of
+    its id among the distinct group_ids (validated by the caller)."""
+    if group_size is not None:
+        return np.arange(B) // group_size
+    return np.unique(np.asarray(group_ids), return_inverse=True)[1].reshape(-1)
+
+
 def _group_inputs(rewards, group_size, group_ids, ddof, eps, scale, baseline, valid, singleton):
     a = args.group_advantages(OPS, rewards, group_size, group_ids, ddof, eps, scale, baseline,
                               valid, singleton)
     r, keep = a.rewards, a.keep
-    if a.group_size is not None:
-        gid = np.arange(r.shape[0]) // a.group_size
-    else:
-        _, gid = np.unique(np.asarray(a.group_ids), return_inverse=True)
-        gid = gid.reshape(-1)
+    gid = group_codes(r.shape[0], a.group_size, a.group_ids)
     _, gid_kept = np.unique(gid[keep], return_inverse=True)     # groups of the kept rows only
     return (np.where(keep, r, 0.0), keep, gid_kept.reshape(-1), a.ddof, a.eps, a.scale,
             a.baseline, a.singleton)

@@ -28,7 +28,7 @@ from .kl import _approx_parts, approx_kl, k_estimator, kl_penalty
 from .outcome import (_gpg_parts, _whitened_parts, gpg_advantages, gpg_alpha, group_centred,
                       whitened_group_advantages)
 from .pg_losses import (_gmpo_parts, _kl_cov_parts, gmpo_loss, kl_cov_loss, kl_cov_loss_vjp,
-                        kl_cov_selection)
+                        kl_cov_selection, kl_cov_slope)
 from .policy_losses import _finite_objective, _policy_parts, policy_objective
 from .reduce import _weights, aggregate
 
@@ -267,8 +267,7 @@ def _kl_cov_loss_vjps(gs, logp, old_logp, advantages, mask=None, ratio=2e-4, coe
     """The per-token derivative once (the selection is fixed), times each cotangent."""
     kl_cov_loss_vjp(gs[0], logp, old_logp, advantages, mask, ratio=ratio, coef=coef)  # checks
     lp, old, adv, m, chosen, coef = _kl_cov_parts(logp, old_logp, advantages, mask, ratio, coef)
-    rho = lp - old
-    d = -adv * ar.capped_exp(rho) * (rho <= ar.LOG_FLOAT_MAX) + coef * np.sign(rho) * chosen
+    d = kl_cov_slope(lp, old, adv, chosen, coef)
     shape = np.shape(logp)
     return [{"logp": np.where(m, np.where(m, np.asarray(g, dtype=np.float64).reshape(m.shape),
                                           0.0) * d, 0.0).reshape(shape)} for g in gs]

@@ -10,24 +10,23 @@ from ref_common import args, checks
 from . import _arrays as ar
 from ._arrays import OPS
 from .advantages import (discounted_returns, discounted_returns_vjp, group_advantages,
-                         group_advantages_vjp, whiten, whiten_vjp)
+                         group_advantages_vjp, group_codes, whiten, whiten_vjp)
 
 
 def _groups(fn, rewards, group_size, group_ids):
     """Rewards [B], each row's group code 0..G−1, and each group's size."""
     a = args.outcome_groups(OPS, fn, rewards, group_size, group_ids)
-    B = a.rewards.shape[0]
-    if a.group_size is not None:
-        gid = np.arange(B) // a.group_size
-    else:
-        gid = np.unique(np.asarray(a.group_ids), return_inverse=True)[1].reshape(-1)
+    gid = group_codes(a.rewards.shape[0], a.group_size, a.group_ids)
     counts = np.bincount(gid, minlength=int(gid.max(initial=-1)) + 1)
     return a.rewards, gid, counts
 
 
-def _group_sum(x, gid, counts):
-    """Σ of x over each row's group, per row."""
-    return np.bincount(gid, weights=x, minlength=len(counts))[gid]
+def _per_group(X, gid, n_groups):
+    """Σ of the rows of X [B, ...] in each group, [G, ...], added in row order (the same bits
+    whatever other groups the batch holds)."""
+    out = np.zeros((n_groups,) + X.shape[1:])
+    np.add.at(out, gid, X)
+    return out
 
 
 # ====================================================================== OPO
@@ -35,7 +34,7 @@ def _opo_parts(rewards, lengths, group_size, group_ids):
     r, gid, counts = _groups("opo_advantages", rewards, group_size, group_ids)
     L = args.per_row(OPS, "lengths", lengths, r.shape[0], positive=True)
     multi = counts[gid] >= 2
-    return r, gid, counts, L, multi, _group_sum(L, gid, counts)
+    return r, gid, counts, L, multi, _per_group(L, gid, len(counts))[gid]
 
 
 def opo_advantages(rewards, lengths, *, group_size=None, group_ids=None):
@@ -61,7 +60,7 @@ def opo_advantages(rewards, lengths, *, group_size=None, group_ids=None):
       [B] float64.
     """
     r, gid, counts, L, multi, SL = _opo_parts(rewards, lengths, group_size, group_ids)
-    return r - np.where(multi, _group_sum(L * r, gid, counts) / SL, 0.0)
+    return r - np.where(multi, _per_group(L * r, gid, len(counts))[gid] / SL, 0.0)
 
 
 def opo_advantages_vjp(g, rewards, lengths, *, group_size=None, group_ids=None):
@@ -75,7 +74,7 @@ def opo_advantages_vjp(g, rewards, lengths, *, group_size=None, group_ids=None):
     """
     r, gid, counts, L, multi, SL = _opo_parts(rewards, lengths, group_size, group_ids)
     g = args.cotangent(OPS, g, "g", OPS.spec("rewards", rewards))
-    return {"rewards": g - np.where(multi, L / SL * _group_sum(g, gid, counts), 0.0)}
+    return {"rewards": g - np.where(multi, L / SL * _per_group(g, gid, len(counts))[gid], 0.0)}
 
 
 def group_centred(R, gid, counts):
@@ -149,9 +148,9 @@ def _passk_parts(rewards, group_size, group_ids, eps, scale):
     order = np.lexsort((-r, gid))                  # by group, best first (ties: first row)
     start = np.searchsorted(gid[order], np.arange(G))
     top, second = order[start], order[np.minimum(start + 1, len(order) - 1)]
-    mu = np.bincount(gid, weights=r, minlength=G) / np.maximum(counts, 1)
+    mu = _per_group(r, gid, G) / np.maximum(counts, 1)
     dev = r - mu[gid] if r.size else r
-    sigma = np.sqrt(np.bincount(gid, weights=dev * dev, minlength=G) / np.maximum(counts - 1, 1))
+    sigma = np.sqrt(_per_group(dev * dev, gid, G) / np.maximum(counts - 1, 1))
     D = sigma + eps if scale == "group" else np.ones(G)
     return r, gid, counts, top, second, dev, sigma, D, scale
 
@@ -330,14 +329,6 @@ def whitened_group_advantages_vjp(g, rewards, mask, *, group_size=None, group_id
 
 
 # ====================================================================== optimal token baseline
-def _per_group(X, gid, n_groups):
-    """Σ of the rows of X [B, T] in each group, [G, T], added in row order (the same bits
-    whatever other groups the batch holds)."""
-    out = np.zeros((n_groups,) + X.shape[1:])
-    np.add.at(out, gid, X)
-    return out
-
-
 def _otb_parts(rewards, old_logp, sum_pi_squared, mask, group_size, group_ids, zero_tail, eps):
     a = args.token_groups(OPS, "optimal_token_baseline_advantages", rewards, old_logp,
                           sum_pi_squared, mask, group_size, group_ids)
@@ -345,10 +336,7 @@ def _otb_parts(rewards, old_logp, sum_pi_squared, mask, group_size, group_ids, z
     zero_tail = checks.boolean("zero_tail", zero_tail)
     m = a.mask
     B, T = m.shape
-    if a.group_size is not None:
-        gid = np.arange(B) // a.group_size
-    else:
-        gid = np.unique(np.asarray(group_ids), return_inverse=True)[1].reshape(-1)
+    gid = group_codes(B, a.group_size, group_ids)
     n_groups = int(gid.max(initial=-1)) + 1
     member = (np.arange(n_groups)[:, None] == gid[None, :]).astype(np.float64)   # [G, B]
     r = ar.zero_masked(a.rewards, m)

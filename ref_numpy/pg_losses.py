@@ -375,7 +375,11 @@ def kl_cov_loss_vjp(g, logp, old_logp, advantages, mask=None, *, ratio=2e-4, coe
     lp, old, adv, m, chosen, coef = _kl_cov_parts(logp, old_logp, advantages, mask, ratio, coef)
     gm = ar.zero_masked(args.cotangent(OPS, g, "g", OPS.spec("logp", logp)), m.reshape(
         np.shape(logp)))
-    rho = lp - old
-    r = ar.capped_exp(rho) * (rho <= ar.LOG_FLOAT_MAX)
-    d = -adv * r + coef * np.sign(rho) * chosen
+    d = kl_cov_slope(lp, old, adv, chosen, coef)
     return {"logp": np.where(m, gm.reshape(m.shape) * d, 0.0).reshape(np.shape(logp))}
+
+
+def kl_cov_slope(lp, old, adv, chosen, coef):
+    """∂l_t/∂logp_t of KL-Cov, the selection held: −A·r + coef·sign(log r)·1[t ∈ S]."""
+    rho = lp - old
+    return -adv * ar.capped_exp(rho) * (rho <= ar.LOG_FLOAT_MAX) + coef * np.sign(rho) * chosen

@@ -178,14 +178,18 @@ def group_advantages(rewards, *, group_size=None, group_ids=None, ddof=0, eps=1e
     a = args.group_advantages(OPS, rewards, group_size, group_ids, ddof, eps, scale, baseline,
                               valid, singleton)
     r, keep = a.rewards, a.keep
-    if a.group_size is not None:
-        ids = torch.arange(r.shape[0], device=r.device) // a.group_size
-    else:
-        ids = a.group_ids.to(r.device)
+    ids = group_ids_of(r.shape[0], a.group_size, a.group_ids, r.device)
     out = torch.zeros_like(r)
     kept = _group_advantages_of(r[keep], ids[keep], a.ddof, a.eps, a.scale, a.baseline,
                                 a.singleton)
     return out.masked_scatter(keep, kept)
+
+
+def group_ids_of(B, group_size, group_ids, device):
+    """Each row's group id: its block of group_size, or group_ids as given (validated)."""
+    if group_size is not None:
+        return torch.arange(B, device=device) // group_size
+    return group_ids.to(device)
 
 
 def _group_advantages_of(r, ids, ddof, eps, scale, baseline, singleton):

@@ -6,17 +6,14 @@ from ref_common import args, checks
 
 from . import _tensors as tt
 from ._tensors import OPS
-from .advantages import group_advantages, whiten
+from .advantages import group_advantages, group_ids_of, whiten
 
 
 def _membership(fn, rewards, group_size, group_ids):
     """Rewards [B], the one-hot group membership [G, B] and each row's group index."""
     a = args.outcome_groups(OPS, fn, rewards, group_size, group_ids)
     r = a.rewards
-    if a.group_size is not None:
-        ids = torch.arange(r.shape[0], device=r.device) // a.group_size
-    else:
-        ids = a.group_ids.to(r.device)
+    ids = group_ids_of(r.shape[0], a.group_size, a.group_ids, r.device)
     _, inverse = torch.unique(ids, return_inverse=True)
     n_groups = int(inverse.max()) + 1 if r.shape[0] else 0
     member = (torch.arange(n_groups, device=r.device)[:, None] == inverse[None, :]).to(r.dtype)
@@ -118,10 +115,7 @@ def optimal_token_baseline_advantages(rewards, old_logp, sum_pi_squared, mask=No
     zero_tail = checks.boolean("zero_tail", zero_tail)
     m, zero = a.mask, tt.zero(a.rewards)
     B, T = m.shape
-    if a.group_size is not None:
-        ids = torch.arange(B, device=m.device) // a.group_size
-    else:
-        ids = group_ids.to(m.device)
+    ids = group_ids_of(B, a.group_size, group_ids, m.device)
     to_go = torch.flip(torch.cumsum(torch.flip(torch.where(m, a.rewards, zero), [-1]), -1), [-1])
     pi = torch.exp(torch.where(m, a.old_logp, zero))
     step = torch.where(m, 1 - 2 * pi + torch.where(m, a.sum_pi_squared, zero), zero)

@@ -10,8 +10,10 @@ Facts read in verl 0.9.1 (`volcengine/verl`); each adapter only renames and resh
   returns = advantages + values (before whitening).
 """
 import inspect
+import sys
 
 import numpy as np
+import torch
 
 from .card import Known, Row, Trainer, per_sequence, per_token
 
@@ -22,6 +24,11 @@ GAMMA, LAM = 0.99, 0.95       # the profile's defaults (1, 1) would hide any dis
 
 def _float(mask, like):
     return mask.to(like.dtype)
+
+
+def _zero_padding(mask, x):
+    """x with 0 at masked positions (verl's batches hold finite padding)."""
+    return x.where(mask.bool(), x.new_zeros(()))
 
 
 # ---- advantage estimators -------------------------------------------------------------------
@@ -102,53 +109,45 @@ class _Fields(dict):
     __getattr__ = dict.__getitem__
 
 
-def _token_policy(fn, **fields):
+def _token_policy(fn, weights=None, **fields):
     """A policy loss evaluated one valid token at a time (a [1, 1] batch, where agg_loss is
-    the identity); its aggregation is agg_loss's rows."""
+    the identity); its aggregation is agg_loss's rows. `weights(logp, old_logp, mask)`, if
+    given, computes rollout_is_weights on the whole batch first, each token then passed its
+    own."""
     config_class = inspect.unwrap(fn).__globals__["ActorConfig"]
     policy_loss = fields.pop("policy_loss", None)
     extra = {} if policy_loss is None else {"policy_loss": _Fields(policy_loss)}
+    first = "rollout_log_prob" if "rollout_log_prob" in inspect.signature(fn).parameters \
+        else "old_log_prob"
 
     def adapter(logp, old_logp, advantages, mask):
         config = _actor_config(config_class, 1, 1, **extra, **fields)
-        first = "rollout_log_prob" if "rollout_log_prob" in inspect.signature(fn).parameters \
-            else "old_log_prob"
 
-        def one(lp, old, adv):
+        def one(lp, old, adv, *w):
+            more = {"rollout_is_weights": w[0]} if w else {}
             return fn(**{first: old}, log_prob=lp, advantages=adv,
                       response_mask=lp.new_ones((1, 1)), loss_agg_mode="token-mean",
-                      config=config)[0]
-        return per_token(one, mask, logp, old_logp, per_sequence(advantages, logp))
+                      config=config, **more)[0]
+        tensors = (logp, old_logp, per_sequence(advantages, logp))
+        if weights is not None:
+            tensors += (weights(logp, old_logp, mask),)
+        return per_token(one, mask, *tensors)
     return adapter
 
 
-def _weighted_reinforce(fn):
-    """compute_policy_loss_reinforce given the weights of verl's own
-    compute_rollout_correction_weights (token TIS at 2.0) of logp against old_logp, as
-    compute_policy_loss_bypass_mode passes them."""
-    import sys
-    config_class = inspect.unwrap(fn).__globals__["ActorConfig"]
-
-    def adapter(logp, old_logp, advantages, mask):
-        helper = sys.modules[RC].compute_rollout_correction_weights
-        weights, _ = helper(log_ratio=torch_where(mask, logp - old_logp),
-                            response_mask=_float(mask, logp), rollout_is="token",
-                            rollout_is_threshold=2.0)
-        config = _actor_config(config_class, 1, 1)
-
-        def one(lp, old, adv, w):
-            return fn(rollout_log_prob=old, log_prob=lp, advantages=adv,
-                      response_mask=lp.new_ones((1, 1)), loss_agg_mode="token-mean",
-                      config=config, rollout_is_weights=w)[0]
-        return per_token(one, mask, logp, old_logp, per_sequence(advantages, logp), weights)
-    return adapter
+def _verl_tis(logp, old_logp, mask):
+    """verl's own compute_rollout_correction_weights (token TIS at 2.0) of logp against
+    old_logp read as the rollout's, as compute_policy_loss_bypass_mode computes them."""
+    helper = sys.modules[RC].compute_rollout_correction_weights
+    w, _ = helper(log_ratio=_zero_padding(mask, logp - old_logp),
+                  response_mask=_float(mask, logp), rollout_is="token", rollout_is_threshold=2.0)
+    return w
 
 
 def _kl_cov(fn, ratio):
     """Each token's loss read through rollout_is_weights: verl multiplies pg_losses by them
     after selecting its tokens and before agg_loss, so a weight of N at one token (0
     elsewhere) and token-mean over the N valid tokens give that token's loss."""
-    import torch
     config_class = inspect.unwrap(fn).__globals__["ActorConfig"]
 
     def adapter(logp, old_logp, advantages, mask):
@@ -174,11 +173,11 @@ def _kl_cov(fn, ratio):
 
 def _otb(fn):
     def adapter(rewards, old_logp, sum_pi_squared, mask, group_ids):
-        adv, _ = fn(token_level_rewards=torch_where(mask, rewards),
+        adv, _ = fn(token_level_rewards=_zero_padding(mask, rewards),
                     response_mask=_float(mask, rewards), index=np.asarray(group_ids),
-                    old_log_probs=torch_where(mask, old_logp),
-                    sum_pi_squared=torch_where(mask, sum_pi_squared))
-        return torch_where(mask, adv)
+                    old_log_probs=_zero_padding(mask, old_logp),
+                    sum_pi_squared=_zero_padding(mask, sum_pi_squared))
+        return _zero_padding(mask, adv)
     return adapter
 
 
@@ -202,17 +201,12 @@ def _geo_mean(fn):
 def _rollout_weights(level, threshold):
     def make(fn):
         def adapter(logp, rollout_logp, mask):
-            log_ratio = torch_where(mask, logp - rollout_logp)
+            log_ratio = _zero_padding(mask, logp - rollout_logp)
             weights, _ = fn(log_ratio=log_ratio, response_mask=_float(mask, logp),
                             rollout_is=level, rollout_is_threshold=threshold)
             return weights
         return adapter
     return make
-
-
-def torch_where(mask, x):
-    """x with 0 at masked positions (padding is finite in verl's batches)."""
-    return x.where(mask.bool(), x.new_zeros(()))
 
 
 def _entropy(fn):
@@ -224,19 +218,14 @@ def _entropy(fn):
 def _rewards(fn):
     def adapter(scores, logp, ref_logp, mask):
         if scores.dim() == 1:                      # the score at the last valid token
-            T = mask.shape[-1]
-            position = mask.new_zeros(mask.shape, dtype=torch_long()) + \
-                __import__("torch").arange(T)
-            last = position.where(mask.bool(), position.new_full((), -1)).max(dim=-1).values
+            m = mask.bool()
+            position = torch.arange(m.shape[-1])
+            last = torch.where(m, position, -1).max(dim=-1).values
             scores = (position == last[:, None]).to(logp.dtype) * \
-                torch_where(mask.bool().any(-1), scores)[:, None]
-        out = fn(scores, torch_where(mask, logp), torch_where(mask, ref_logp), KL_RATIO)
-        return torch_where(mask, out)
+                _zero_padding(m.any(-1), scores)[:, None]
+        out = fn(scores, _zero_padding(mask, logp), _zero_padding(mask, ref_logp), KL_RATIO)
+        return _zero_padding(mask, out)
     return adapter
-
-
-def torch_long():
-    return __import__("torch").long
 
 
 KL_RATIO = 0.1      # passed as kl_ratio (verl's kl_ctrl.kl_coef default 0.001 hides errors)
@@ -245,7 +234,6 @@ KL_RATIO = 0.1      # passed as kl_ratio (verl's kl_ctrl.kl_coef default 0.001 h
 def _responses(rewards, lengths):
     """One reward per sequence as verl's token_level_rewards: a response of L_i tokens, the
     reward at its last one."""
-    import torch
     L = lengths.to(torch.long)
     T = max(int(L.max()), 1) if len(L) else 1
     position = torch.arange(T)[None, :]
@@ -274,16 +262,15 @@ def _passk(fn):
 
 def _remax(fn):
     def adapter(rewards, baselines, mask):
-        adv, _ = fn(token_level_rewards=torch_where(mask, rewards), reward_baselines=baselines,
+        adv, _ = fn(token_level_rewards=_zero_padding(mask, rewards), reward_baselines=baselines,
                     response_mask=_float(mask, rewards))
-        return torch_where(mask, adv)
+        return _zero_padding(mask, adv)
     return adapter
 
 
 def _whitened(fn, **kwargs):
     def adapter(rewards, mask, group_ids):
-        r = rewards[:, None] * (__import__("torch").arange(mask.shape[-1]) == 0).to(
-            rewards.dtype)
+        r = rewards[:, None] * (torch.arange(mask.shape[-1]) == 0).to(rewards.dtype)
         adv, _ = fn(token_level_rewards=r, response_mask=_float(mask, rewards),
                     index=np.asarray(group_ids), **kwargs)
         return adv
@@ -476,7 +463,8 @@ ROWS = ROWS + (
     Row(f"{CA}:compute_policy_loss_reinforce", "reinforce_loss", _token_policy,
         choices=_TOKEN + ("rollout_is_weights None: plain REINFORCE",),
         params=("rollout_log_prob", "log_prob", "advantages", "response_mask", "config")),
-    Row(f"{CA}:compute_policy_loss_reinforce", "reinforce_loss", _weighted_reinforce,
+    Row(f"{CA}:compute_policy_loss_reinforce", "reinforce_loss",
+        lambda fn: _token_policy(fn, weights=_verl_tis),
         label="token TIS weights",
         choices=_TOKEN + ("rollout_is_weights from verl's compute_rollout_correction_weights "
                           "(rollout_is 'token', threshold 2.0) of log_prob against "
