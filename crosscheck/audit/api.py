@@ -334,6 +334,8 @@ def _fold(f: Finding, o) -> None:
             f.exceptions.append(dict(e, cases=1))
         else:
             same["cases"] += 1
+    if not o.ok and o.check in ("value", "grad", "microbatch"):
+        f.float32_ok = o.loose and f.float32_ok is not False
     if _RANK[status] > _RANK[f.status]:
         f.status, f.message = status, o.message
 
@@ -415,7 +417,7 @@ def _run_audit(aud, profile, rule, n_cases, seed) -> AuditReport:
             if o.check not in seen:
                 f.cases += 1
                 seen.add(o.check)
-            if not o.ok and o.check not in first_fail:
+            if (not o.ok or (o.warn and o.check == "garbage")) and o.check not in first_fail:
                 first_fail[o.check] = (case, o)
             _fold(f, o)
     if aud.tol is None:                    # no call returned: judge at float64
@@ -431,13 +433,15 @@ def _run_audit(aud, profile, rule, n_cases, seed) -> AuditReport:
         _fold(f, kl)
     for check, (case, outcome) in first_fail.items():
         f = tally[check]
-        if check in ("value", "grad", "finite", "shape", "raises", "mask"):
+        if check in ("value", "grad", "finite", "shape", "raises", "mask", "garbage"):
             small = shrink(aud, case, check)
             f.counterexample = describe(aud, small, outcome)
             f.diagnosis, detach = diagnose(aud, small, check, profile)
             if detach and check == "grad":
                 f.check = "detach"
     findings = [f for f in tally.values() if f.cases > 0]
+    for f in findings:
+        _grade(f, aud)
     report = AuditReport(entry.name, profile, params, backend, n_run, seed, findings, skipped,
                          n_drawn=n_cases, moved=moved)
     if aud.tol is not None:
@@ -445,6 +449,22 @@ def _run_audit(aud, profile, rule, n_cases, seed) -> AuditReport:
                                 why=aud.tolerance_why or aud.tol.why)
     report.inconclusive = _inconclusive(aud, tally, skipped)
     return report
+
+
+FLOAT32_HINT = ("every difference lies within the float32 row of the tolerance table: if your "
+                "function computes in float32 (and casts back), pass precision='float32'")
+
+
+def _grade(f: Finding, aud) -> None:
+    """An audit's own grades: a failure is a deviation (with a hint where it lies within the
+    float32 row and the function was judged at float64); garbage padding's warning is a
+    robustness note."""
+    if f.status == "fail":
+        f.grade = "deviation"
+        if f.float32_ok and aud.precision == "float64":
+            f.message += f" ({FLOAT32_HINT})"
+    elif f.status == "warn" and f.check == "garbage":
+        f.grade = "robustness"
 
 
 def _inconclusive(aud, tally, skipped):

@@ -8,7 +8,8 @@ import torch
 from .. import bridge, tolerances
 from ..check import cases as cases_mod
 from .calls import (GLOBAL_KW, STRUCTURAL, TIMEOUT, Adapter, call_with_deadline, degenerate,
-                    exception_text, neutral, pad_value, reference_args, where_raised)
+                    GARBAGE, IN_DOMAIN, LOGPROBS, exception_text, fill_padding, neutral,
+                    reference_args, where_raised)
 from .model import AuditUsageError, Outcome
 
 # what a trainer's non-differentiable output is, for the report
@@ -177,6 +178,14 @@ class Auditor:
         (the closeness rule of crosscheck.bridge, widened by the condition number κ), or None."""
         return bridge.first_mismatch(yours, ref, self.tol, valid, cond)
 
+    def loose(self, yours, ref, valid, cond=1.0) -> bool:
+        """Whether a difference beyond the audit's tolerance lies within the float32 row: code
+        that computes in float32 (or trains at it) could not tell them apart."""
+        if self.precision == "float32":
+            return False
+        return bridge.first_mismatch(yours, ref, tolerances.get("audit", "float32"), valid,
+                                     cond) is None
+
     def condition(self, data) -> list:
         """κ ≥ 1 per output where the registry declares a condition number, else 1s."""
         if self.entry.condition is None:
@@ -252,7 +261,8 @@ class Auditor:
             if i is not None:
                 value_ok = False
                 out.append(Outcome("value", False, f"{self.label(k, i)}: yours {y[i]:.10g}, "
-                                                   f"reference {r[i]:.10g}"))
+                                                   f"reference {r[i]:.10g}",
+                                   loose=self.loose(y, r, valid, kappas[k])))
         if finite_ok:
             out.append(Outcome("finite", True))
         if value_ok and finite_ok:
@@ -260,6 +270,7 @@ class Auditor:
         if want_grad:
             out.extend(self.grad_check(data, raw, leaves, refs, kappas))
         out.extend(self.mask_check(data, yours, kappas))
+        out.extend(self.garbage_check(data, yours, kappas))
         return out
 
     def grad_check(self, data, raw, leaves, refs, kappas):
@@ -323,53 +334,78 @@ class Auditor:
             if i is not None:
                 results.append(Outcome("grad", False, f"d/d{n}{list(i)}: yours {auto[i]:.10g}, "
                                                       f"reference {ref[i]:.10g}",
-                                       yours=auto, reference=ref))
+                                       yours=auto, reference=ref,
+                                       loose=self.loose(auto, ref, valid, kappa)))
             else:
                 results.append(Outcome("grad", True))
         return results
 
-    def padded(self, data, base):
-        """`data` with every masked entry of each token input set to its own value (base·k)."""
-        m = data["mask"]
-        return {k: (np.where(m, v, base if np.isnan(base) else pad_value(k, base))
-                    if isinstance(v, np.ndarray) and v.dtype.kind == "f" and v.shape == m.shape
-                    else v) for k, v in data.items()}
+    def padded(self, data, logprobs=None, base=1.0, logits_fill=None):
+        """`data` with its padding refilled (crosscheck.audit.calls.fill_padding)."""
+        return fill_padding(data, logprobs, base, logits_fill)
+
+    def _changed(self, data, yours, other, kappas):
+        """'output[i] a → b' for the first valid output that `other` changed, or None."""
+        for k, (a, b) in enumerate(zip(yours, other)):
+            valid = self.valid_of(data, a.shape)
+            same = bridge.within(b, a, self.tol, cond=kappas[k]) | (np.isnan(a) & np.isnan(b))
+            bad = valid & ~same
+            if bad.any():
+                i = tuple(int(j) for j in np.argwhere(bad)[0])
+                return f"{self.label(k, i)} {a[i]:.6g} → {b[i]:.6g}"
+        return None
+
+    def _masked(self, data) -> bool:
+        m = data.get("mask")
+        v = data.get("valid")
+        return (m is not None and not np.asarray(m, dtype=bool).all()) or \
+            (v is not None and not np.asarray(v, dtype=bool).all())
 
     def mask_check(self, data, yours, kappas):
-        m = data.get("mask")
-        if m is None or m.all():
+        """Padding inside each input's domain (plausible log-probs, shared and then differing;
+        finite values and logits) changes no valid output: a failure where it does."""
+        if not self._masked(data):
             return []
         out = []
-        for fill, label in ((1e4, "1e4"), (-1e4, "-1e4"), (np.nan, "NaN")):
+        for label, logprobs, base in IN_DOMAIN:
+            padded = self.padded(data, logprobs, base)
             try:
-                other = self.to_numpy(self.call(self.padded(data, fill))[0])
+                other = self.to_numpy(self.call(padded)[0])
             except Exception as exc:
-                if label == "NaN":
-                    out.append(Outcome("mask", True, warn=True,
-                                       message=f"NaN at masked positions makes your function "
-                                               f"raise {exception_text(exc)}"))
-                    continue
-                out.append(Outcome("mask", False, f"{label} at masked positions makes your "
-                                                  f"function raise {exception_text(exc)}"))
+                out.append(Outcome("mask", False, f"padding with {label} makes your function "
+                                                  f"raise {exception_text(exc)}", replay=padded))
                 continue
-            changed = None
-            for k, (a, b) in enumerate(zip(yours, other)):
-                valid = self.valid_of(data, a.shape)
-                same = bridge.within(b, a, self.tol, cond=kappas[k]) | \
-                    (np.isnan(a) & np.isnan(b))
-                bad = valid & ~same
-                if bad.any():
-                    i = tuple(int(j) for j in np.argwhere(bad)[0])
-                    changed = f"{self.label(k, i)} {a[i]:.6g} → {b[i]:.6g}"
-                    break
-            if changed and label == "NaN":
-                out.append(Outcome("mask", True, warn=True,
-                                   message=f"NaN at masked positions leaks into valid outputs "
-                                           f"({changed}); most trainers pad with finite values"))
-            elif changed:
-                out.append(Outcome("mask", False, f"{label} at masked positions changes a valid "
-                                                  f"output: {changed}"))
-            else:
-                out.append(Outcome("mask", True))
+            changed = self._changed(data, yours, other, kappas)
+            out.append(Outcome("mask", True) if changed is None else
+                       Outcome("mask", False, f"padding with {label} (in every input's domain) "
+                                              f"changes a valid output: {changed}",
+                               replay=padded))
         return out
 
+    def garbage_check(self, data, yours, kappas):
+        """Garbage at padding (±1e4, NaN, inf, positive log-probs), which no trainer's batch
+        holds: a robustness warning where it changes a valid output or makes the function
+        raise, never a failure."""
+        if not self._masked(data):
+            return []
+        out = []
+        for label, logp_fill, other_fill in GARBAGE:
+            logprobs = dict.fromkeys(LOGPROBS, logp_fill)
+            base = 1.0 if other_fill is None else other_fill
+            padded = self.padded(data, logprobs, base,
+                                 None if other_fill is None else other_fill)
+            try:
+                other = self.to_numpy(self.call(padded)[0])
+            except Exception as exc:
+                out.append(Outcome("garbage", True, warn=True, replay=padded,
+                                   message=f"{label} at padding makes your function raise "
+                                           f"{exception_text(exc)} (no trainer pads so; a "
+                                           f"robustness note)"))
+                continue
+            changed = self._changed(data, yours, other, kappas)
+            out.append(Outcome("garbage", True) if changed is None else
+                       Outcome("garbage", True, warn=True, replay=padded,
+                               message=f"{label} at padding leaks into a valid output "
+                                       f"({changed}): masking by multiplication (inf · 0 = NaN)? "
+                                       f"No trainer pads so; a robustness note"))
+        return out

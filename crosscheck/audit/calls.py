@@ -169,34 +169,98 @@ def neutral(name: str, data: Dict[str, object]):
     return None
 
 
-# distinct finite padding, one value per input: a term left unmasked cannot vanish at padding by
-# two inputs holding the same value there (logp − ref_logp = 0, a ratio of 1)
-_PAD_NAMES = ("logp", "old_logp", "ref_logp", "advantages", "values", "old_values", "returns",
-              "rewards", "x", "loss")
-PAD_VALUES = {n: v for n, v in zip(_PAD_NAMES, (-0.7, -1.9, -0.4, 0.6, 1.3, -0.9, 2.1, 0.35,
-                                                1.7, 0.8))}
+# The inputs that hold log-probabilities (≤ 0 in every trainer's batch) and [.., V] logits.
+LOGPROBS = ("logp", "old_logp", "ref_logp", "rollout_logp")
+LOGITS = ("logits", "ref_logits", "sample_logits")
+
+# Padding inside each input's domain. The main checks pad every log-prob input with one shared
+# plausible log-prob (trainers pad logp, old and ref log-probs alike: a log-ratio of 0 there) and
+# every other input with its own finite value (a term left unmasked cannot vanish at padding by
+# two inputs holding the same value there). The mask check adds two more in-domain paddings,
+# one shared and one where the log-probs differ; garbage (NaN, ±inf, ±1e4, positive log-probs)
+# is the robustness check's alone (crosscheck.audit.auditor).
+LOGP_PAD = -0.7
+_PAD_NAMES = ("advantages", "values", "old_values", "returns", "rewards", "x", "loss", "scores",
+              "baselines", "sum_pi_squared")
+PAD_VALUES = {n: v for n, v in zip(_PAD_NAMES, (0.6, 1.3, -0.9, 2.1, 0.35, 1.7, 0.8, 0.45, 0.55,
+                                                0.3))}
+# the mask check's in-domain paddings: (label, the log-probs' fill by input, the others' scale)
+IN_DOMAIN = (("shared log-probs", dict.fromkeys(LOGPROBS, -2.3), -1.5),
+             ("differing log-probs", dict(logp=-0.2, old_logp=-3.1, ref_logp=-1.4,
+                                          rollout_logp=-4.6), 2.0))
+# the robustness check's garbage: (label, the log-probs' fill, the others' fill, logits' fill)
+GARBAGE = (("1e4", 1e4, 1e4), ("-1e4", -1e4, -1e4), ("NaN", np.nan, np.nan),
+           ("inf", np.inf, np.inf), ("positive log-probs", 5.0, None))
 
 
 def pad_value(name: str, base: float = 1.0) -> float:
-    """The finite value input `name` is padded with (scaled by `base` for garbage runs)."""
+    """The finite, in-domain value input `name` is padded with (scaled by `base` for the mask
+    check's second padding; log-probs keep their sign)."""
+    if name in LOGPROBS:
+        return LOGP_PAD
     return base * PAD_VALUES.get(name, 0.45 + 0.1 * (sum(map(ord, name)) % 7))
 
 
-def finite_padding(case, base: float = 1.0):
-    """The case with every masked / invalid entry replaced by a finite value, a different one
-    per input (trainers pad with finite values; see PAD_VALUES)."""
-    arrays = dict(case.arrays)
+def pad_logits(shape, base: float = 1.0) -> np.ndarray:
+    """Finite logits for one masked position of [.., V] logits: a fixed ramp over the
+    vocabulary (scaled by `base`)."""
+    V = shape[-1]
+    return base * np.linspace(-1.0, 1.0, V) if V > 1 else np.full(V, base * 0.5)
+
+
+def fill_padding(arrays, logprobs=None, base: float = 1.0, logits_fill=None):
+    """`arrays` with every masked entry (a [B, T] input at ~mask, a [B] input of an all-masked
+    row or an invalid row, a [B, T, V] logits row at ~mask) replaced: log-probs by
+    `logprobs[name]` (default: the shared LOGP_PAD), the others by pad_value(name, base) (or by
+    `base` itself where it is not finite: garbage), logits by pad_logits (or `logits_fill`)."""
+    arrays = dict(arrays)
     m = arrays.get("mask")
-    for k, v in arrays.items():
+    valid = arrays.get("valid")
+    for k, v in list(arrays.items()):
         if v is None or not isinstance(v, np.ndarray) or v.dtype.kind != "f":
             continue
-        value = pad_value(k, base)
+        if k in LOGPROBS and logprobs is not None:
+            value = logprobs.get(k, LOGP_PAD)
+        elif not np.isfinite(base):
+            value = base
+        else:
+            value = pad_value(k, base)
         if m is not None and v.shape == m.shape:
             arrays[k] = np.where(m, v, value)
+        elif m is not None and k in LOGITS and v.shape[:-1] == m.shape:
+            fill = pad_logits(v.shape, 1.0 if not np.isfinite(base) else base) \
+                if logits_fill is None else np.full(v.shape[-1], logits_fill)
+            arrays[k] = np.where(np.asarray(m, dtype=bool)[..., None], v, fill)
         elif m is not None and v.ndim == 1 and v.shape[0] == m.shape[0] and m.ndim == 2:
-            arrays[k] = np.where(m.any(axis=1), v, value)
-        if arrays.get("valid") is not None and v.shape == arrays["valid"].shape:
-            arrays[k] = np.where(arrays["valid"], arrays[k], value)
+            arrays[k] = np.where(np.asarray(m, dtype=bool).any(axis=1), v, value)
+        if valid is not None and v.shape == valid.shape:
+            arrays[k] = np.where(valid, arrays[k], value)
+    return arrays
+
+
+def log_probs_in_domain(arrays):
+    """`arrays` with every log-prob input shifted by one constant so that the largest valid
+    log-prob is ≤ 0 (a case's log-ratios, the only thing most functions read, are unchanged): a
+    trainer's log-probs are never positive."""
+    m = arrays.get("mask")
+    top = -np.inf
+    for k in LOGPROBS:
+        v = arrays.get(k)
+        if isinstance(v, np.ndarray) and v.size:
+            at = v[np.asarray(m, dtype=bool)] if m is not None and v.shape == m.shape else v
+            at = at[np.isfinite(at)]
+            if at.size:
+                top = max(top, float(at.max()))
+    if not top > 0:
+        return arrays
+    return {k: (v - top if k in LOGPROBS and isinstance(v, np.ndarray) else v)
+            for k, v in arrays.items()}
+
+
+def finite_padding(case):
+    """The case as a trainer's batch holds it: log-probs ≤ 0, and every masked / invalid entry
+    replaced by a finite value inside its input's domain (see fill_padding)."""
+    arrays = fill_padding(log_probs_in_domain(case.arrays))
     return cases_mod.Case(case.label, arrays, case.params, case.stages, case.fd_step)
 
 

@@ -23,15 +23,17 @@ import numpy as np
 import torch
 
 from .. import bridge
-from .calls import audit_case, reference_args
+from .calls import IN_DOMAIN, audit_case, reference_args
 
 
 def _probe_data(aud, case, n=6) -> List[Dict[str, object]]:
-    """The failing case, the same with ±1e4-scale padding, and up to n more cases."""
+    """The failing case, the same with the mask check's differing in-domain padding, and up to
+    n more cases."""
     data, _ = aud.inputs_for(case)
     out = [data]
     if data.get("mask") is not None and not np.asarray(data["mask"]).all():
-        out.append(aud.padded(data, 1e4))
+        _, logprobs, base = IN_DOMAIN[1]
+        out.append(aud.padded(data, logprobs, base))
     for i in range(40):
         if len(out) > n + 1:
             break

@@ -12,9 +12,16 @@ import dataclasses
 from typing import Dict, List, Optional
 
 # The checks, in the order the report lists them.
-CHECKS = ("raises", "shape", "finite", "value", "grad", "mask", "permutation", "microbatch",
-          "kl_direction")
+CHECKS = ("raises", "shape", "finite", "value", "grad", "mask", "garbage", "permutation",
+          "microbatch", "kl_direction")
 STATUSES = ("pass", "info", "warn", "fail")      # "info": not checked by design, and why
+# The grade of a finding (crosscheck.trainer.card grades a card's; an audit grades its own):
+# - deviation: on inputs the trainer really produces, beyond its precision (a failure);
+# - robustness: only on inputs no trainer produces (garbage padding, positive log-probs) or at
+#   the edge of the float range;
+# - precision: within the float32 row of the tolerance table, for code that trains in float32;
+# - documented choice: a convention the trainer documents (cards only, with its citation).
+GRADES = ("deviation", "robustness", "precision", "documented choice")
 
 
 class AuditUsageError(ValueError):
@@ -33,6 +40,8 @@ class Outcome:
     yours: object = None
     reference: object = None
     exception: Optional[Dict[str, str]] = None     # raises: type, message, where, degenerate
+    loose: bool = False        # a value/grad failure within the float32 row of the table
+    replay: Optional[Dict[str, object]] = None     # the inputs a padding check passed
 
 
 @dataclasses.dataclass
@@ -46,6 +55,8 @@ class Finding:
     counterexample: Optional[Dict[str, object]] = None
     diagnosis: str = ""
     exceptions: List[Dict[str, object]] = dataclasses.field(default_factory=list)
+    grade: str = ""                       # one of GRADES for a fail or a robustness warning
+    float32_ok: Optional[bool] = None     # every failing case lies within the float32 row
 
 
 def plural(n: int, word: str) -> str:
@@ -103,6 +114,7 @@ class AuditReport:
         lines += [f"  {note}" for note in self.notes]
         for f in self.findings:
             lines.append(f"  {f.status.upper():<4} {f.check:<13} {plural(f.cases, 'case'):>9}"
+                         + (f"  [{f.grade}]" if f.grade else "")
                          + (f"  {f.message}" if f.message else ""))
             for e in (f.exceptions if len(f.exceptions) > 1 or f.status == "warn" else ()):
                 said = f"{e['type']}: {e['message']}" if e["message"] else e["type"]

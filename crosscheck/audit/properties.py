@@ -104,7 +104,8 @@ def microbatch_check(aud: Auditor, case) -> List[Outcome]:
                 msg += ("; the accumulation was assumed: declare accumulation= (or a profile) "
                         "to make this a check")
             out.append(Outcome("microbatch", aud.accumulation_assumed, msg,
-                               warn=aud.accumulation_assumed))
+                               warn=aud.accumulation_assumed,
+                               loose=aud.loose(total, hand, m.astype(bool))))
         else:
             out.append(Outcome("microbatch", True))
     return out

@@ -463,7 +463,7 @@ BUGS = [
     ("ppo-advantages-clipped", "ppo_clip_loss", ppo_advantages_clipped, dict(profile="cleanrl"),
      {"value"}),
     ("objective-kl-unmasked", "policy_objective", objective_kl_unmasked,
-     dict(loss="ppo", agg="token-mean", beta=0.1, kl_kind="k3", clip_low=0.2), {"value"}),
+     dict(loss="ppo", agg="token-mean", beta=0.1, kl_kind="k3", clip_low=0.2), {"mask"}),
     ("per-token-nan-at-padding", "ppo_clip_loss", per_token_nan_at_padding,
      dict(profile="cleanrl"), {"finite"}),
     ("token-mean-no-guard", "aggregate", token_mean_no_guard, dict(profile="openrlhf"),

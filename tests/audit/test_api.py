@@ -65,22 +65,6 @@ def test_the_reference_takes_group_size_over_the_equivalent_ids():
     assert set(reference_args(dict(rewards=r, group_ids=ids))) == {"rewards", "group_ids"}
 
 
-def test_trainer_padding_fills_per_sequence_values_of_empty_rows_each_input_its_own_value():
-    """A [B] input (per-sequence advantages) is padded where its row has no valid token; B ≠ T.
-    Each input gets its own value, so that a term left unmasked cannot cancel at padding."""
-    from crosscheck.audit.calls import finite_padding, pad_value
-    from crosscheck.check import cases as cases_mod
-    m = np.array([[1, 1, 0, 0, 0], [0, 0, 0, 0, 0], [1, 0, 1, 0, 1]], dtype=bool)
-    adv = np.array([0.5, np.nan, -2.0])
-    logp = np.where(m, -1.0, np.nan)
-    out = finite_padding(cases_mod.Case("c", dict(advantages=adv, logp=logp, mask=m), {}),
-                          base=10.0).arrays
-    pad_a, pad_l = pad_value("advantages", 10.0), pad_value("logp", 10.0)
-    assert np.isfinite([pad_a, pad_l]).all() and pad_a != pad_l
-    np.testing.assert_array_equal(out["advantages"], [0.5, pad_a, -2.0])
-    np.testing.assert_array_equal(out["logp"], np.where(m, -1.0, pad_l))
-
-
 def test_an_unknown_profile_lists_the_known_ones():
     from crosscheck.audit.profiles import PROFILES
     with pytest.raises(AuditUsageError) as exc:

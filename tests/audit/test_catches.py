@@ -303,34 +303,42 @@ def test_a_function_raising_on_a_micro_batch_is_a_microbatch_failure_that_quotes
                         finding(report, "microbatch").message)
 
 
-def test_a_function_that_raises_on_nan_padding_gets_a_mask_warning_not_a_failure():
-    """Most trainers pad with finite values, so raising on NaN padding is a warning."""
+def test_a_function_that_raises_on_garbage_padding_gets_a_robustness_warning():
+    """No trainer pads with NaN or ±1e4: raising there is a robustness note, never a failure."""
     inner = kl("k3")
 
     def refuses_nan(logp, ref_logp, mask):
         if torch.isnan(logp).any() or torch.isnan(ref_logp).any():
             raise ValueError("NaN in input")
         return inner(logp, ref_logp, mask)
-    report = audit(refuses_nan, "kl_penalty", profile="minimind", cases=N)
-    assert report.ok
-    f = finding(report, "mask")
-    assert f.status == "warn" and f.message == \
-        "NaN at masked positions makes your function raise ValueError: NaN in input"
-
-
-def test_a_function_that_raises_on_large_finite_padding_fails_the_mask_check():
-    """Padding may hold anything; raising on ±1e4 there (finite values every trainer pads with)
-    is a failure of the mask check, named as such."""
-    inner = kl("k3")
 
     def refuses_large(logp, ref_logp, mask):
         if (logp.abs() > 1e3).any():
             raise ValueError("log-prob out of range")
         return inner(logp, ref_logp, mask)
-    report = audit(refuses_large, "kl_penalty", profile="minimind", cases=N)
+    for fn, said in ((refuses_nan, "NaN at padding makes your function raise ValueError: NaN "
+                                   "in input"),
+                     (refuses_large, "1e4 at padding makes your function raise ValueError: "
+                                     "log-prob out of range")):
+        report = audit(fn, "kl_penalty", profile="minimind", cases=N)
+        assert report.ok, str(report)
+        f = finding(report, "garbage")
+        assert f.status == "warn" and f.grade == "robustness" and f.message.startswith(said)
+        assert finding(report, "mask").status == "pass"
+
+
+def test_a_function_that_raises_on_plausible_padding_fails_the_mask_check():
+    """Padding a trainer really produces (log-probs that differ there) must not make it raise."""
+    inner = kl("k3")
+
+    def refuses_differing(logp, ref_logp, mask):
+        if (logp != ref_logp)[~mask.bool()].any():
+            raise ValueError("padding differs")
+        return inner(logp, ref_logp, mask)
+    report = audit(refuses_differing, "kl_penalty", profile="minimind", cases=N)
     assert not report.ok and "mask" in failing(report)
     assert finding(report, "mask").message == \
-        "1e4 at masked positions makes your function raise ValueError: log-prob out of range"
+        "padding with differing log-probs makes your function raise ValueError: padding differs"
 
 
 def test_an_output_detached_from_one_input_is_named():
@@ -393,7 +401,7 @@ def test_an_undetached_relative_cispo_weight_is_diagnosed_with_clipped_tokens():
     assert "not detached" in finding(report, "detach").diagnosis
 
 
-def test_padding_that_changes_valid_outputs_fails_and_a_nan_leak_only_warns():
+def test_plausible_padding_that_changes_valid_outputs_fails_and_a_nan_leak_only_warns():
     def whiten_unmasked_mean(x, mask):              # 1e4 in the padding moves the mean
         m = mask.to(x.dtype)
         xm = torch.where(mask.bool(), x, torch.zeros((), dtype=x.dtype))
@@ -401,14 +409,14 @@ def test_padding_that_changes_valid_outputs_fails_and_a_nan_leak_only_warns():
         return (xm - mu) * m
     r = audit(whiten_unmasked_mean, "whiten", ddof=0, eps=1e-8, cases=N)
     assert finding(r, "mask").status == "fail"
-    assert re.fullmatch(r"1e4 at masked positions changes a valid output: output\[\d+, \d+\] "
-                        r"\S+ → \S+", finding(r, "mask").message)
+    assert re.fullmatch(r"padding with shared log-probs \(in every input's domain\) changes a "
+                        r"valid output: output\[\d+, \d+\] \S+ → \S+", finding(r, "mask").message)
     inner = gae_loop(1.0, 1.0)
 
     def gae_nan_in_returns(rewards, values, mask, dones=None, last_value=None):
         adv, ret = inner(rewards, values, mask, dones, last_value)
         return adv, ret + 0.0 * (values * 0).sum()  # 0·(padding) is 0, unless it holds NaN
     r = audit(gae_nan_in_returns, "gae", profile="verl", cases=N)
-    assert r.ok and finding(r, "mask").status == "warn"
-    assert finding(r, "mask").message.startswith(
-        "NaN at masked positions leaks into valid outputs (returns[")
+    assert r.ok and finding(r, "garbage").status == "warn"
+    assert finding(r, "garbage").message.startswith(
+        "NaN at padding leaks into a valid output (returns[")
