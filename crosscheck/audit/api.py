@@ -190,7 +190,7 @@ def into_domain(rule, case):
 
 def audit(fn, ref, *, backend="torch", profile=None, cases=200, seed=0, rtol=None, atol=None,
           precision=None, rename=None, accumulation=None, kl_use=None, timeout=TIMEOUT,
-          domain=None, **conventions) -> AuditReport:
+          domain=None, variant=None, **conventions) -> AuditReport:
     """Audit `fn` (a thin adapter around a trainer's function) against reference `ref`.
 
     Args:
@@ -219,6 +219,10 @@ def audit(fn, ref, *, backend="torch", profile=None, cases=200, seed=0, rtol=Non
         "right_padded", "per_sequence_advantages", "groups_of_two", "per_sequence_scores"
         (crosscheck.audit.profiles DOMAINS); cases outside it are moved into it or skipped, and
         the report says so.
+      variant: a documented variant of the reference, with which a report card tests whether
+        a trainer's known convention reproduces a failure: {"inputs": a function of the data
+        dict returning the data the reference is given, "microbatch": "local" (each
+        micro-batch normalised by its own counts)}; None for the reference itself.
       **conventions: reference conventions overriding the profile, e.g. ddof=1, eps=1e-6.
 
     Returns:
@@ -233,6 +237,12 @@ def audit(fn, ref, *, backend="torch", profile=None, cases=200, seed=0, rtol=Non
                                atol=atol, precision=precision, rename=rename,
                                accumulation=accumulation, kl_use=kl_use, timeout=timeout,
                                **conventions)
+    if variant is not None:
+        unknown = set(variant) - {"inputs", "microbatch"} if isinstance(variant, dict) else None
+        if unknown is None or unknown or variant.get("microbatch", "local") != "local":
+            raise AuditUsageError(f"variant is {variant!r}; expected a dict with 'inputs' (a "
+                                  f"function of the data) and/or 'microbatch': 'local'")
+        aud.variant = dict(variant)
     rule = _with_domain(rule, domain)
     try:
         report = _run_audit(aud, profile, rule, cases, seed)

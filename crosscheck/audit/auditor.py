@@ -14,6 +14,7 @@ from .model import AuditUsageError, Outcome
 
 # what a trainer's non-differentiable output is, for the report
 NOT_DIFFERENTIATED = "trainers do not differentiate through this function: a warning only"
+GARBAGE_CASES = 12     # padded cases the robustness check runs on (a note, never a verdict)
 NO_GRADIENT = ("not checked: your output carries no gradient, as trainers compute it (this "
                "reference is not differentiated by trainers)")
 
@@ -30,12 +31,15 @@ class Auditor:
     was assumed), the declared use of a KL term, and the per-call deadline."""
 
     def __init__(self, adapter: Adapter, entry, params, backend, tol, accumulation,
-                 timeout=TIMEOUT, precision=None, kl_use="loss", accumulation_assumed=False):
+                 timeout=TIMEOUT, precision=None, kl_use="loss", accumulation_assumed=False,
+                 variant=None):
         self.adapter, self.entry, self.params = adapter, entry, params
         self.backend, self.tol, self.precision = backend, tol, precision
         self.accumulation, self.timeout, self.kl_use = accumulation, timeout, kl_use
         self.accumulation_assumed = accumulation_assumed   # neither declared nor a profile's
         self.tolerance_why = ""
+        self.variant = dict(variant or {})      # a documented variant of the reference (cards)
+        self.garbage_runs = 0                   # cases the robustness check has run on
 
     def accepts(self, name):
         return self.adapter.accepts(name)
@@ -90,11 +94,18 @@ class Auditor:
         return dict(n_tokens_global=int(m.sum()),
                     n_sequences_global=int(m.any(axis=-1).sum()) if m.ndim == 2 else int(m.any()))
 
+    def reference_data(self, data):
+        """The data as the reference is given it: a variant's transform of its inputs (a
+        trainer's documented convention expressed on the reference's inputs), else as is."""
+        inputs = self.variant.get("inputs")
+        return data if inputs is None else inputs(dict(data))
+
     def reference(self, data):
-        return self.entry.numpy_fn(**reference_args(data), **self.params)
+        return self.entry.numpy_fn(**reference_args(self.reference_data(data)), **self.params)
 
     def reference_vjp(self, data, g):
-        return self.entry.numpy_vjp(g, **reference_args(data), **self.params)
+        return self.entry.numpy_vjp(g, **reference_args(self.reference_data(data)),
+                                    **self.params)
 
     def reference_outputs(self, data) -> List[np.ndarray]:
         out = self.reference(data)
@@ -213,7 +224,9 @@ class Auditor:
                                    f"{exception_text(exc)}")
         return Outcome("raises", False, f"{exception_text(exc)} at {info['where']}", exception=info)
 
-    def run_case(self, case) -> List[Outcome]:
+    def run_case(self, case, only=None) -> List[Outcome]:
+        """Every check of one case (`only`: the one check wanted, when shrinking or
+        describing; the checks before it still run)."""
         data, why = self.inputs_for(case)
         if data is None:
             return [Outcome("skip", True, why)]
@@ -267,10 +280,14 @@ class Auditor:
             out.append(Outcome("finite", True))
         if value_ok and finite_ok:
             out.append(Outcome("value", True))
-        if want_grad:
+        if want_grad and only in (None, "grad", "detach"):
             out.extend(self.grad_check(data, raw, leaves, refs, kappas))
-        out.extend(self.mask_check(data, yours, kappas))
-        out.extend(self.garbage_check(data, yours, kappas))
+        if only in (None, "mask"):
+            out.extend(self.mask_check(data, yours, kappas))
+        if only == "garbage" or (only is None and self.garbage_runs < GARBAGE_CASES):
+            found = self.garbage_check(data, yours, kappas)
+            self.garbage_runs += bool(found) and only is None
+            out.extend(found)
         return out
 
     def grad_check(self, data, raw, leaves, refs, kappas):

@@ -15,7 +15,7 @@ def shrink(aud: Auditor, case, check: str):
     def fails(c):
         try:
             return any(o.check == check and (not o.ok if check != "garbage" else o.warn)
-                       for o in aud.run_case(c))
+                       for o in aud.run_case(c, only=check))
         except Exception:
             return False
 
@@ -97,7 +97,8 @@ def describe(aud: Auditor, case, outcome: Outcome):
     if data is None:
         return None
     if outcome.check in ("mask", "garbage"):     # the padding the failing call was given
-        again = next((o for o in aud.run_case(case) if o.check == outcome.check and
+        again = next((o for o in aud.run_case(case, only=outcome.check)
+                      if o.check == outcome.check and
                       o.replay is not None), None)
         if again is not None:
             data = again.replay
@@ -110,7 +111,7 @@ def describe(aud: Auditor, case, outcome: Outcome):
     except Exception as exc:
         ce["your output"] = f"raised {exception_text(exc)}"
     if outcome.check in ("grad", "detach"):
-        for o in aud.run_case(case):            # the gradients of the shrunk case itself
+        for o in aud.run_case(case, only="grad"):    # the gradients of the shrunk case itself
             if o.check == "grad" and not o.ok and o.yours is not None:
                 ce["your gradient"] = bridge.json_safe(o.yours)
                 ce["reference gradient"] = bridge.json_safe(o.reference)

@@ -8,7 +8,24 @@ functions count, so that those without a reference are listed as not covered).
 
 `run(trainer, path=None, cases=..., seed=...)` loads the code (crosscheck.trainer.loading), runs
 every row through `crosscheck.audit.audit` and returns a `Card`, printable as text, Markdown or
-JSON. A row's verdict is the audit's; a row that cannot be adapted to this version says why.
+JSON.
+
+Every finding is graded (crosscheck.audit.model.GRADES):
+- a **deviation**: on inputs the trainer produces, beyond its training precision. It is *known*
+  when one of the row's `Known` entries reproduces it: the row re-audited under that entry's
+  variant (reference conventions, a transform of the reference's inputs, the micro-batch
+  model, a wrapper of the adapted function) passes the failing check on every case and breaks
+  no check that passed. Otherwise it is new and unexplained, whatever the check;
+- a **robustness** note: only on garbage padding (the audit's robustness check), or a known
+  entry of that kind reproduces it;
+- a **precision** note: every failing case lies within the float32 row and the trainer trains
+  at float32 (or a known entry of that kind reproduces it);
+- a **documented choice**: a known entry of that kind, with its citation, reproduces it.
+
+A row's verdict: DOES NOT CONFORM (a new deviation), KNOWN DEVIATION (only reproduced known
+deviations), CONFORMS (notes at most), INCONCLUSIVE, COULD NOT ADAPT (the adapter's assumptions
+do not hold in this version, or every case raised), NOT IN THIS VERSION (the function or its
+module is absent). The card's exit code is 1 only for a new deviation, so that CI can gate on it.
 """
 import ast
 import inspect
@@ -19,19 +36,45 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from ..audit.model import GRADES
 from . import loading
 
 CASES = 48                     # cases per row: past the offset, extreme-ratio and empty-batch cases
-KINDS = ("documented choice", "defect")
+# a known entry's kind, and the grade a finding it reproduces gets
+KINDS = {"documented choice": "documented choice", "defect": "deviation",
+         "robustness": "robustness", "precision": "precision"}
+VARIANT_KEYS = ("conventions", "audit", "inputs", "microbatch", "adapt")
 
 
 @dataclass(frozen=True)
 class Known:
     """A deviation we know this trainer has, found at `check`: a documented choice (its docs or
-    config say so) or a defect; `what` says what differs and when it bites, citing the code."""
+    config say so, `cite` quotes where), a defect, a robustness or a precision matter; `what`
+    says what differs and when it bites, citing the code.
+
+    `variant` is how the known behaviour is reproduced, so that it explains a failure only if it
+    reproduces it: any of "conventions" (reference conventions over the row's), "audit" (audit
+    keywords over the row's), "inputs" (a function of the data returning what the reference is
+    given), "microbatch" ("local": each micro-batch normalised by its own counts), "adapt" (a
+    function wrapping the adapted callable). An entry without a variant explains nothing; it
+    only annotates a robustness or precision note found at its check."""
     check: str
     kind: str
     what: str
+    variant: Mapping[str, object] = field(default_factory=dict)
+    cite: str = ""
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"Known.kind is {self.kind!r}; expected one of {', '.join(KINDS)}")
+        unknown = set(self.variant) - set(VARIANT_KEYS)
+        if unknown:
+            raise ValueError(f"Known.variant has {', '.join(sorted(unknown))}; expected keys "
+                             f"among {', '.join(VARIANT_KEYS)}")
+
+    @property
+    def grade(self) -> str:
+        return KINDS[self.kind]
 
 
 @dataclass(frozen=True)
@@ -47,6 +90,9 @@ class Row:
     known: Tuple[Known, ...] = ()
     block: Optional[tuple] = None      # (first, last, outputs[, nested]): a statement block of
     # the function, run by crosscheck.trainer.blocks, not the function
+    fits: Optional[Callable] = None    # fits(function): raises DoesNotFit / NotInVersion when an
+    # assumption of the adapter does not hold in this version (return arity, config fields, a
+    # hard-coded aggregation, a mode the version lacks)
 
     @property
     def module(self) -> str:
@@ -77,6 +123,12 @@ class Trainer:
     # a function of the inventory not covered for its own reason: ((qualname, why), ...)
     not_run: Tuple[Tuple[str, str], ...] = ()
     notes: Tuple[str, ...] = ()
+    # the precision its losses train at (bf16 models, float32 losses): a difference within that
+    # row of the tolerance table is a precision note
+    precision: str = "float32"
+    # the branches and conventions the rows run, and those they do not, in words
+    runs: Tuple[str, ...] = ()
+    does_not_run: Tuple[str, ...] = ()
 
     def version_of(self, root):
         return loading.version_of(root, os.path.join(self.package, self.version_file)) \
@@ -88,7 +140,7 @@ class RowResult:
     row: Row
     file: str
     line: Optional[int]
-    verdict: str               # CONFORMS | DOES NOT CONFORM | INCONCLUSIVE | COULD NOT ADAPT
+    verdict: str               # one of ROW_VERDICTS
     conventions: Dict[str, object] = field(default_factory=dict)
     reason: str = ""                   # could not adapt: why; inconclusive: why
     findings: List[dict] = field(default_factory=list)   # each failing check, in order
@@ -101,13 +153,11 @@ class RowResult:
         return self.findings[0] if self.findings else None
 
 
-def explanation(row: Row, check: str) -> Tuple[Optional[Known], str]:
-    """What we know of a deviation of `row` at `check`, in words."""
-    known = next((k for k in row.known if k.check == check), None)
-    if known is not None:
-        return known, f"{known.kind}: {known.what}"
-    return None, ("not a deviation we know this trainer to make on purpose: treat it as a "
-                  "defect until its code or documentation shows it is a choice")
+ROW_VERDICTS = ("CONFORMS", "KNOWN DEVIATION", "DOES NOT CONFORM", "INCONCLUSIVE",
+                "COULD NOT ADAPT", "NOT IN THIS VERSION")
+NEW = ("a new deviation: not one we know this trainer to make; treat it as a defect until its "
+       "code or documentation shows it is a choice")
+NOT_RUN = ("COULD NOT ADAPT", "NOT IN THIS VERSION")
 
 
 @dataclass
@@ -124,7 +174,7 @@ class Card:
 
     @property
     def covered(self) -> List[RowResult]:
-        return [r for r in self.rows if r.verdict != "COULD NOT ADAPT"]
+        return [r for r in self.rows if r.verdict not in NOT_RUN]
 
     def functions(self) -> Tuple[int, int]:
         """(functions with at least one row that ran, functions in the inventory)."""
@@ -135,16 +185,33 @@ class Card:
 
     @property
     def verdict(self) -> str:
+        """DOES NOT CONFORM: a new deviation; KNOWN DEVIATIONS: only reproduced known ones;
+        NOTHING AUDITED: no row ran; INCOMPLETE: a row could not run or was inconclusive;
+        CONFORMS otherwise (notes at most)."""
         verdicts = {r.verdict for r in self.rows}
         if "DOES NOT CONFORM" in verdicts:
             return "DOES NOT CONFORM"
+        if not self.covered:
+            return "NOTHING AUDITED"
+        if "KNOWN DEVIATION" in verdicts:
+            return "KNOWN DEVIATIONS"
         if verdicts - {"CONFORMS"}:
             return "INCOMPLETE"
         return "CONFORMS"
 
     @property
     def exit_code(self) -> int:
-        return 0 if self.verdict == "CONFORMS" else 1
+        """1 for a new deviation (a regression gate for CI), 2 when nothing could be audited,
+        else 0: known deviations, notes and rows that could not run are on the card."""
+        return {"DOES NOT CONFORM": 1, "NOTHING AUDITED": 2}.get(self.verdict, 0)
+
+    def graded(self) -> Dict[str, List[Tuple[RowResult, dict]]]:
+        """The findings by grade (deviations new and known, then the notes)."""
+        out: Dict[str, List[Tuple[RowResult, dict]]] = {g: [] for g in GRADES}
+        for r in self.rows:
+            for f in r.findings:
+                out[f["grade"]].append((r, f))
+        return out
 
     # ---- rendering ---------------------------------------------------------------------
     def _head(self) -> List[str]:
@@ -156,8 +223,10 @@ class Card:
             f"judged under the {t.profile} profile, {self.cases} cases per row, seed {self.seed}",
             f"coverage: {ran} of {listed} functions ({100 * ran / max(listed, 1):.0f} %) have a "
             f"reference and ran; {len(self.not_covered)} not covered"
-            + (f", {sum(r.verdict == 'COULD NOT ADAPT' for r in self.rows)} could not be adapted"
-               if any(r.verdict == "COULD NOT ADAPT" for r in self.rows) else ""),
+            + "".join(f", {n} {what}" for n, what in (
+                (sum(r.verdict == "COULD NOT ADAPT" for r in self.rows), "could not be adapted"),
+                (sum(r.verdict == "NOT IN THIS VERSION" for r in self.rows),
+                 "not in this version")) if n),
         ]
 
     @staticmethod
@@ -180,20 +249,20 @@ class Card:
                              + (f" ({r.report.n_cases} of {r.report.n_drawn} cases ran)"
                                 if r.report is not None else ""))
                 lines.append(f"  {'':<{width}}           against {self._conv(r)}"
-                             if r.verdict != "COULD NOT ADAPT" else
-                             f"  {'':<{width}}           could not adapt: {r.reason}")
+                             if r.verdict not in NOT_RUN else
+                             f"  {'':<{width}}           {r.verdict.lower()}: {r.reason}")
                 if r.verdict == "INCONCLUSIVE":
                     lines.append(f"  {'':<{width}}           why: {r.reason}")
-        devs = [(r, f) for r in self.rows for f in r.findings]
-        if devs:
-            lines += ["", "deviations"]
-            for r, f in devs:
+        for title, items in self._sections():
+            lines += ["", title]
+            for r, f in items:
                 lines += [f"  {r.row.name} ({r.file}:{r.line}), check {f['check']}:",
                           f"    what differs: {f['message']}"]
                 if f.get("diagnosis"):
                     lines.append(f"    likely: {f['diagnosis']}")
                 if f.get("counterexample"):
-                    lines.append("    minimal counterexample:")
+                    lines.append("    minimal counterexample (the inputs as passed, padding "
+                                 "included):")
                 for k, v in (f.get("counterexample") or {}).items():
                     lines.append(f"      {k}: {v}")
                 lines.append(f"    {f['explanation']}")
@@ -213,8 +282,40 @@ class Card:
         for m, why in self.failed_modules.items():
             lines.append(f"  module {m} could not be loaded: {why}")
         lines += [f"note: {n}" for n in self.trainer.notes]
+        if self.trainer.runs or self.trainer.does_not_run:
+            lines += ["", "branches"] + [f"  runs: {b}" for b in self.trainer.runs] + \
+                [f"  does not run: {b}" for b in self.trainer.does_not_run]
+        lines.append(self._grades_line())
         lines.append(f"card verdict: {self.verdict}" + self._tally())
         return "\n".join(lines)
+
+    def _sections(self):
+        """(title, [(row, finding)]) for each grade that has findings, new deviations first."""
+        g = self.graded()
+        new = [(r, f) for r, f in g["deviation"] if not f["known"]]
+        known = [(r, f) for r, f in g["deviation"] if f["known"]]
+        out = [("new deviations (unexplained: each one counts toward the verdict)", new),
+               ("known deviations (each reproduced by its known variant)", known),
+               ("documented choices (each reproduced by the documented variant)",
+                g["documented choice"]),
+               (f"precision notes (below {self.trainer.precision} training precision)",
+                g["precision"]),
+               ("robustness notes (only on inputs the trainer never produces)",
+                g["robustness"])]
+        return [(t, items) for t, items in out if items]
+
+    def grade_counts(self) -> Dict[str, int]:
+        g = self.graded()
+        return {"new deviation": sum(not f["known"] for _, f in g["deviation"]),
+                "known deviation": sum(f["known"] for _, f in g["deviation"]),
+                **{k: len(v) for k, v in g.items() if k != "deviation"}}
+
+    def _grades_line(self) -> str:
+        plural = {"robustness": "robustness notes", "precision": "precision notes"}
+        return "findings: " + ", ".join(
+            f"{n} " + (plural.get(k, k + "s") if n != 1 else
+                       k + " note" if k in plural else k)
+            for k, n in self.grade_counts().items())
 
     def _tally(self) -> str:
         counts: Dict[str, int] = {}
@@ -228,29 +329,34 @@ class Card:
         out = [f"# Report card: {t.name} {self.source.version}", "",
                "Generated by `python -m crosscheck trainer " + t.name +
                " --markdown`; do not edit by hand.", ""]
-        out += [f"- {h}" for h in head[1:]] + [f"- card verdict: **{self.verdict}**" +
+        out += [f"- {h}" for h in head[1:]] + [f"- {self._grades_line()}",
+                                                f"- card verdict: **{self.verdict}**" +
                                                 self._tally(), ""]
         out += ["| function | file:line | reference (conventions) | verdict |",
                 "|---|---|---|---|"]
         for r in self.rows:
-            ref = self._conv(r) if r.verdict != "COULD NOT ADAPT" else \
-                f"could not adapt: {r.reason}"
+            ref = self._conv(r) if r.verdict not in NOT_RUN else \
+                f"{r.verdict.lower()}: {r.reason}"
             ran = f" ({r.report.n_cases}/{r.report.n_drawn} cases)" if r.report else ""
             out.append(f"| `{r.row.name}` | {r.file}:{r.line or '?'} | `{ref}` | "
                        f"{r.verdict}{ran} |")
-        devs = [(r, f) for r in self.rows for f in r.findings]
-        if devs:
-            out += ["", "## Deviations", ""]
-            for r, f in devs:
+        for title, items in self._sections():
+            out += ["", f"## {title[0].upper()}{title[1:]}", ""]
+            for r, f in items:
                 out += [f"### `{r.row.name}`: {f['check']}", "",
                         f"- what differs: {f['message']}"]
                 if f.get("diagnosis"):
                     out.append(f"- likely: {f['diagnosis']}")
                 ce = f.get("counterexample") or {}
                 if ce:
-                    out.append("- minimal counterexample:")
+                    out.append("- minimal counterexample (the inputs as passed, padding "
+                               "included):")
                     out += [f"  - {k}: `{v}`" for k, v in ce.items()]
                 out += [f"- {f['explanation']}", ""]
+        if t.runs or t.does_not_run:
+            out += ["", "## Branches", ""]
+            out += [f"- runs: {b}" for b in t.runs] + [f"- does not run: {b}"
+                                                       for b in t.does_not_run]
         choices = [r for r in self.rows if r.row.choices]
         if choices:
             out += ["", "## Adapter choices", ""]
@@ -270,6 +376,9 @@ class Card:
             trainer=self.trainer.name, version=self.source.version, origin=self.source.origin,
             root=self.source.root, loaded=self.loaded, profile=self.trainer.profile,
             cases=self.cases, seed=self.seed, verdict=self.verdict, ok=self.exit_code == 0,
+            exit_code=self.exit_code, grades=self.grade_counts(),
+            branches=dict(runs=list(self.trainer.runs),
+                          does_not_run=list(self.trainer.does_not_run)),
             coverage=dict(functions_run=ran, functions=listed,
                           ratio=ran / max(listed, 1)),
             rows=[dict(function=r.row.qualname, label=r.row.label, file=r.file, line=r.line,
@@ -346,8 +455,16 @@ def _progress(stream, i, n, name):
         stream.flush()
 
 
+class DoesNotFit(Exception):
+    """An assumption of a row's adapter does not hold in this version (raised by Row.fits)."""
+
+
+class NotInVersion(Exception):
+    """What a row audits does not exist in this version (raised by Row.fits)."""
+
+
 def run_row(row: Row, loaded: loading.Loaded, source: loading.Source, profile: str, cases: int,
-            seed: int) -> RowResult:
+            seed: int, precision: str = "float32") -> RowResult:
     from ..audit import audit
     from ..audit.api import resolve_conventions
     from ..audit.model import AuditUsageError
@@ -356,6 +473,9 @@ def run_row(row: Row, loaded: loading.Loaded, source: loading.Source, profile: s
     rel = source.relative(path)
     line = _definitions(path).get(row.qualname)
     result = RowResult(row, rel, line, "COULD NOT ADAPT")
+    if not os.path.exists(path):
+        result.verdict, result.reason = "NOT IN THIS VERSION", f"{rel} does not exist"
+        return result
     if row.block is not None:
         from .blocks import BlockNotFound, compile_block
         try:
@@ -372,7 +492,8 @@ def run_row(row: Row, loaded: loading.Loaded, source: loading.Source, profile: s
         try:
             fn = _resolve(module, row.qualname)
         except AttributeError:
-            result.reason = f"{row.qualname} is not defined in {rel} in this version"
+            result.verdict = "NOT IN THIS VERSION"
+            result.reason = f"{row.qualname} is not defined in {rel}"
             return result
     try:
         params = inspect.signature(fn).parameters
@@ -383,36 +504,130 @@ def run_row(row: Row, loaded: loading.Loaded, source: loading.Source, profile: s
         result.reason = (f"the signature changed: {row.qualname} has no parameter "
                          f"{', '.join(missing)} (it takes {', '.join(params) or 'nothing'})")
         return result
+    if row.fits is not None:
+        try:
+            row.fits(fn)
+        except NotInVersion as exc:
+            result.verdict, result.reason = "NOT IN THIS VERSION", str(exc)
+            return result
+        except DoesNotFit as exc:
+            result.reason = str(exc)
+            return result
     try:
         _, result.conventions, _ = resolve_conventions(row.ref, profile, dict(row.conventions))
     except AuditUsageError as exc:
         result.reason = f"the reference refuses the row's conventions: {exc}"
         return result
-    try:
+
+    def audit_row(variant=None):
+        variant = dict(variant or {})
+        adapt = variant.pop("adapt", None)
         adapter = row.adapt(fn)
-    except Exception as exc:                   # the trainer's code is not what the row expects
-        result.reason = f"the adapter could not be built: {type(exc).__name__}: {exc}"
-        return result
+        if adapt is not None:
+            adapter = adapt(adapter)
+        conventions = dict(row.conventions, **variant.pop("conventions", {}))
+        keywords = dict(row.audit, **variant.pop("audit", {}))
+        return audit(adapter, row.ref, profile=profile, cases=cases, seed=seed,
+                     variant=variant or None, **keywords, **conventions)
+
     t0 = time.perf_counter()
     try:
-        report = audit(adapter, row.ref, profile=profile, cases=cases, seed=seed,
-                       **dict(row.audit), **dict(row.conventions))
+        report = audit_row()
     except AuditUsageError as exc:
         result.reason = f"the audit refused the adapter: {exc}"
         return result
-    result.seconds = time.perf_counter() - t0
+    except Exception as exc:                   # the trainer's code is not what the row expects
+        result.reason = f"the adapter could not be built: {type(exc).__name__}: {exc}"
+        return result
     result.report = report
-    result.verdict = report.verdict
-    if report.inconclusive:
+    raised = next((f for f in report.findings if f.check == "raises"), None)
+    if raised is not None and raised.status == "fail" and raised.exceptions and \
+            sum(e["cases"] for e in raised.exceptions) >= raised.cases:
+        e = max(raised.exceptions, key=lambda e: e["cases"])
+        result.seconds = time.perf_counter() - t0
+        result.reason = (f"every case raised, e.g. {e['type']}: {e['message'][:160]} at "
+                         f"{_from_root(e['where'], source.root)}: the adapter's assumptions do "
+                         f"not hold in this version (a function failing on every input would "
+                         f"look the same; no verdict is given)")
+        return result
+    result.findings = grade(row, report, precision, source.root, audit_row)
+    result.seconds = time.perf_counter() - t0
+    grades = {(f["grade"], f["known"]) for f in result.findings}
+    if ("deviation", False) in grades:
+        result.verdict = "DOES NOT CONFORM"
+    elif ("deviation", True) in grades:
+        result.verdict = "KNOWN DEVIATION"
+    elif report.inconclusive:
+        result.verdict = "INCONCLUSIVE"
         result.reason = "; ".join(report.inconclusive)
-    root = os.path.join(source.root, "")          # the trainer's files, named from its root
-    for f in report.failures:
-        known, said = explanation(row, f.check)
-        result.findings.append(dict(check=f.check, message=f.message.replace(root, ""),
-                                    diagnosis=f.diagnosis,
-                                    counterexample=f.counterexample, explanation=said,
-                                    kind=known.kind if known else "unexplained"))
+    else:
+        result.verdict = "CONFORMS"
     return result
+
+
+def _from_root(text: str, root: str) -> str:
+    """`text` with the trainer's files named from its root (not from the working directory)."""
+    root = os.path.abspath(root)
+    for prefix in (os.path.join(root, ""), os.path.join(os.path.relpath(root), "")):
+        if prefix not in ("./", ""):
+            text = text.replace(prefix, "")
+    return text
+
+
+def reproduces(report, variant_report, check: str) -> bool:
+    """Whether a re-audit under a known entry's variant passes `check` where the row's audit
+    failed it, and breaks no check that passed."""
+    def status(rep):
+        return {f.check: f.status for f in rep.findings}
+    before, after = status(report), status(variant_report)
+    if after.get(check) == "fail" or variant_report.n_cases < report.n_cases:
+        return False
+    return all(after.get(c) != "fail" for c, st in before.items() if st != "fail")
+
+
+def grade(row: Row, report, precision: str, root: str, audit_row) -> List[dict]:
+    """The graded findings of a row's audit (see the module docstring): each failure, and each
+    robustness note of the audit."""
+    out = []
+    for f in report.findings:
+        if not (f.status == "fail" or f.grade == "robustness"):
+            continue
+        entries = [k for k in row.known if k.check == f.check]
+        grade_, known, said = f.grade or "deviation", None, ""
+        if grade_ == "deviation":
+            for k in entries:
+                if not k.variant:
+                    continue
+                try:
+                    again = audit_row(k.variant)
+                except Exception:                          # the variant itself does not run
+                    continue
+                if reproduces(report, again, f.check):
+                    known = k
+                    break
+            if known is not None:
+                grade_ = known.grade
+                said = f"{known.kind}: {known.what}" + (f" ({known.cite})" if known.cite else "")
+            elif f.float32_ok and precision == "float32":
+                grade_ = "precision"
+                said = ("within the float32 row of the tolerance table: below the precision "
+                        "this trainer trains at (float32 losses, bfloat16 models)")
+            else:
+                said = NEW + ("" if not entries else
+                              "; the known " + "; ".join(f"{k.kind} at {k.check} ({k.what[:80]}"
+                                                         f"...)" for k in entries) +
+                              " does not reproduce it")
+        else:
+            note = next((k for k in entries if k.grade == grade_), None)
+            said = (f"{note.kind}: {note.what}" if note is not None else
+                    "robustness: only with garbage at padding, which no trainer's batch holds")
+        out.append(dict(check=f.check, grade=grade_, known=known is not None or
+                        grade_ != "deviation",
+                        message=_from_root(f.message, root), diagnosis=f.diagnosis,
+                        counterexample=f.counterexample, explanation=said,
+                        kind=known.kind if known else ("new" if grade_ == "deviation" else
+                                                       grade_)))
+    return out
 
 
 def run(trainer: Trainer, path: Optional[str] = None, cases: int = CASES, seed: int = 0,
@@ -431,7 +646,8 @@ def run(trainer: Trainer, path: Optional[str] = None, cases: int = CASES, seed: 
         results = []
         for i, row in enumerate(rows):
             _progress(progress, i + 1, len(rows), row.name)
-            results.append(run_row(row, loaded, source, trainer.profile, cases, seed))
+            results.append(run_row(row, loaded, source, trainer.profile, cases, seed,
+                                   trainer.precision))
         described = loaded.describe()
         failed = dict(loaded.failed)
     if progress is not None:

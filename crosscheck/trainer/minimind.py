@@ -51,7 +51,7 @@ _LOSS = ("the block from kl_div = ... to policy_loss = ... in grpo_train_epoch",
          "completion_mask = mask as int; advantages one per sequence, as MiniMind computes them")
 
 _PADDING = Known(
-    "mask", "defect",
+    "garbage", "robustness",
     "the block takes exp(ref − log π) for the k3 term (and exp(log π − log π_old) for the "
     "ratio) at every position and masks by multiplying ((per_token_loss * completion_mask)"
     ".sum), so a padded position whose log-ratio overflows exp (> 88 in float32) gives "

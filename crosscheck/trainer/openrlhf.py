@@ -13,6 +13,7 @@ Facts read in OpenRLHF 0.11.2; each adapter only renames and reshapes:
 """
 import types
 
+import numpy as np
 import torch
 
 from .card import Known, Row, Trainer, owner_class, per_sequence, per_token
@@ -203,13 +204,26 @@ _LOSS = ("PolicyLoss(clip_eps_low=0.2, clip_eps_high=0.2, policy_loss_type=...) 
          "openrlhf/utils/loss_utils.py::get_loss_batch_info computes them",
          "a per-sequence advantage broadcast over the response")
 
+def _through_holes(data):
+    """GAE as OpenRLHF computes it: a masked step before a row's last valid token is a step of
+    reward 0 and value 0 (values and rewards multiplied by the mask, no skipping)."""
+    m = np.asarray(data["mask"], dtype=bool)
+    T = m.shape[-1]
+    last = np.where(m.any(-1), T - 1 - np.argmax(m[..., ::-1], axis=-1), -1)
+    filled = np.arange(T) <= last[..., None]
+    return dict(data, mask=filled, rewards=np.where(m, data["rewards"], 0.0),
+                values=np.where(m, data["values"], 0.0))
+
+
 _HOLES = Known(
     "value", "defect",
     "get_advantages_and_returns multiplies values and rewards by the mask and bootstraps from "
     "values[:, t + 1] whatever the mask, so a masked step inside a row (a multi-turn "
     "observation span) counts as a step of reward 0 and value 0: the advantage before the "
     "hole is discounted by γλ per masked token and bootstraps from 0 instead of the next "
-    "valid value. Right-padded rows are exact")
+    "valid value. Right-padded rows are exact; OpenRLHF's agent mode builds such rows "
+    "(samples_generator.py sets action_mask over several action ranges of one sample)",
+    variant=dict(inputs=_through_holes))
 
 _FORWARD = ("log_probs", "old_log_probs", "advantages", "action_mask", "batch_num_tokens",
             "global_batch_size")

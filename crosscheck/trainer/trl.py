@@ -16,6 +16,7 @@ import collections
 import math
 import types
 
+import numpy as np
 import torch
 
 from .card import Known, Row, Trainer, owner_class
@@ -101,7 +102,7 @@ _STAND_IN = ("called unbound with a stand-in self: _get_per_token_logps_and_entr
 _GLOBAL = ("num_items_in_batch = the whole batch's token count, as TRL's trainer passes it",)
 _PARAMS = ("self", "model", "inputs")
 _PADDING = Known(
-    "mask", "defect",
+    "garbage", "robustness",
     "for the clipped loss types TRL takes exp(log π − log π_old) at every position and masks "
     "by multiplying ((per_token_loss * mask).sum()), so a padded position whose log-ratio "
     "overflows exp (> 88 in float32, > 709 in float64: garbage log-probs at padding) gives "
@@ -110,17 +111,20 @@ _PADDING = Known(
     "log-ratio before exp, so they are immune")
 _LOCAL = Known(
     "microbatch", "documented choice",
-    "loss_type 'bnpo' normalises by the local micro-batch's token count (TRL's GRPOConfig "
-    "documents that results then depend on the local batch size), so averaged micro-batches "
-    "weight tokens unequally when micro-batches hold different numbers of tokens; 'dapo' "
-    "normalises by the generation batch's count instead")
+    "loss_type 'bnpo' normalises by the local micro-batch's token count, so averaged "
+    "micro-batches weight tokens unequally when micro-batches hold different numbers of tokens; "
+    "'dapo' normalises by the generation batch's count instead",
+    variant=dict(microbatch="local"),
+    cite="GRPOConfig's loss_type help: 'bnpo' normalises by the number of active tokens in the "
+         "local batch, so results may vary with the local batch size")
 _FLOAT32_TAU = Known(
-    "value", "defect",
+    "value", "precision",
     "loss_type 'sapo' builds its temperatures with torch.where(advantages > 0, "
     "sapo_temperature_pos, sapo_temperature_neg) on Python floats: a float32 tensor whatever "
     "the log-probs' dtype, so sapo_temperature_neg = 1.05 enters as 1.0499999523. float64 losses "
     "and gradients then differ from SAPO's by about 1e-6 relative where A ≤ 0; in float32 or "
-    "bfloat16 training it is below the rounding")
+    "bfloat16 training it is below the rounding",
+    variant=dict(conventions=dict(tau_neg=float(np.float32(1.05)))))
 ROW = f"{GRPO}:GRPOTrainer._compute_loss"
 GENERATE = f"{GRPO}:GRPOTrainer._generate_and_score_completions"
 CLIP_MAX = 3.0           # GRPOConfig's vllm_importance_sampling_clip_max (clip_min: None)

@@ -341,26 +341,47 @@ def _kl(kind):
     return make
 
 
+def _clamped_log_ratio(data):
+    """ppo_kl as verl logs it: from log-ratios clamped to ±20 (old_logp moved to match)."""
+    x = np.clip(data["logp"] - data["old_logp"], -20.0, 20.0)
+    return dict(data, old_logp=data["logp"] - x)
+
+
+def _zero_when_all_rejected(adapter):
+    """compute_rollout_correction_weights as it would be without its metric's ZeroDivisionError:
+    no weight survives, so every weight is 0."""
+    def variant(logp, rollout_logp, mask):
+        try:
+            return adapter(logp, rollout_logp, mask)
+        except ZeroDivisionError:
+            return torch.zeros_like(logp)
+    return variant
+
+
 _CLAMPED = Known(
     "value", "documented choice",
-    "verl clamps the log-ratio to ±20 before exp (core_algos.py: 'Clamp negative_approx_kl for "
-    "stability') and logs ppo_kl from the clamped values, so the metric saturates once "
-    "|log π − log π_old| > 20; ordinary updates never reach it")
+    "verl clamps the log-ratio to ±20 before exp and logs ppo_kl from the clamped values, so "
+    "the metric saturates once |log π − log π_old| > 20; ordinary updates never reach it",
+    variant=dict(inputs=_clamped_log_ratio),
+    cite="core_algos.py: 'Clamp negative_approx_kl for stability'")
 
 _ALL_REJECTED = Known(
-    "raises", "defect",
+    "raises", "robustness",
     "when IcePop rejects every token of the batch (all weights 0), compute_is_metrics computes "
     "the effective sample size as 1.0 / masked_mean(0).item() and raises ZeroDivisionError "
     "instead of returning the weights; on batches where any weight survives the weights equal "
-    "the reference's. A small micro-batch with a large train/rollout mismatch reaches it")
+    "the reference's. verl computes the weights over the whole training batch, where every "
+    "weight is rejected only once the rollout and training policies have diverged entirely",
+    variant=dict(adapt=_zero_when_all_rejected))
 
 _MICRO_MEAN = Known(
-    "microbatch", "defect",
+    "microbatch", "documented choice",
     "the deprecated compute_policy_loss aggregates each micro-batch by its own token count "
     "(agg_loss without batch_num_tokens), so averaging micro-batch losses weights a token of a "
-    "short micro-batch more than one of a long micro-batch; the registered 'vanilla' loss "
-    "normalises by the global count (global_batch_info) and is exact. It bites whenever "
-    "micro-batches hold different numbers of valid tokens")
+    "short micro-batch more than one of a long micro-batch; the registered 'vanilla' loss that "
+    "replaces it normalises by the global count (global_batch_info) and is exact",
+    variant=dict(microbatch="local"),
+    cite="core_algos.py: @deprecated('verl.trainer.ppo.core_algos.compute_policy_loss_vanilla')")
 
 ROWS = (
     Row(f"{CA}:compute_gae_advantage_return", "gae", _gae,

@@ -15,20 +15,24 @@ from crosscheck.trainer import card, loading
 
 DOCS = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "cards")
 
-# row name -> the checks it fails at the pinned version ([] = conforms)
+# row name -> [(check, grade, known entry's kind)] at the pinned version, read from each trainer's
+# code (robustness notes of the garbage-padding check are asserted apart: see below)
 EXPECTED = {
-    "verl": {"compute_policy_loss [ppo, deprecated]": ["microbatch"],
-             "compute_policy_loss_vanilla [ppo_kl]": ["value"],
-             "compute_rollout_correction_weights [token IcePop mask]": ["raises"],
-             "compute_rollout_correction_weights [sequence IcePop mask]": ["raises"]},
-    "trl": {"GRPOTrainer._compute_loss [dapo]": ["mask"],
-            "GRPOTrainer._compute_loss [dapo, β = 0.04]": ["mask"],
-            "GRPOTrainer._compute_loss [grpo]": ["mask"],
-            "GRPOTrainer._compute_loss [bnpo]": ["mask", "microbatch"],
-            "GRPOTrainer._compute_loss [dr_grpo]": ["mask"],
-            "GRPOTrainer._compute_loss [luspo]": ["mask"],
-            "GRPOTrainer._compute_loss [sapo, sequence]": ["value"]},
-    "openrlhf": {"RemoteExperienceMaker.get_advantages_and_returns": ["value"]},
+    "verl": {"compute_policy_loss [ppo, deprecated]": [("microbatch", "documented choice")],
+             "compute_policy_loss_vanilla [ppo_kl]": [("value", "documented choice")],
+             "compute_rollout_correction_weights [token IcePop mask]": [("raises", "robustness")],
+             "compute_rollout_correction_weights [sequence IcePop mask]":
+                 [("raises", "robustness")]},
+    "trl": {"GRPOTrainer._compute_loss [bnpo]": [("microbatch", "documented choice")],
+            "GRPOTrainer._compute_loss [sapo, sequence]": [("value", "precision")]},
+    "openrlhf": {"RemoteExperienceMaker.get_advantages_and_returns": [("value", "deviation")]},
+}
+# rows whose loss masks by multiplying after exp of every position's log-ratio (or sums padding
+# into a product): garbage at padding leaks into them, a robustness note only
+MULTIPLY_MASKED = {
+    "trl": {"GRPOTrainer._compute_loss [" + t + "]" for t in
+            ("dapo", "dapo, β = 0.04", "grpo", "bnpo", "dr_grpo", "luspo", "cispo", "gspo",
+             "sapo", "vespo", "sapo, sequence")},
 }
 INSTALLED = [n for n in EXPECTED if importlib.util.find_spec(n) is not None]
 needs = pytest.mark.skipif  # a skip names the missing trainer; CI installs all three
@@ -53,12 +57,18 @@ def test_every_row_of_a_pinned_trainer_runs_and_gives_the_expected_verdict(name,
     assert c.source.version == t.pinned
     assert [r.row.name for r in c.rows] == [r.name for r in t.rows]
     for r in c.rows:
-        assert r.verdict in ("CONFORMS", "DOES NOT CONFORM"), (r.row.name, r.verdict, r.reason)
+        assert r.verdict in ("CONFORMS", "KNOWN DEVIATION"), (r.row.name, r.verdict, r.reason)
         assert r.report.n_cases > 0
-        assert [f["check"] for f in r.findings] == EXPECTED[name].get(r.row.name, []), r.row.name
-        for f in r.findings:                     # every deviation on a pinned card is explained
-            assert f["kind"] in card.KINDS, (r.row.name, f)
-    assert c.exit_code == (1 if EXPECTED[name] else 0)
+        graded = [(f["check"], f["grade"]) for f in r.findings if f["check"] != "garbage"]
+        assert graded == EXPECTED[name].get(r.row.name, []), (r.row.name, r.findings)
+        for f in r.findings:                     # nothing on a pinned card is new
+            assert f["known"], (r.row.name, f)
+            assert f["check"] != "garbage" or f["grade"] == "robustness"
+        if r.row.name in MULTIPLY_MASKED.get(name, ()):
+            assert any(f["check"] == "garbage" for f in r.findings), r.row.name
+    assert c.exit_code == 0 and c.verdict == (
+        "KNOWN DEVIATIONS" if any(g == "deviation" for rows in EXPECTED[name].values()
+                                  for _, g in rows) else "CONFORMS")
     assert c.not_covered                          # verl's SAPO & co., TRL's vespo, ...
     ran, listed = c.functions()
     assert 0 < ran < listed
@@ -98,7 +108,7 @@ def test_a_fork_with_an_edited_loss_shows_an_unexplained_deviation(tmp_path):
     assert c.source.origin == "checkout"
     grpo = [r for r in c.rows if r.row.name == "compute_grpo_outcome_advantage"][0]
     assert grpo.verdict == "DOES NOT CONFORM"
-    assert grpo.findings[0]["check"] == "value" and grpo.findings[0]["kind"] == "unexplained"
+    assert grpo.findings[0]["check"] == "value" and grpo.findings[0]["kind"] == "new"
     rloo = [r for r in c.rows if r.row.name == "compute_rloo_outcome_advantage"][0]
     assert rloo.verdict == "COULD NOT ADAPT" and "no parameter index" in rloo.reason
     assert c.exit_code == 1 and "could not adapt: the signature changed" in c.text()
@@ -138,7 +148,7 @@ def test_minimind_blocks_run_from_a_checkout_and_missing_blocks_are_reported(tmp
     assert "no statement block from gen_len" in gae.reason
     whiten = [r for r in c.rows if r.row.name == "ppo_train_epoch [whitening]"][0]
     assert (whiten.line, whiten.end_line) == (3, 6)
-    assert c.exit_code == 1 and c.verdict == "INCOMPLETE"
+    assert c.exit_code == 0 and c.verdict == "INCOMPLETE"      # nothing new: a gap
 
 
 def test_minimind_needs_a_path():
