@@ -32,7 +32,9 @@ import inspect
 import os
 import re
 import sys
+import textwrap
 import time
+import types
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -91,8 +93,9 @@ class Row:
     block: Optional[tuple] = None      # (first, last, outputs[, nested]): a statement block of
     # the function, run by crosscheck.trainer.blocks, not the function
     fits: Optional[Callable] = None    # fits(function): raises DoesNotFit / NotInVersion when an
-    # assumption of the adapter does not hold in this version (return arity, config fields, a
-    # hard-coded aggregation, a mode the version lacks)
+    # assumption of the adapter does not hold in this version (a mode the version lacks); or
+    # returns what this version needs: {"conventions": {...} (a hard-coded aggregation),
+    # "domain": (...) (inputs it cannot take), "choice": the adapter's choice in words}
 
     @property
     def module(self) -> str:
@@ -147,6 +150,11 @@ class RowResult:
     end_line: Optional[int] = None     # a statement block's last line
     report: Optional[object] = None    # the AuditReport
     seconds: float = 0.0
+    adapted: str = ""                  # what the adapter adjusted to this version, in words
+
+    @property
+    def choices(self) -> List[str]:
+        return list(self.row.choices) + ([self.adapted] if self.adapted else [])
 
     @property
     def finding(self) -> Optional[dict]:
@@ -266,11 +274,11 @@ class Card:
                 for k, v in (f.get("counterexample") or {}).items():
                     lines.append(f"      {k}: {v}")
                 lines.append(f"    {f['explanation']}")
-        choices = [r for r in self.rows if r.row.choices]
+        choices = [r for r in self.rows if r.row.choices or r.adapted]
         if choices:
             lines += ["", "adapter choices (each adapter only renames and reshapes)"]
             for r in choices:
-                lines.append(f"  {r.row.name}: " + "; ".join(r.row.choices))
+                lines.append(f"  {r.row.name}: " + "; ".join(r.choices))
         if self.not_covered:
             lines += ["", f"not covered ({self.trainer.not_covered_why})"]
             by: Dict[str, List[str]] = {}
@@ -357,10 +365,10 @@ class Card:
             out += ["", "## Branches", ""]
             out += [f"- runs: {b}" for b in t.runs] + [f"- does not run: {b}"
                                                        for b in t.does_not_run]
-        choices = [r for r in self.rows if r.row.choices]
+        choices = [r for r in self.rows if r.row.choices or r.adapted]
         if choices:
             out += ["", "## Adapter choices", ""]
-            out += [f"- `{r.row.name}`: " + "; ".join(r.row.choices) for r in choices]
+            out += [f"- `{r.row.name}`: " + "; ".join(r.choices) for r in choices]
         if self.not_covered:
             out += ["", f"## Not covered ({t.not_covered_why})", ""]
             out += [f"- `{q}` ({f}:{line})" + (f": {dict(t.not_run)[q]}" if q in dict(t.not_run)
@@ -383,7 +391,7 @@ class Card:
                           ratio=ran / max(listed, 1)),
             rows=[dict(function=r.row.qualname, label=r.row.label, file=r.file, line=r.line,
                        ref=r.row.ref, conventions=r.conventions, verdict=r.verdict,
-                       reason=r.reason, choices=list(r.row.choices),
+                       reason=r.reason, choices=r.choices,
                        cases_run=None if r.report is None else r.report.n_cases,
                        findings=r.findings,
                        seconds=round(r.seconds, 3))
@@ -412,6 +420,35 @@ def _definitions(path: str) -> Dict[str, int]:
                 if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef)):
                     out[f"{node.name}.{sub.name}"] = sub.lineno
     return out
+
+
+class StandInSelf(types.SimpleNamespace):
+    """A stand-in `self` (or config) for a method called unbound: reading an attribute it does
+    not hold raises an AttributeError that names it, so that a version reading a field the
+    adapter does not know shows as 'could not adapt', never as a deviation."""
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise AttributeError(f"the card's stand-in self has no {name!r}, which this version "
+                             f"reads")
+
+
+def unpacked(fn, method: str) -> int:
+    """How many values `fn`'s source unpacks from its call of `self.<method>(...)` (1 where it
+    does not unpack); DoesNotFit where it never calls it."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(inspect.unwrap(fn))))
+    except (OSError, TypeError, SyntaxError) as exc:
+        raise DoesNotFit(f"the source of {getattr(fn, '__qualname__', fn)} cannot be read "
+                         f"({exc})")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and \
+                isinstance(node.value.func, ast.Attribute) and node.value.func.attr == method:
+            target = node.targets[0]
+            return len(target.elts) if isinstance(target, (ast.Tuple, ast.List)) else 1
+    raise DoesNotFit(f"{getattr(fn, '__qualname__', fn)} does not call self.{method}(...) in "
+                     f"this version")
 
 
 def per_token(call, mask, *tensors):
@@ -504,20 +541,28 @@ def run_row(row: Row, loaded: loading.Loaded, source: loading.Source, profile: s
         result.reason = (f"the signature changed: {row.qualname} has no parameter "
                          f"{', '.join(missing)} (it takes {', '.join(params) or 'nothing'})")
         return result
+    fit = {}
     if row.fits is not None:
         try:
-            row.fits(fn)
+            fit = row.fits(fn) or {}
         except NotInVersion as exc:
             result.verdict, result.reason = "NOT IN THIS VERSION", str(exc)
             return result
         except DoesNotFit as exc:
             result.reason = str(exc)
             return result
+    result.adapted = fit.get("choice", "")
+    base = dict(row.conventions, **fit.get("conventions", {}))
     try:
-        _, result.conventions, _ = resolve_conventions(row.ref, profile, dict(row.conventions))
+        _, result.conventions, rule = resolve_conventions(row.ref, profile, dict(base))
     except AuditUsageError as exc:
         result.reason = f"the reference refuses the row's conventions: {exc}"
         return result
+    keywords_fit = {}
+    if fit.get("domain"):
+        keywords_fit["domain"] = tuple(dict.fromkeys(
+            tuple(row.audit.get("domain", rule.domain if rule is not None else ())) +
+            tuple(fit["domain"])))
 
     def audit_row(variant=None):
         variant = dict(variant or {})
@@ -525,8 +570,8 @@ def run_row(row: Row, loaded: loading.Loaded, source: loading.Source, profile: s
         adapter = row.adapt(fn)
         if adapt is not None:
             adapter = adapt(adapter)
-        conventions = dict(row.conventions, **variant.pop("conventions", {}))
-        keywords = dict(row.audit, **variant.pop("audit", {}))
+        conventions = dict(base, **variant.pop("conventions", {}))
+        keywords = dict(row.audit, **keywords_fit, **variant.pop("audit", {}))
         return audit(adapter, row.ref, profile=profile, cases=cases, seed=seed,
                      variant=variant or None, **keywords, **conventions)
 

@@ -22,6 +22,7 @@ card leaves the interpreter as it found it. Nothing from a trainer is ever writt
 """
 import ast
 import contextlib
+import dis
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -113,7 +114,7 @@ def locate(package: str, dist: str, path: Optional[str] = None, version_file=Non
             (f" (package version {own})" if own else "")
         source = Source(package, root, "checkout", version, own or "unknown")
     missing = [m for m in needs if not os.path.isfile(source.file(m))]
-    if missing:
+    if needs and len(missing) == len(needs):     # a release may lack some: their rows say so
         where = "the installed package" if path is None else f"--path {path!r}"
         files = ", ".join(source.relative(source.file(m)) for m in missing)
         raise TrainerNotFound(f"{where} lacks {files}; is it {package}?")
@@ -171,6 +172,16 @@ class StandIn(metaclass=_StandInMeta):
         return False
 
     def __iter__(self):
+        """Empty, except where the caller unpacks a call's result (`a, b = stood_in(...)`):
+        then as many stand-ins as it unpacks, read from the instruction being run."""
+        frame = sys._getframe(1)
+        for ins in dis.get_instructions(frame.f_code):
+            if ins.offset == frame.f_lasti:
+                if ins.opname == "UNPACK_SEQUENCE":
+                    return iter([StandIn() for _ in range(ins.arg)])
+                if ins.opname == "UNPACK_EX":
+                    return iter([StandIn() for _ in range((ins.arg & 0xFF) + (ins.arg >> 8))])
+                break
         return iter(())
 
     def __len__(self):
@@ -260,6 +271,32 @@ def _reexports(package: str, init_file: str) -> Dict[str, tuple]:
     return out
 
 
+_GUARDS: Dict[str, List[tuple]] = {}
+_CATCHES = ("ImportError", "ModuleNotFoundError", "Exception", "BaseException")
+
+
+def _guarded(frame) -> bool:
+    """Whether the import at `frame`'s line sits in a `try:` whose handlers catch ImportError
+    (or a base of it, or everything)."""
+    path, line = frame.f_code.co_filename, frame.f_lineno
+    if path not in _GUARDS:
+        spans = []
+        try:
+            with open(path, encoding="utf-8") as fh:
+                tree = ast.parse(fh.read(), path)
+        except (OSError, SyntaxError, ValueError):
+            tree = None
+        for node in ast.walk(tree) if tree is not None else ():
+            if isinstance(node, ast.Try) and node.body and any(
+                    h.type is None or any(isinstance(n, (ast.Name, ast.Attribute)) and
+                                          (getattr(n, "id", None) or getattr(n, "attr", None))
+                                          in _CATCHES for n in ast.walk(h.type))
+                    for h in node.handlers):
+                spans.append((node.body[0].lineno, node.body[-1].end_lineno))
+        _GUARDS[path] = spans
+    return any(a <= line <= b for a, b in _GUARDS[path])
+
+
 class _Loader(importlib.abc.Loader):
     def __init__(self, make):
         self.make = make
@@ -290,44 +327,60 @@ class _Finder(importlib.abc.MetaPathFinder):
                 continue
         return True
 
-    def _from_trainer(self) -> bool:
+    def _importer(self):
+        """The frame of the code whose import is being resolved (past importlib's frames)."""
+        frame = sys._getframe(2)
+        while frame is not None:
+            if not frame.f_globals.get("__name__", "").startswith("importlib"):
+                return frame
+            frame = frame.f_back
+        return None
+
+    def _from_trainer(self, frame) -> bool:
         """Whether the import being resolved was written in the trainer's own code (or in a
         stand-in): only those are stood in; an optional import inside torch or the standard
         library (`try: import dill`) must fail as it would without us."""
-        frame = sys._getframe(2)
-        while frame is not None:
-            name = frame.f_globals.get("__name__", "")
-            if not name.startswith("importlib"):
-                return name.partition(".")[0] == self.source.package
-            frame = frame.f_back
-        return False
+        return frame is not None and \
+            frame.f_globals.get("__name__", "").partition(".")[0] == self.source.package
 
     def find_spec(self, name, path=None, target=None):
         top = name.partition(".")[0]
         if top == self.source.package:
-            base = os.path.join(self.source.root, *name.split("."))
-            init = os.path.join(base, "__init__.py")
-            if os.path.isfile(init) or os.path.isdir(base) and not os.path.isfile(base + ".py"):
-                exports = _reexports(name, init)
-                if name == top:
-                    exports.setdefault("__version__", (None, self.source.package_version))
-                return importlib.util.spec_from_loader(
-                    name, _Loader(lambda n: _Package(n, base, exports)), is_package=True)
-            if os.path.isfile(base + ".py"):
-                return importlib.util.spec_from_file_location(name, base + ".py")
+            return self._own_spec(name, top)
+        if top in REAL or top in sys.stdlib_module_names:
             return None
-        if top in REAL or top in sys.stdlib_module_names or not self._from_trainer():
+        frame = self._importer()
+        if not self._from_trainer(frame):
             return None
+        missing = top not in self.stood_in and self._missing(top)
+        if (top in ALWAYS_STAND_IN or missing) and _guarded(frame):
+            # `try: import torch_npu / except ImportError:` takes its except branch, as it
+            # would where the module is not installed
+            raise ModuleNotFoundError(f"No module named {name!r} (guarded import: not stood "
+                                      f"in)", name=name)
         why = self.stood_in.get(top)
         if why is None:
             if top in ALWAYS_STAND_IN:
                 why = "GPU or cluster runtime, not used by the math"
-            elif name == top and self._missing(top):
+            elif name == top and missing:
                 why = "not installed"
             else:
                 return None
             self.stood_in[top] = why
         return importlib.util.spec_from_loader(name, _Loader(StandInModule), is_package=True)
+
+    def _own_spec(self, name, top):
+        base = os.path.join(self.source.root, *name.split("."))
+        init = os.path.join(base, "__init__.py")
+        if os.path.isfile(init) or os.path.isdir(base) and not os.path.isfile(base + ".py"):
+            exports = _reexports(name, init)
+            if name == top:
+                exports.setdefault("__version__", (None, self.source.package_version))
+            return importlib.util.spec_from_loader(
+                name, _Loader(lambda n: _Package(n, base, exports)), is_package=True)
+        if os.path.isfile(base + ".py"):
+            return importlib.util.spec_from_file_location(name, base + ".py")
+        return None
 
 
 @dataclass
@@ -354,6 +407,9 @@ class Loaded:
         self._finder = _Finder(self.source)
         sys.meta_path.insert(0, self._finder)
         for m in self.modules:
+            if not os.path.isfile(self.source.file(m)):
+                self.failed[m] = "not in this version (no such file)"
+                continue
             try:
                 with quiet_warnings():    # e.g. "vLLM version 0+stand.in is not supported"
                     self._loaded[m] = importlib.import_module(m)

@@ -19,7 +19,7 @@ import types
 import numpy as np
 import torch
 
-from .card import Known, Row, Trainer, owner_class
+from .card import Known, NotInVersion, Row, StandInSelf, Trainer, owner_class, unpacked
 
 GRPO = "trl.trainer.grpo_trainer"
 MAX_LEN = 8.0          # max_completion_length, the Dr. GRPO constant
@@ -41,22 +41,22 @@ class _Accelerator:
         return x
 
 
-def _stand_in(logp, loss_type, level="token", beta=0.0, epsilon_low=0.2, epsilon_high=0.2):
-    args = types.SimpleNamespace(use_bias_correction_kl=False, delta=None,
-                                 steps_per_generation=1, sapo_temperature_pos=1.0,
-                                 sapo_temperature_neg=1.05, vespo_k_pos=2.0,
-                                 vespo_lambda_pos=3.0, vespo_k_neg=3.0, vespo_lambda_neg=2.0)
-    me = types.SimpleNamespace(
+def _stand_in(logp, loss_type, level="token", beta=0.0, epsilon_low=0.2, epsilon_high=0.2,
+              returns=3):
+    args = StandInSelf(use_bias_correction_kl=False, delta=None, steps_per_generation=1,
+                       sapo_temperature_pos=1.0, sapo_temperature_neg=1.05, vespo_k_pos=2.0,
+                       vespo_lambda_pos=3.0, vespo_k_neg=3.0, vespo_lambda_neg=2.0)
+    me = StandInSelf(
         loss_type=loss_type, importance_sampling_level=level, beta=beta,
         epsilon_low=epsilon_low, epsilon_high=epsilon_high, args=args,
         top_entropy_quantile=1.0, off_policy_mask_threshold=None, aux_loss_enabled=False,
         use_vllm=False, vllm_importance_sampling_correction=False,
-        _entropy_bonus_enabled=False, model=types.SimpleNamespace(training=True),
+        _entropy_bonus_enabled=False, model=StandInSelf(training=True),
         current_gradient_accumulation_steps=1, max_completion_length=MAX_LEN,
         accelerator=_Accelerator(),
         _metrics=collections.defaultdict(lambda: collections.defaultdict(list)))
-    me._get_per_token_logps_and_entropies = \
-        lambda *a, **k: (logp, torch.zeros_like(logp).detach(), None)
+    given = (logp, torch.zeros_like(logp).detach(), None)[:returns]    # as many as it unpacks
+    me._get_per_token_logps_and_entropies = lambda *a, **k: given if returns > 1 else logp
     return me
 
 
@@ -76,8 +76,10 @@ def _inputs(logp, old_logp, advantages, mask, ref_logp=None, n_tokens_global=Non
 
 def _loss(loss_type, level="token", beta=0.0, **eps):
     def make(fn):
+        returns = unpacked(fn, "_get_per_token_logps_and_entropies")   # 2 before 1.7, then 3
+
         def adapter(logp, old_logp, advantages, mask, ref_logp=None, n_tokens_global=None):
-            me = _stand_in(logp, loss_type, level, beta, **eps)
+            me = _stand_in(logp, loss_type, level, beta, returns=returns, **eps)
             me.get_gamma_weights = owner_class(fn).get_gamma_weights     # a staticmethod
             return fn(me, None, _inputs(logp, old_logp, advantages, mask,
                                         ref_logp if beta else None, n_tokens_global))
@@ -86,12 +88,34 @@ def _loss(loss_type, level="token", beta=0.0, **eps):
 
 
 def _clip_metric(fn):
+    returns = unpacked(fn, "_get_per_token_logps_and_entropies")
+
     def adapter(logp, old_logp, advantages, mask):
-        me = _stand_in(logp, "dapo")
+        me = _stand_in(logp, "dapo", returns=returns)
         with torch.no_grad():
             fn(me, None, _inputs(logp, old_logp, advantages, mask))
         return me._metrics["train"]["clip_ratio/region_mean"][-1]
     return adapter
+
+
+def _fits(loss_type):
+    return lambda fn: _fits_loss(fn, loss_type)
+
+
+def _fits_loss(fn, loss_type):
+    """What this release's _compute_loss has and takes: the loss type (NOT IN THIS VERSION
+    where it never names it); releases before 0.26 multiply by advantages.unsqueeze(1), so
+    per-sequence advantages ([B]) only."""
+    import inspect
+    source = inspect.getsource(inspect.unwrap(fn))
+    if f'"{loss_type}"' not in source and f"'{loss_type}'" not in source:
+        raise NotInVersion(f"_compute_loss has no loss_type {loss_type!r} in this version")
+    if "advantages.dim() == 1" not in source:
+        return dict(domain=("per_sequence_advantages",),
+                    choice="this release takes per-sequence advantages only (it multiplies by "
+                           "advantages.unsqueeze(1)): cases with per-token advantages are "
+                           "outside its domain")
+    return {}
 
 
 _STAND_IN = ("called unbound with a stand-in self: _get_per_token_logps_and_entropies returns "
@@ -136,7 +160,7 @@ def _vllm_is(mode):
     train-engine log-probs as old_per_token_logps and the sampler's as sampling_per_token_logps."""
     def make(block):
         def adapter(logp, rollout_logp, mask):
-            me = types.SimpleNamespace(vllm_importance_sampling_mode=mode,
+            me = StandInSelf(vllm_importance_sampling_mode=mode,
                                        vllm_importance_sampling_clip_min=None,
                                        vllm_importance_sampling_clip_max=CLIP_MAX)
             ratio = block(old_per_token_logps=logp, sampling_per_token_logps=rollout_logp,
@@ -147,47 +171,49 @@ def _vllm_is(mode):
 
 ROWS = (
     Row(ROW, "policy_objective", _loss("dapo"), label="dapo", choices=_STAND_IN + _GLOBAL,
-        conventions=dict(loss="ppo", beta=0.0, clip_high=0.2), params=_PARAMS,
+        conventions=dict(loss="ppo", beta=0.0, clip_high=0.2), params=_PARAMS, fits=_fits("dapo"),
         known=(_PADDING,)),
     Row(ROW, "policy_objective", _loss("dapo", beta=0.04), label="dapo, β = 0.04",
         choices=_STAND_IN + _GLOBAL + ("beta = 0.04: the k3 term added to the per-token loss",),
-        conventions=dict(loss="ppo", beta=0.04, clip_high=0.2), params=_PARAMS,
+        conventions=dict(loss="ppo", beta=0.04, clip_high=0.2), params=_PARAMS, fits=_fits("dapo"),
         known=(_PADDING,)),
     Row(ROW, "policy_objective", _loss("grpo"), label="grpo", choices=_STAND_IN,
         conventions=dict(loss="ppo", beta=0.0, clip_high=0.2, agg="seq-mean-token-mean",
                          empty_rows="include"),
-        audit=dict(accumulation="mean"), params=_PARAMS, known=(_PADDING,)),
+        audit=dict(accumulation="mean"), params=_PARAMS, fits=_fits("grpo"), known=(_PADDING,)),
     Row(ROW, "policy_objective", _loss("bnpo"), label="bnpo", choices=_STAND_IN,
         conventions=dict(loss="ppo", beta=0.0, clip_high=0.2, agg="token-mean"),
-        audit=dict(accumulation="mean"), params=_PARAMS, known=(_PADDING, _LOCAL)),
+        audit=dict(accumulation="mean"),
+        params=_PARAMS, fits=_fits("bnpo"), known=(_PADDING, _LOCAL)),
     Row(ROW, "policy_objective", _loss("dr_grpo"), label="dr_grpo",
         choices=_STAND_IN + (f"max_completion_length = {MAX_LEN:g}",),
         conventions=dict(loss="ppo", beta=0.0, clip_high=0.2, agg="seq-mean-token-sum",
                          norm=MAX_LEN, empty_rows="include"),
-        audit=dict(accumulation="mean"), params=_PARAMS, known=(_PADDING,)),
+        audit=dict(accumulation="mean"), params=_PARAMS, fits=_fits("dr_grpo"), known=(_PADDING,)),
     Row(ROW, "policy_objective", _loss("luspo"), label="luspo", choices=_STAND_IN,
         conventions=dict(loss="ppo", beta=0.0, clip_high=0.2, agg="seq-mean-token-sum",
                          empty_rows="include"),
-        audit=dict(accumulation="mean"), params=_PARAMS, known=(_PADDING,)),
+        audit=dict(accumulation="mean"), params=_PARAMS, fits=_fits("luspo"), known=(_PADDING,)),
     Row(ROW, "policy_objective", _loss("cispo", epsilon_high=5.0), label="cispo",
         choices=_STAND_IN + _GLOBAL + ("epsilon_high = 5.0",),
-        conventions=dict(loss="cispo", beta=0.0), params=_PARAMS),
+        conventions=dict(loss="cispo", beta=0.0), params=_PARAMS, fits=_fits("cispo")),
     Row(ROW, "policy_objective", _loss("grpo", level="sequence", epsilon_low=3e-4,
                                        epsilon_high=4e-4), label="gspo",
         choices=_STAND_IN + ("importance_sampling_level = 'sequence', loss_type 'grpo', "
                              "epsilon 3e-4 / 4e-4, as TRL documents GSPO",),
         conventions=dict(loss="gspo", beta=0.0), audit=dict(accumulation="mean"),
-        params=_PARAMS),
+        params=_PARAMS, fits=_fits("grpo")),
     Row(ROW, "policy_objective", _loss("sapo"), label="sapo",
         choices=_STAND_IN + ("sapo_temperature_pos 1.0, sapo_temperature_neg 1.05 (GRPOConfig's "
                              "defaults)",),
         conventions=dict(loss="sapo", beta=0.0, agg="seq-mean-token-mean", empty_rows="include"),
-        audit=dict(accumulation="mean"), params=_PARAMS, known=(_FLOAT32_TAU,)),
+        audit=dict(accumulation="mean"),
+        params=_PARAMS, fits=_fits("sapo"), known=(_FLOAT32_TAU,)),
     Row(ROW, "policy_objective", _loss("vespo"), label="vespo",
         choices=_STAND_IN + _GLOBAL + ("vespo_k_pos 2.0, vespo_lambda_pos 3.0, vespo_k_neg "
                                        "3.0, vespo_lambda_neg 2.0 (GRPOConfig's defaults); no "
                                        "importance_sampling_ratio (no vLLM)",),
-        conventions=dict(loss="vespo", beta=0.0), params=_PARAMS),
+        conventions=dict(loss="vespo", beta=0.0), params=_PARAMS, fits=_fits("vespo")),
     *(Row(GENERATE, "rollout_is_weights", _vllm_is(mode), label=mode,
           block=("per_token_logps_diff", "vllm_importance_sampling_ratio",
                  ("vllm_importance_sampling_ratio",), True),
@@ -207,10 +233,11 @@ ROWS = (
                              "sapo_temperature_neg 1.05 (GRPOConfig's defaults)"),
         conventions=dict(loss="sapo", level="sequence", beta=0.0, agg="seq-mean-token-mean",
                          empty_rows="include"),
-        audit=dict(accumulation="mean"), params=_PARAMS, known=(_FLOAT32_TAU,)),
+        audit=dict(accumulation="mean"),
+        params=_PARAMS, fits=_fits("sapo"), known=(_FLOAT32_TAU,)),
     Row(ROW, "clip_fraction", _clip_metric, label="clip_ratio/region_mean",
         choices=_STAND_IN + ("the clip_ratio/region_mean metric it logs (loss_type 'dapo')",),
-        params=_PARAMS),
+        params=_PARAMS, fits=_fits("dapo")),
 )
 
 TRAINER = Trainer(

@@ -341,6 +341,23 @@ def _kl(kind):
     return make
 
 
+def _agg_as_coded(fn):
+    """The aggregation a policy loss applies: the loss_agg_mode it hard-codes in its agg_loss
+    call where it does (GSPO until 0.9.0, SAPO: 'we need to aggregate the loss at the sequence
+    level'), else the adapter's token-mean."""
+    import ast
+    import textwrap
+    tree = ast.parse(textwrap.dedent(inspect.getsource(inspect.unwrap(fn))))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "agg_loss":
+            for kw in node.keywords:
+                if kw.arg == "loss_agg_mode" and isinstance(kw.value, ast.Constant):
+                    return dict(conventions=dict(agg=kw.value.value),
+                                choice=f"it hard-codes loss_agg_mode={kw.value.value!r} in its "
+                                       f"agg_loss call, whatever loss_agg_mode says: judged so")
+    return dict(conventions=dict(agg="token-mean"))
+
+
 def _clamped_log_ratio(data):
     """ppo_kl as verl logs it: from log-ratios clamped to ±20 (old_logp moved to match)."""
     x = np.clip(data["logp"] - data["old_logp"], -20.0, 20.0)
@@ -447,12 +464,11 @@ ROWS = (
         choices=_POLICY, conventions=dict(loss="cispo", beta=0.0),
         params=("old_log_prob", "log_prob", "advantages", "response_mask", "config")),
     Row(f"{CA}:compute_policy_loss_gspo", "policy_objective", _policy, label="gspo",
-        choices=_POLICY, conventions=dict(loss="gspo", beta=0.0),
+        choices=_POLICY, conventions=dict(loss="gspo", beta=0.0), fits=_agg_as_coded,
         params=("old_log_prob", "log_prob", "advantages", "response_mask", "config")),
     Row(f"{CA}:compute_policy_loss_sapo", "policy_objective", _policy, label="sapo",
-        choices=_POLICY + ("tau_pos 1.0, tau_neg 1.05 (ActorConfig's defaults); it aggregates "
-                           "seq-mean-token-mean whatever loss_agg_mode says",),
-        conventions=dict(loss="sapo", beta=0.0, agg="seq-mean-token-mean"),
+        choices=_POLICY + ("tau_pos 1.0, tau_neg 1.05 (ActorConfig's defaults)",),
+        conventions=dict(loss="sapo", beta=0.0), fits=_agg_as_coded,
         params=("old_log_prob", "log_prob", "advantages", "response_mask", "config")),
 ) + tuple(
     Row(f"{CA}:agg_loss", "aggregate", _agg(mode), label=mode,

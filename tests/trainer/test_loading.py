@@ -105,3 +105,48 @@ def test_stand_ins_are_inert():
         return 1
     assert cls(f) is f and cls()(f) is f and mod.deep.er(f) is f
     assert cls[int] is cls and cls + [1] == [1]
+
+
+def test_a_guarded_import_takes_its_except_branch_and_unpacked_stand_ins_give_tuples(tmp_path):
+    _write(tmp_path, {
+        "oldtrainer/__init__.py": "",
+        "oldtrainer/algos.py": """
+            try:
+                import torch_npu_missing_xyz                  # guarded: not stood in
+                HAS_NPU = True
+            except ImportError:
+                HAS_NPU = False
+            try:
+                import vllm                                   # a GPU runtime, guarded
+                HAS_VLLM = True
+            except Exception:
+                HAS_VLLM = False
+            from missing_transformers_xyz.utils import is_available
+
+            OK, VERSION = is_available("vllm", return_version=True)
+            FIRST, *REST = is_available("x")
+
+            def mean(x):
+                return sum(x) / len(x)
+            """,
+    })
+    source = loading.locate("oldtrainer", "oldtrainer", str(tmp_path))
+    with loading.Loaded(source, ["oldtrainer.algos"]) as loaded:
+        assert loaded.failed == {}, loaded.failed
+        algos = loaded.module("oldtrainer.algos")
+        assert algos.HAS_NPU is False and algos.HAS_VLLM is False
+        assert not algos.OK and isinstance(algos.VERSION, loading.StandIn)
+        assert list(algos.REST) == [] and algos.mean([1.0, 3.0]) == 2.0
+        assert "torch_npu_missing_xyz" not in loaded.stood_in
+        assert "missing_transformers_xyz" in loaded.stood_in
+
+
+def test_a_release_lacking_one_module_loads_the_others(tmp_path):
+    _write(tmp_path, {"partial/__init__.py": "", "partial/a.py": "X = 1\n"})
+    source = loading.locate("partial", "partial", str(tmp_path),
+                            needs=("partial.a", "partial.b"))
+    with loading.Loaded(source, ["partial.a", "partial.b"]) as loaded:
+        assert loaded.module("partial.a").X == 1
+        assert "not in this version" in loaded.failed["partial.b"]
+    with pytest.raises(loading.TrainerNotFound):
+        loading.locate("partial", "partial", str(tmp_path), needs=("partial.c",))
