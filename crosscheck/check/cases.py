@@ -125,6 +125,19 @@ def _offset(i):
     return i >= DEFAULT_CASES and i % 6 == 1
 
 
+def _near_degenerate(i):
+    """From case DEFAULT_CASES on, a sixth of the group cases are near-degenerate at ordinary
+    scale: rewards 0 or 1 plus σ·N(0, 1), σ from 1e-4 to 1e-2, where σ meets the trainers'
+    ε (1e-6, 1e-4) and float32 group statistics lose digits."""
+    return i >= DEFAULT_CASES and i % 6 == 2
+
+
+def _large_sequence_ratio(i):
+    """From case DEFAULT_CASES on, a quarter of the sequence-level cases (GSPO, GMPO) shift
+    each row's log-ratios by ±10..30: sequence ratios far past any clip or cap."""
+    return i >= DEFAULT_CASES and i % 4 == 3
+
+
 def _empty_micro_batch(i, B):
     """From case DEFAULT_CASES on, a fifth of the token cases mask their first half of rows
     entirely, so that the audit's first micro-batch holds no valid token."""
@@ -255,6 +268,11 @@ def group_advantages_case(rng, i):
         label += ", an all-equal group"
     if _offset(i):                                 # every reward, the singleton's included
         arrays["rewards"] = 1000.0 + 0.1 * arrays["rewards"]
+    elif _near_degenerate(i):
+        centre, spread = _cycle(i // 6, [0.0, 1.0]), _cycle(i // 12, [1e-3, 1e-4, 1e-2])
+        arrays["rewards"] = centre + spread * arrays["rewards"]
+        label += f", near-degenerate groups: {centre:g} + {spread:g}·N(0, 1)"
+        stages = ("value", "vjp")                  # σ below the finite-difference stencil
     return Case(label, arrays, params, stages=stages)
 
 
@@ -396,7 +414,13 @@ def gmpo_loss_case(rng, i):
     lo = _cycle(i, [0.2, 0.4, 0.1])
     hi = _cycle(i // 3, [None, 0.3])
     params = dict(clip_low=lo, clip_high=hi, eps=_cycle(i // 2, [0.0, 1e-8]))
-    return _token_case(rng, i, params, [-lo, lo if hi is None else hi])
+    case = _token_case(rng, i, params, [-lo, lo if hi is None else hi])
+    if _large_sequence_ratio(i):                   # every token of a row clipped one way
+        B = case.arrays["logp"].shape[0]
+        shift = rng.choice([-1.0, 1.0], size=(B, 1)) * rng.uniform(10.0, 30.0, size=(B, 1))
+        case.arrays["old_logp"] = case.arrays["old_logp"] - shift
+        case = Case(case.label + ", sequence log-ratios ±10..30", case.arrays, case.params)
+    return case
 
 
 def kl_cov_loss_case(rng, i):
@@ -674,6 +698,9 @@ def gspo_loss_case(rng, i):
     # spread the token log-ratios around it with exactly that mean over the valid tokens
     rho_bar = away(rng.normal(0.0, 0.3, size=(B, 1)),
                     [math.log(1 - clip_low), math.log(1 + clip_high)])
+    large = _large_sequence_ratio(i)
+    if large:
+        rho_bar = rng.choice([-1.0, 1.0], size=(B, 1)) * rng.uniform(10.0, 30.0, size=(B, 1))
     noise = rng.normal(0.0, 0.4, size=(B, T))
     L = np.maximum(m.sum(axis=1, keepdims=True), 1)
     noise -= np.where(m, noise, 0.0).sum(axis=1, keepdims=True) / L
@@ -683,7 +710,8 @@ def gspo_loss_case(rng, i):
     arrays = dict(logp=_garbage(logp, m, rng), old_logp=_garbage(old, m, rng),
                   advantages=_advantages(rng, B, T, i, m), mask=m)
     return Case(f"{kind} mask, " + ", ".join(f"{k}={v}" for k, v in params.items()) +
-                _advantages_label(arrays, i), arrays, params)
+                _advantages_label(arrays, i) +
+                (", sequence log-ratios ±10..30" if large else ""), arrays, params)
 
 
 def discounted_returns_case(rng, i):

@@ -686,7 +686,7 @@ def run(trainer: Trainer, path: Optional[str] = None, cases: int = CASES, seed: 
     source = loading.locate(trainer.package, trainer.dist, path, trainer.version_of,
                             needs=trainer.modules + tuple(
                                 sorted({r.module for r in trainer.rows if r.block})))
-    rows = [r for r in trainer.rows if only is None or r.qualname in only]
+    rows = [r for r in trainer.rows if only is None or r.qualname in only or r.name in only]
     with loading.Loaded(source, trainer.modules) as loaded, loading.quiet_warnings():
         results = []
         for i, row in enumerate(rows):

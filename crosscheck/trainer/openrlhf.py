@@ -78,13 +78,15 @@ _GROUPED = ("RemoteExperienceMaker.compute_advantages_and_returns called with a 
 
 # ---- losses ---------------------------------------------------------------------------------
 
-def _policy(kind, output=0):
+def _policy(kind, output=0, **keywords):
+    keywords = dict(dict(clip_eps_low=0.2, clip_eps_high=0.2), **keywords)
+
     def make(forward):
         cls = owner_class(forward)
 
         def adapter(logp, old_logp, advantages, mask, n_tokens_global=None,
                     n_sequences_global=None):
-            loss = cls(clip_eps_low=0.2, clip_eps_high=0.2, policy_loss_type=kind)
+            loss = cls(policy_loss_type=kind, **keywords)
             out = loss(logp, old_logp, per_sequence(advantages, logp),
                        action_mask=mask.to(logp.dtype), batch_num_tokens=n_tokens_global,
                        global_batch_size=n_sequences_global)
@@ -276,6 +278,12 @@ ROWS = (
         params=("values", "old_values", "returns", "action_mask")),
     Row(f"{LOSS}:PolicyLoss.forward", "policy_objective", _policy("ppo"), label="ppo",
         choices=_LOSS, conventions=dict(loss="ppo", beta=0.0), params=_FORWARD),
+    Row(f"{LOSS}:PolicyLoss.forward", "policy_objective",
+        _policy("ppo", clip_eps_high=0.28, dual_clip=3.0), label="ppo, 0.2/0.28, dual clip 3",
+        choices=_LOSS + ("clip_eps_high 0.28 (clip-higher) and dual_clip 3.0: the bounds apart "
+                         "and the dual-clip branch run",),
+        conventions=dict(loss="ppo", beta=0.0, clip_low=0.2, clip_high=0.28, clip_c=3.0),
+        params=_FORWARD),
     Row(f"{LOSS}:PolicyLoss.forward", "policy_objective", _policy("gspo"), label="gspo",
         choices=_LOSS + ("policy_loss_type='gspo' forces token_level_loss=False (a "
                          "per-sequence mean)",),

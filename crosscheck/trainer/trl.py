@@ -177,6 +177,11 @@ ROWS = (
         choices=_STAND_IN + _GLOBAL + ("beta = 0.04: the k3 term added to the per-token loss",),
         conventions=dict(loss="ppo", beta=0.04, clip_high=0.2), params=_PARAMS, fits=_fits("dapo"),
         known=(_PADDING,)),
+    Row(ROW, "policy_objective", _loss("dapo", epsilon_high=0.28), label="dapo, ε 0.2/0.28",
+        choices=_STAND_IN + _GLOBAL + ("epsilon 0.2, epsilon_high 0.28 (DAPO's clip-higher): "
+                                       "the two bounds apart, so a swap shows",),
+        conventions=dict(loss="ppo", beta=0.0, clip_low=0.2, clip_high=0.28), params=_PARAMS,
+        fits=_fits("dapo"), known=(_PADDING,)),
     Row(ROW, "policy_objective", _loss("grpo"), label="grpo", choices=_STAND_IN,
         conventions=dict(loss="ppo", beta=0.0, clip_high=0.2, agg="seq-mean-token-mean",
                          empty_rows="include"),

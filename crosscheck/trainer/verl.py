@@ -83,14 +83,15 @@ def _actor_config(cls, n_tokens_global=None, n_sequences_global=None, **fields):
     info = {} if n_tokens_global is None else {"batch_num_tokens": n_tokens_global, "dp_size": 1}
     if n_sequences_global is not None:
         info.update(global_batch_size=n_sequences_global, dp_size=1)
-    values = dict(clip_ratio=0.2, clip_ratio_low=None, clip_ratio_high=None, clip_ratio_c=3.0,
-                  tau_pos=1.0, tau_neg=1.05, global_batch_info=info, **fields)
+    values = dict(dict(clip_ratio=0.2, clip_ratio_low=None, clip_ratio_high=None,
+                       clip_ratio_c=3.0, tau_pos=1.0, tau_neg=1.05, global_batch_info=info),
+                  **fields)
     for k, v in values.items():
         object.__setattr__(cfg, k, v)
     return cfg
 
 
-def _policy(fn, output=None):
+def _policy(fn, output=None, **fields):
     config_class = inspect.unwrap(fn).__globals__["ActorConfig"]
 
     def adapter(logp, old_logp, advantages, mask, n_tokens_global=None,
@@ -99,7 +100,7 @@ def _policy(fn, output=None):
                            advantages=per_sequence(advantages, logp),
                            response_mask=mask.bool(), loss_agg_mode="token-mean",
                            config=_actor_config(config_class, n_tokens_global,
-                                                n_sequences_global))
+                                                n_sequences_global, **fields))
         return loss if output is None else metrics[output]
     return adapter
 
@@ -443,6 +444,14 @@ ROWS = (
         choices=("mask as a float tensor",), params=("values", "mask")),
     Row(f"{CA}:compute_policy_loss_vanilla", "policy_objective", _policy, label="ppo",
         choices=_POLICY, conventions=dict(loss="ppo", beta=0.0),
+        params=("old_log_prob", "log_prob", "advantages", "response_mask", "loss_agg_mode",
+                "config")),
+    Row(f"{CA}:compute_policy_loss_vanilla", "policy_objective",
+        lambda fn: _policy(fn, clip_ratio_low=0.2, clip_ratio_high=0.28),
+        label="ppo, clip-higher 0.2/0.28",
+        choices=_POLICY + ("clip_ratio_low 0.2, clip_ratio_high 0.28 (DAPO's clip-higher): "
+                           "the two bounds apart, so a swap shows",),
+        conventions=dict(loss="ppo", beta=0.0, clip_low=0.2, clip_high=0.28),
         params=("old_log_prob", "log_prob", "advantages", "response_mask", "loss_agg_mode",
                 "config")),
     Row(f"{CA}:compute_policy_loss", "policy_objective", lambda fn: _deprecated(fn),
