@@ -1,0 +1,185 @@
+"""Planted bugs in the pinned trainers' own code: one-token or one-operator text patches, applied
+to copies made in a temporary directory at test time (never committed). Each is caught at its
+row by a new, unexplained deviation, also where it fails the same check as a known deviation
+(the known entry's variant does not reproduce it), and the unpatched copies raise no alarm."""
+import importlib.util
+import os
+import shutil
+
+import pytest
+
+from crosscheck import trainer as trainers
+from crosscheck.trainer import card
+
+CASES = 24
+TRL = "trl/trainer/grpo_trainer.py"
+CORE = "verl/trainer/ppo/core_algos.py"
+TORCH_F = "verl/utils/torch_functional.py"
+EM = "openrlhf/trainer/ppo_utils/experience_maker.py"
+LOSS = "openrlhf/models/loss.py"
+UTILS = "openrlhf/models/utils.py"
+
+# (trainer, file, text, replacement, which occurrence, the row that must catch it)
+PATCHES = [
+    # TRL 1.16.0
+    ("trl", TRL, "self.args.sapo_temperature_pos, self.args.sapo_temperature_neg)",
+     "self.args.sapo_temperature_neg, self.args.sapo_temperature_pos)", 0,
+     "GRPOTrainer._compute_loss [sapo, sequence]"),        # where a precision note is known
+    ("trl", TRL, "* 4 / temperatures", "* 2 / temperatures", 0, "GRPOTrainer._compute_loss [sapo]"),
+    ("trl", TRL, "torch.clamp(coef_1, 1 - self.epsilon_low, 1 + self.epsilon_high)",
+     "torch.clamp(coef_1, 1 - self.epsilon_high, 1 + self.epsilon_low)", 0,
+     "GRPOTrainer._compute_loss [dapo, ε 0.2/0.28]"),
+    ("trl", TRL, "per_token_loss = -torch.min(per_token_loss1, per_token_loss2)",
+     "per_token_loss = -torch.max(per_token_loss1, per_token_loss2)", 0,
+     "GRPOTrainer._compute_loss [dapo]"),
+    ("trl", TRL, "clamped_ratios = torch.clamp(coef_1, max=self.epsilon_high).detach()",
+     "clamped_ratios = torch.clamp(coef_1, max=self.epsilon_high)", 0,
+     "GRPOTrainer._compute_loss [cispo]"),
+    ("trl", TRL, "loss = ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()",
+     "loss = ((per_token_loss * mask).sum(-1) / mask.sum().clamp(min=1.0)).mean()", 0,
+     "GRPOTrainer._compute_loss [grpo]"),
+    ("trl", TRL, "loss = (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)",
+     "loss = (per_token_loss * mask).sum() / mask.size(0)", 0,
+     "GRPOTrainer._compute_loss [bnpo]"),                  # where a documented choice is known
+    ("trl", TRL, "(per_token_loss.size(0) * self.max_completion_length)",
+     "(per_token_loss.size(1) * self.max_completion_length)", 0,
+     "GRPOTrainer._compute_loss [dr_grpo]"),
+    ("trl", TRL, "log_importance_weights = (log_ratio * mask).sum(-1) / mask.sum(-1)",
+     "log_importance_weights = (log_ratio * mask).sum(-1) * mask.sum(-1)", 0,
+     "GRPOTrainer._compute_loss [gspo]"),
+    ("trl", TRL, "- (ref_per_token_logps - per_token_logps) - 1",
+     "+ (ref_per_token_logps - per_token_logps) - 1", 0,
+     "GRPOTrainer._compute_loss [dapo, β = 0.04]"),
+    ("trl", TRL, "per_token_loss = per_token_loss + self.beta * per_token_kl",
+     "per_token_loss = per_token_loss - self.beta * per_token_kl", 0,
+     "GRPOTrainer._compute_loss [dapo, β = 0.04]"),
+    ("trl", TRL, "per_token_loss = -phi_seq * advantages * per_token_logps",
+     "per_token_loss = phi_seq * advantages * per_token_logps", 0,
+     "GRPOTrainer._compute_loss [vespo]"),
+    ("trl", TRL, "loss = (per_token_loss * mask).sum(-1).mean()",
+     "loss = (per_token_loss * mask).sum(-1).sum()", 0, "GRPOTrainer._compute_loss [luspo]"),
+    ("trl", TRL, "loss = (per_token_loss * mask).sum() / normalizer",
+     "loss = (per_token_loss * mask).mean() / normalizer", 0, "GRPOTrainer._compute_loss [dapo]"),
+    ("trl", TRL, "per_token_logps_diff.sum(dim=-1, keepdim=True)",
+     "per_token_logps_diff.mean(dim=-1, keepdim=True)", 0,
+     "GRPOTrainer._generate_and_score_completions [sequence_truncate]"),
+    ("trl", TRL, "invalid_mis_mask, value=0.0", "invalid_mis_mask, value=1.0", 0,
+     "GRPOTrainer._generate_and_score_completions [token_mask]"),
+    ("trl", TRL, "(old_per_token_logps - sampling_per_token_logps) * mask",
+     "(sampling_per_token_logps - old_per_token_logps) * mask", 0,
+     "GRPOTrainer._generate_and_score_completions [token_truncate]"),
+    # verl 0.9.1
+    ("verl", CORE, "lastgaelam_ = delta + gamma * lam * lastgaelam",
+     "lastgaelam_ = delta + gamma * lastgaelam", 0, "compute_gae_advantage_return"),
+    ("verl", CORE, "scores[i] * response_num / (response_num - 1)",
+     "scores[i] * response_num / (response_num + 1)", 0, "compute_rloo_outcome_advantage"),
+    ("verl", CORE, "ratio, 1 - cliprange_low, 1 + cliprange_high",
+     "ratio, 1 - cliprange_high, 1 + cliprange_low", 1,
+     "compute_policy_loss_vanilla [ppo, clip-higher 0.2/0.28]"),
+    ("verl", CORE, "clip_pg_losses2 = torch.min(pg_losses3, clip_pg_losses1)",
+     "clip_pg_losses2 = torch.max(pg_losses3, clip_pg_losses1)", 1,
+     "compute_policy_loss_vanilla [ppo]"),
+    ("verl", CORE, "ppo_kl = verl_F.masked_mean(-negative_approx_kl, response_mask)",
+     "ppo_kl = verl_F.masked_mean(negative_approx_kl, response_mask)", 1,
+     "compute_policy_loss_vanilla [ppo_kl]"),               # where a documented choice is known
+    ("verl", CORE, "/ (seq_mask + 1e-8)  # token-mean", "/ (seq_mask + 1.0)  # token-mean", 0,
+     "agg_loss [seq-mean-token-mean]"),
+    ("verl", CORE, "loss /= loss_scale_factor", "loss *= loss_scale_factor", 0,
+     "agg_loss [seq-mean-token-sum-norm]"),
+    ("verl", CORE, "return 0.5 * (logprob - ref_logprob).square()",
+     "return (logprob - ref_logprob).square()", 0, "kl_penalty [k2]"),
+    ("verl", CORE, "kld = (ratio - kl - 1).contiguous()", "kld = (ratio + kl - 1).contiguous()", 0,
+     "kl_penalty [low_var_kl]"),
+    ("verl", CORE, "vf_losses2 = (vpredclipped - returns) ** 2", "vf_losses2 = (vpreds - returns) ** 2",
+     0, "compute_value_loss"),
+    ("verl", TORCH_F, "torch.rsqrt(var + 1e-8)", "torch.rsqrt(var + 1e-2)", 0, "masked_whiten"),
+    ("verl", TORCH_F, "torch.logsumexp(logits, dim=-1) - torch.sum(pd * logits, dim=-1)",
+     "torch.logsumexp(logits, dim=-1) + torch.sum(pd * logits, dim=-1)", 0,
+     "compute_entropy_loss"),
+    # OpenRLHF 0.11.2
+    ("openrlhf", EM, "lastgaelam = delta + gamma * lambd * lastgaelam",
+     "lastgaelam = delta + gamma * lastgaelam", 0,
+     "RemoteExperienceMaker.get_advantages_and_returns"),  # where a known defect is at value
+    ("openrlhf", EM, "(rewards.std(-1, keepdim=True) + 1e-9)", "(rewards.std(-1, keepdim=True) + 1e-3)",
+     0, "RemoteExperienceMaker.compute_advantages_and_returns [group_norm]"),
+    ("openrlhf", EM, "/ (args.rollout.n_samples_per_prompt - 1)",
+     "/ (args.rollout.n_samples_per_prompt + 1)", 0,
+     "RemoteExperienceMaker.compute_advantages_and_returns [rloo]"),
+    ("openrlhf", LOSS, "ratio.clamp(1 - self.clip_eps_low, 1 + self.clip_eps_high)",
+     "ratio.clamp(1 - self.clip_eps_high, 1 + self.clip_eps_low)", 0,
+     "PolicyLoss.forward [ppo, 0.2/0.28, dual clip 3]"),
+    ("openrlhf", LOSS, "clip2 = torch.max(clip1, self.dual_clip * advantages)",
+     "clip2 = torch.min(clip1, self.dual_clip * advantages)", 0,
+     "PolicyLoss.forward [ppo, 0.2/0.28, dual clip 3]"),
+    ("openrlhf", LOSS, "return 0.5 * loss", "return loss", 0, "ValueLoss.forward"),
+    ("openrlhf", UTILS, "value = log_ratio**2 / 2.0", "value = log_ratio**2 / 4.0", 0,
+     "compute_approx_kl [k2]"),
+    ("openrlhf", UTILS, "value = (-k3_log_ratio).exp() - 1 + k3_log_ratio",
+     "value = (k3_log_ratio).exp() - 1 + k3_log_ratio", 0, "compute_approx_kl [k3]"),
+]
+NAMES = sorted({t for t, *_ in PATCHES})
+
+
+def _installed_at_pin(name):
+    from importlib import metadata
+    if importlib.util.find_spec(name) is None:
+        return False
+    return metadata.version(name) == trainers.get(name).pinned
+
+
+@pytest.fixture(scope="module")
+def copies(tmp_path_factory):
+    """A copy of each pinned trainer's installed package, made once for the module."""
+    out = {}
+    for name in NAMES:
+        if not _installed_at_pin(name):
+            continue
+        root = tmp_path_factory.mktemp(name)
+        src = os.path.dirname(importlib.util.find_spec(name).origin)
+        shutil.copytree(src, root / name, ignore=shutil.ignore_patterns("__pycache__"))
+        out[name] = root
+    return out
+
+
+def _patched(text, old, new, nth):
+    at = -1
+    for _ in range(nth + 1):
+        at = text.find(old, at + 1)
+        assert at >= 0, f"the pinned code no longer holds {old!r} (occurrence {nth})"
+    return text[:at] + new + text[at + len(old):]
+
+
+def test_there_are_at_least_thirty_planted_bugs_across_the_pinned_trainers():
+    assert len(PATCHES) >= 30 and set(NAMES) == {"verl", "trl", "openrlhf"}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_unpatched_copy_raises_no_alarm_at_any_patched_row(name, copies):
+    if name not in copies:
+        pytest.skip(f"{name} is not installed at its pinned version (.ci/run installs it)")
+    rows = sorted({row for t, *_, row in PATCHES if t == name})
+    c = card.run(trainers.get(name), path=str(copies[name]), cases=CASES, only=rows)
+    assert sorted(r.row.name for r in c.rows) == rows
+    for r in c.rows:
+        assert r.verdict in ("CONFORMS", "KNOWN DEVIATION"), (r.row.name, r.verdict, r.reason)
+    assert c.exit_code == 0
+
+
+@pytest.mark.parametrize("name, rel, old, new, nth, row", PATCHES,
+                         ids=[f"{p[0]}:{p[5]}:{p[2][:30]}" for p in PATCHES])
+def test_a_planted_bug_is_caught_at_its_row_as_a_new_deviation(name, rel, old, new, nth, row,
+                                                                copies):
+    if name not in copies:
+        pytest.skip(f"{name} is not installed at its pinned version (.ci/run installs it)")
+    path = copies[name] / rel
+    original = path.read_text(encoding="utf-8")
+    path.write_text(_patched(original, old, new, nth), encoding="utf-8")
+    try:
+        c = card.run(trainers.get(name), path=str(copies[name]), cases=CASES, only=[row])
+    finally:
+        path.write_text(original, encoding="utf-8")
+    (r,) = c.rows
+    new_ones = [f for f in r.findings if f["grade"] == "deviation" and not f["known"]]
+    assert r.verdict == "DOES NOT CONFORM" and new_ones, (r.verdict, r.reason, r.findings)
+    assert all(f["kind"] == "new" for f in new_ones)
+    assert c.exit_code == 1
