@@ -190,7 +190,7 @@ def into_domain(rule, case):
 
 def audit(fn, ref, *, backend="torch", profile=None, cases=200, seed=0, rtol=None, atol=None,
           precision=None, rename=None, accumulation=None, kl_use=None, timeout=TIMEOUT,
-          domain=None, variant=None, **conventions) -> AuditReport:
+          domain=None, variant=None, padding_checks=True, **conventions) -> AuditReport:
     """Audit `fn` (a thin adapter around a trainer's function) against reference `ref`.
 
     Args:
@@ -219,6 +219,9 @@ def audit(fn, ref, *, backend="torch", profile=None, cases=200, seed=0, rtol=Non
         "right_padded", "per_sequence_advantages", "groups_of_two", "per_sequence_scores"
         (crosscheck.audit.profiles DOMAINS); cases outside it are moved into it or skipped, and
         the report says so.
+      padding_checks: False where the function never sees padding (an adapter that passes
+        valid tokens only, one at a time): the mask and garbage checks would test the adapter,
+        not the function, and are not run (the report says so).
       variant: a documented variant of the reference, with which a report card tests whether
         a trainer's known convention reproduces a failure: {"inputs": a function of the data
         dict returning the data the reference is given, "microbatch": "local" (each
@@ -243,6 +246,12 @@ def audit(fn, ref, *, backend="torch", profile=None, cases=200, seed=0, rtol=Non
             raise AuditUsageError(f"variant is {variant!r}; expected a dict with 'inputs' (a "
                                   f"function of the data) and/or 'microbatch': 'local'")
         aud.variant = dict(variant)
+    if not isinstance(padding_checks, bool):
+        raise AuditUsageError(f"padding_checks is {padding_checks!r}; expected True or False")
+    aud.padding_checks = padding_checks
+    if not padding_checks:
+        notes.append("padding: the mask and garbage checks are not run (declared: your "
+                     "function is given valid tokens only)")
     rule = _with_domain(rule, domain)
     try:
         report = _run_audit(aud, profile, rule, cases, seed)

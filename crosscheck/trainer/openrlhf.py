@@ -272,6 +272,7 @@ ROWS = (
                   "rollout_log_probs", "batch_num_tokens"))
       for level, mode in (("token", "mask"), ("seq", "mask"), ("token", "clip"))),
     Row(f"{LOSS}:ValueLoss.forward", "value_loss", _value,
+        audit=dict(padding_checks=False),
         choices=("ValueLoss(clip_eps=0.5) evaluated one valid token at a time (a [1, 1] batch, "
                  "where aggregate_loss is the identity), the losses assembled into [B, T]; its "
                  "aggregation is aggregate_loss's rows",),

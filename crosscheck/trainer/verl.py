@@ -359,6 +359,10 @@ def _agg_as_coded(fn):
     return dict(conventions=dict(agg="token-mean"))
 
 
+# an adapter that evaluates one valid token at a time: padding never reaches the function
+_VALID_ONLY = dict(padding_checks=False)
+
+
 def _clamped_log_ratio(data):
     """ppo_kl as verl logs it: from log-ratios clamped to ±20 (old_logp moved to match)."""
     x = np.clip(data["logp"] - data["old_logp"], -20.0, 20.0)
@@ -436,6 +440,7 @@ ROWS = (
                  "masked_whiten, whose row is below)", "an AlgoConfig-like object with gamma 1.0"),
         conventions=dict(gamma=1.0), params=("token_level_rewards", "response_mask", "config")),
     Row(f"{CA}:compute_value_loss", "value_loss", _value,
+        audit=_VALID_ONLY,
         choices=("evaluated one valid token at a time (a [1, 1] batch, where agg_loss is the "
                  "identity), the losses assembled into [B, T]; its aggregation is agg_loss's rows",
                  "cliprange_value = 0.5, as the profile's"),
@@ -507,6 +512,7 @@ ROWS = (
 RC = "verl.trainer.ppo.rollout_corr_helper"
 ROWS = ROWS + (
     Row(f"{CA}:compute_policy_loss_reinforce", "reinforce_loss", _token_policy,
+        audit=_VALID_ONLY,
         choices=_TOKEN + ("rollout_is_weights None: plain REINFORCE",),
         params=("rollout_log_prob", "log_prob", "advantages", "response_mask", "config")),
     Row(f"{CA}:compute_policy_loss_reinforce", "reinforce_loss",
@@ -520,19 +526,23 @@ ROWS = ROWS + (
         params=("rollout_log_prob", "log_prob", "advantages", "response_mask", "config",
                 "rollout_is_weights")),
     Row(f"{CA}:compute_policy_loss_gpg", "reinforce_loss", _token_policy,
+        audit=_VALID_ONLY,
         choices=_TOKEN + ("GPG's change is in its advantages (compute_gpg_outcome_advantage's "
                           "row); its loss is REINFORCE's",),
         params=("old_log_prob", "log_prob", "advantages", "response_mask", "config")),
     Row(f"{CA}:compute_policy_loss_dro", "reinforce_loss",
         lambda fn: _token_policy(fn, policy_loss={"dro_beta": 0.5}),
+        audit=_VALID_ONLY,
         choices=_TOKEN + ("policy_loss.dro_beta = 0.5",), conventions=dict(beta=0.5),
         params=("old_log_prob", "log_prob", "advantages", "response_mask", "config")),
     Row(f"{CA}:compute_policy_loss_dppo_tv", "dppo_loss", _token_policy,
+        audit=_VALID_ONLY,
         choices=_TOKEN + ("DPPO's truncation C is config.get('clip_ratio_c', 20.0): the "
                           "ActorConfig field, 3.0 by default",),
         conventions=dict(divergence="tv"),
         params=("old_log_prob", "log_prob", "advantages", "response_mask", "config")),
     Row(f"{CA}:compute_policy_loss_dppo_kl", "dppo_loss", _token_policy,
+        audit=_VALID_ONLY,
         choices=_TOKEN + ("DPPO's truncation C is config.get('clip_ratio_c', 20.0): the "
                           "ActorConfig field, 3.0 by default",),
         conventions=dict(divergence="kl"),
@@ -543,7 +553,7 @@ ROWS = ROWS + (
                  "with token-mean over the batch's N valid tokens",
                  "policy_loss.kl_cov_ratio = 0.1 (the default 2e-4 selects one token of "
                  "batches under 10,000 tokens), ppo_kl_coef = 1.0"),
-        conventions=dict(ratio=0.1),
+        conventions=dict(ratio=0.1), audit=dict(cases=24),    # a whole-batch call per token
         params=("old_log_prob", "log_prob", "advantages", "response_mask", "config",
                 "rollout_is_weights")),
     Row(f"{CA}:compute_policy_loss_geo_mean", "gmpo_loss", _geo_mean,
@@ -551,6 +561,7 @@ ROWS = ROWS + (
                  "whatever loss_agg_mode says", "an ActorConfig holding clip_ratio 0.2"),
         params=("old_log_prob", "log_prob", "advantages", "response_mask", "config")),
     Row(f"{CA}:compute_entropy_loss", "entropy", _entropy,
+        audit=_VALID_ONLY,
         choices=("evaluated one valid token at a time ([1, 1, V] logits, where agg_loss is the "
                  "identity): the entropy per token; its aggregation is agg_loss's rows",),
         params=("logits", "response_mask", "loss_agg_mode")),
