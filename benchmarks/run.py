@@ -358,12 +358,40 @@ def command_table(repeats, scale=True):
     return dict(zip([label for label, _ in cmds], med))
 
 
+def card_table(repeats):
+    """Wall time of each installed trainer's card (a fresh interpreter, `--json`), in shuffled
+    rounds beside the import control pair; the target is ≤ 10 s a card."""
+    import importlib.util
+    names = [n for n in ("verl", "trl", "openrlhf") if importlib.util.find_spec(n) is not None]
+    cmds = [(f"python -m crosscheck trainer {n} --json", ["-m", "crosscheck", "trainer", n,
+                                                           "--json"]) for n in names]
+    cmds += [("python -c 'import torch, scipy.differentiate'", IMPORT_BASELINE),
+             ("(control) the same import again", IMPORT_BASELINE)]
+    rounds = [[] for _ in cmds]
+    order = random.Random(2)
+    for _ in range(repeats):
+        turn = list(range(len(cmds)))
+        order.shuffle(turn)
+        for i in turn:
+            rounds[i].append(_command_time(cmds[i][1]))
+    med = [statistics.median(r) for r in rounds]
+    print()
+    print("| card (fresh interpreter) | median | all rounds |")
+    print("|---|---|---|")
+    for (label, _), m, r in zip(cmds, med, rounds):
+        print(f"| `{label}` | {m:.2f} s | {', '.join(f'{t:.2f}' for t in r)} |")
+    ctrl, ok = control_ratio(med[-2], med[-1])
+    print(f"\nslowest card: {max(med[:-2], default=0):.1f} s (target ≤ 10 s); control pair "
+          f"{ctrl:.2f}×" + ("" if ok else " — WARNING: the machine is noisy"))
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--quick", action="store_true", help="only B=64, T=1024")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--no-harness", action="store_true")
+    p.add_argument("--cards", action="store_true", help="only the report cards' wall times")
     p.add_argument("--child-mem", nargs=5, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child_mem:
@@ -374,6 +402,10 @@ def main(argv=None):
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {args.device}"
           + (f" ({torch.cuda.get_device_name()})" if args.device == "cuda" else ""))
     print(f"load average before: {load_average()}")
+    if args.cards:
+        card_table(max(3, args.repeats))
+        print(f"\nload average after: {load_average()}")
+        return
     sizes = [(64, 1024)] if args.quick else [(64, 1024), (64, 8192), (512, 1024), (512, 8192)]
     gae_table(sizes, args.device, args.repeats)
     if not args.no_harness:

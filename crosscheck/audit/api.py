@@ -16,8 +16,10 @@ Checks (each case; a failure is shrunk to a minimal counterexample):
                           and is 0 on padding; for a function trainers compute without gradients
                           (advantages, metrics), a gradient-free output is reported as such
   detach                  a grad failure explained by a factor that must be stop-gradient
-  mask                    finite garbage (±1e4, a different value per input) at masked positions
-                          changes nothing (a failure); NaN there that leaks is a warning
+  mask                    padding inside each input's domain (plausible log-probs ≤ 0, shared and
+                          then differing; finite values and logits) changes no valid output
+  garbage                 garbage at padding (±1e4, NaN, inf, positive log-probs), which no
+                          trainer produces: a robustness warning where it leaks, never a failure
   permutation             group advantages: shuffling rows with their ids permutes the outputs
   microbatch              the gradient accumulated over 2 and 4 micro-batches, the trainer's way,
                           equals the full-batch gradient of the declared aggregation
@@ -355,6 +357,8 @@ def _fold(f: Finding, o) -> None:
             same["cases"] += 1
     if not o.ok and o.check in ("value", "grad", "microbatch"):
         f.float32_ok = o.loose and f.float32_ok is not False
+    if not o.ok:
+        f.edge_only = o.edge and f.edge_only is not False
     if _RANK[status] > _RANK[f.status]:
         f.status, f.message = status, o.message
 

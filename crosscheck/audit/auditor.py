@@ -19,6 +19,15 @@ NO_GRADIENT = ("not checked: your output carries no gradient, as trainers comput
                "reference is not differentiated by trainers)")
 
 
+def _beyond_float32(x, valid) -> bool:
+    """Whether a reference value or gradient at a valid position lies beyond float32's range:
+    the edge of the float range, where trainers' float32 code overflows by construction."""
+    x = np.asarray(x, dtype=np.float64)
+    at = np.abs(x[np.broadcast_to(valid, x.shape)]) if x.ndim else np.abs(x.reshape(1))
+    at = at[np.isfinite(at)]
+    return bool(at.size) and float(at.max()) > float(np.finfo(np.float32).max)
+
+
 class BadReturn(TypeError):
     """What the function returned is not what the reference returns (None, a dict without a
     key): a failure of the `shape` check, not an exception of the user's code."""
@@ -256,6 +265,7 @@ class Auditor:
         out.append(Outcome("shape", True))
         finite_ok, value_ok = True, True
         kappas = self.condition(data)
+        edge = any(_beyond_float32(r, self.valid_of(data, r.shape)) for r in refs)
         for k, (y, r) in enumerate(zip(yours, refs)):
             valid = self.valid_of(data, r.shape)
             bad = valid & np.isfinite(r) & ~np.isfinite(y)
@@ -269,14 +279,15 @@ class Auditor:
                 if bad.any() and self.precision == "float32" and \
                         abs(r[i]) > np.finfo(np.float32).max:
                     where += " (beyond float32's range: float32 code overflows here)"
-                out.append(Outcome("finite", False, f"{self.label(k, i)} is {y[i]} {where}"))
+                out.append(Outcome("finite", False, f"{self.label(k, i)} is {y[i]} {where}",
+                                   edge=edge))
                 continue
             i = self.mismatch(y, r, valid, kappas[k])
             if i is not None:
                 value_ok = False
                 out.append(Outcome("value", False, f"{self.label(k, i)}: yours {y[i]:.10g}, "
                                                    f"reference {r[i]:.10g}",
-                                   loose=self.loose(y, r, valid, kappas[k])))
+                                   loose=self.loose(y, r, valid, kappas[k]), edge=edge))
         if finite_ok:
             out.append(Outcome("finite", True))
         if value_ok and finite_ok:
@@ -355,7 +366,8 @@ class Auditor:
                 results.append(Outcome("grad", False, f"d/d{n}{list(i)}: yours {auto[i]:.10g}, "
                                                       f"reference {ref[i]:.10g}",
                                        yours=auto, reference=ref,
-                                       loose=self.loose(auto, ref, valid, kappa)))
+                                       loose=self.loose(auto, ref, valid, kappa),
+                                       edge=_beyond_float32(ref, valid)))
             else:
                 results.append(Outcome("grad", True))
         return results

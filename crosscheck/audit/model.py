@@ -41,6 +41,7 @@ class Outcome:
     reference: object = None
     exception: Optional[Dict[str, str]] = None     # raises: type, message, where, degenerate
     loose: bool = False        # a value/grad failure within the float32 row of the table
+    edge: bool = False         # the case's reference lies beyond float32's range there
     replay: Optional[Dict[str, object]] = None     # the inputs a padding check passed
 
 
@@ -57,6 +58,7 @@ class Finding:
     exceptions: List[Dict[str, object]] = dataclasses.field(default_factory=list)
     grade: str = ""                       # one of GRADES for a fail or a robustness warning
     float32_ok: Optional[bool] = None     # every failing case lies within the float32 row
+    edge_only: Optional[bool] = None      # every failing case lies beyond float32's range
 
 
 def plural(n: int, word: str) -> str:

@@ -669,6 +669,10 @@ def grade(row: Row, report, precision: str, root: str, audit_row) -> List[dict]:
             if known is not None:
                 grade_ = known.grade
                 said = f"{known.kind}: {known.what}" + (f" ({known.cite})" if known.cite else "")
+            elif f.edge_only and precision == "float32":
+                grade_ = "robustness"
+                said = ("robustness: only where the reference lies beyond float32's range (the "
+                        "edge of the float range), where this trainer's float32 code overflows")
             elif f.float32_ok and precision == "float32":
                 grade_ = "precision"
                 said = ("within the float32 row of the tolerance table: below the precision "

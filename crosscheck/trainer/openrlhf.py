@@ -227,6 +227,15 @@ _HOLES = Known(
     "(samples_generator.py sets action_mask over several action ranges of one sample)",
     variant=dict(inputs=_through_holes))
 
+def _kl_clamp(fn):
+    """The clamp compute_approx_kl applies: ±10 on the estimate since 0.8.6, none before."""
+    import inspect
+    if "clamp(min=-10, max=10)" in inspect.getsource(inspect.unwrap(fn)):
+        return dict(conventions=dict(clamp=(None, 10.0)))
+    return dict(conventions=dict(clamp=None),
+                choice="this release does not clamp the estimate: judged unclamped")
+
+
 _FORWARD = ("log_probs", "old_log_probs", "advantages", "action_mask", "batch_num_tokens",
             "global_batch_size")
 
@@ -306,7 +315,7 @@ ROWS = (
     Row(f"{UTILS}:compute_approx_kl", "kl_penalty", _kl(kind), label=kind,
         choices=("the per-token estimate times the mask (OpenRLHF masks it where it "
                  "aggregates)",),
-        conventions=dict(kind=kind, clamp=(None, 10.0)),
+        conventions=dict(kind=kind), fits=_kl_clamp,
         params=("log_probs", "log_probs_base", "kl_estimator"))
     for kind in ("k1", "k2", "k3")
 )
@@ -319,6 +328,12 @@ TRAINER = Trainer(
                (UTILS, r"compute_approx_kl|compute_reward|masked_normalize|compute_entropy"),
                (EM, r"RemoteExperienceMaker\.(get_advantages_and_returns|"
                     r"get_cumulative_returns|compute_advantages_and_returns)")),
+    runs=("PolicyLoss ppo symmetric (0.2/0.2) and clip-higher (0.2/0.28) with dual_clip 3.0, "
+          "gspo", "the rollout correction token / sequence mask and token clip",
+          "aggregate_loss in both modes with global counts", "GAE on right-padded rows and on "
+          "multi-turn rows with holes", "group_norm, rloo and dr_grpo baselines (near-degenerate "
+          "groups included)", "compute_approx_kl k1, k2, k3"),
+    does_not_run=("dp_size > 1", "the token-level gspo variant", "masked_normalize"),
     notes=("PolicyLoss's rollout importance-sampling correction multiplies the PPO loss by the "
            "coefficients of its is_correction rows (the policy rows run with it off, "
            "OpenRLHF's default); its 'binary_kl' and 'tv' gating have no reference yet",

@@ -19,7 +19,7 @@ import types
 import numpy as np
 import torch
 
-from .card import Known, NotInVersion, Row, StandInSelf, Trainer, owner_class, unpacked
+from .card import DoesNotFit, Known, NotInVersion, Row, StandInSelf, Trainer, owner_class, unpacked
 
 GRPO = "trl.trainer.grpo_trainer"
 MAX_LEN = 8.0          # max_completion_length, the Dr. GRPO constant
@@ -50,14 +50,32 @@ def _stand_in(logp, loss_type, level="token", beta=0.0, epsilon_low=0.2, epsilon
         loss_type=loss_type, importance_sampling_level=level, beta=beta,
         epsilon_low=epsilon_low, epsilon_high=epsilon_high, args=args,
         top_entropy_quantile=1.0, off_policy_mask_threshold=None, aux_loss_enabled=False,
-        use_vllm=False, vllm_importance_sampling_correction=False,
+        use_vllm=False, vllm_importance_sampling_correction=False, tools=None,
         _entropy_bonus_enabled=False, model=StandInSelf(training=True),
         current_gradient_accumulation_steps=1, max_completion_length=MAX_LEN,
         accelerator=_Accelerator(),
         _metrics=collections.defaultdict(lambda: collections.defaultdict(list)))
     given = (logp, torch.zeros_like(logp).detach(), None)[:returns]    # as many as it unpacks
-    me._get_per_token_logps_and_entropies = lambda *a, **k: given if returns > 1 else logp
+    method = lambda *a, **k: given if returns > 1 else logp               # noqa: E731
+    me._get_per_token_logps_and_entropies = me._get_per_token_logps = method   # (before 0.20)
     return me
+
+
+def _arity(fn):
+    """How many values _compute_loss unpacks from the log-prob method it calls (its name
+    before 0.20: _get_per_token_logps)."""
+    try:
+        return unpacked(fn, "_get_per_token_logps_and_entropies")   # 2 before 1.7, then 3
+    except DoesNotFit:
+        return unpacked(fn, "_get_per_token_logps")
+
+
+def _static_helpers(me, fn):
+    """The class's static helpers the loss calls on self (get_gamma_weights, ...)."""
+    cls = owner_class(fn)
+    for name in ("get_gamma_weights", "get_sapo_token_loss"):
+        if hasattr(cls, name):
+            setattr(me, name, getattr(cls, name))
 
 
 def _inputs(logp, old_logp, advantages, mask, ref_logp=None, n_tokens_global=None):
@@ -76,11 +94,11 @@ def _inputs(logp, old_logp, advantages, mask, ref_logp=None, n_tokens_global=Non
 
 def _loss(loss_type, level="token", beta=0.0, **eps):
     def make(fn):
-        returns = unpacked(fn, "_get_per_token_logps_and_entropies")   # 2 before 1.7, then 3
+        returns = _arity(fn)
 
         def adapter(logp, old_logp, advantages, mask, ref_logp=None, n_tokens_global=None):
             me = _stand_in(logp, loss_type, level, beta, returns=returns, **eps)
-            me.get_gamma_weights = owner_class(fn).get_gamma_weights     # a staticmethod
+            _static_helpers(me, fn)
             return fn(me, None, _inputs(logp, old_logp, advantages, mask,
                                         ref_logp if beta else None, n_tokens_global))
         return adapter
@@ -88,7 +106,7 @@ def _loss(loss_type, level="token", beta=0.0, **eps):
 
 
 def _clip_metric(fn):
-    returns = unpacked(fn, "_get_per_token_logps_and_entropies")
+    returns = _arity(fn)
 
     def adapter(logp, old_logp, advantages, mask):
         me = _stand_in(logp, "dapo", returns=returns)
@@ -98,24 +116,27 @@ def _clip_metric(fn):
     return adapter
 
 
-def _fits(loss_type):
-    return lambda fn: _fits_loss(fn, loss_type)
+def _fits(loss_type, level="token"):
+    return lambda fn: _fits_loss(fn, loss_type, level)
 
 
-def _fits_loss(fn, loss_type):
-    """What this release's _compute_loss has and takes: the loss type (NOT IN THIS VERSION
-    where it never names it); releases before 0.26 multiply by advantages.unsqueeze(1), so
-    per-sequence advantages ([B]) only."""
+def _fits_loss(fn, loss_type, level):
+    """What this release's _compute_loss has: the loss type and, for a sequence-level row, the
+    importance_sampling_level switch (NOT IN THIS VERSION where it never names them)."""
     import inspect
     source = inspect.getsource(inspect.unwrap(fn))
     if f'"{loss_type}"' not in source and f"'{loss_type}'" not in source:
         raise NotInVersion(f"_compute_loss has no loss_type {loss_type!r} in this version")
-    if "advantages.dim() == 1" not in source:
-        return dict(domain=("per_sequence_advantages",),
-                    choice="this release takes per-sequence advantages only (it multiplies by "
-                           "advantages.unsqueeze(1)): cases with per-token advantages are "
-                           "outside its domain")
-    return {}
+    if level != "token" and "importance_sampling_level" not in source:
+        raise NotInVersion("_compute_loss has no importance_sampling_level in this version")
+    return _ONE_PER_SEQUENCE
+
+
+# GRPOTrainer computes one advantage per completion (and releases before 0.26 multiply by
+# advantages.unsqueeze(1), taking nothing else): per-token advantages are outside its domain
+_ONE_PER_SEQUENCE = dict(domain=("per_sequence_advantages",),
+                         choice="advantages one per sequence ([B]), as GRPOTrainer computes "
+                                "them: cases with per-token advantages are outside its domain")
 
 
 _STAND_IN = ("called unbound with a stand-in self: _get_per_token_logps_and_entropies returns "
@@ -207,7 +228,7 @@ ROWS = (
         choices=_STAND_IN + ("importance_sampling_level = 'sequence', loss_type 'grpo', "
                              "epsilon 3e-4 / 4e-4, as TRL documents GSPO",),
         conventions=dict(loss="gspo", beta=0.0), audit=dict(accumulation="mean"),
-        params=_PARAMS, fits=_fits("grpo")),
+        params=_PARAMS, fits=_fits("grpo", "sequence")),
     Row(ROW, "policy_objective", _loss("sapo"), label="sapo",
         choices=_STAND_IN + ("sapo_temperature_pos 1.0, sapo_temperature_neg 1.05 (GRPOConfig's "
                              "defaults)",),
@@ -239,7 +260,7 @@ ROWS = (
         conventions=dict(loss="sapo", level="sequence", beta=0.0, agg="seq-mean-token-mean",
                          empty_rows="include"),
         audit=dict(accumulation="mean"),
-        params=_PARAMS, fits=_fits("sapo"), known=(_FLOAT32_TAU,)),
+        params=_PARAMS, fits=_fits("sapo", "sequence"), known=(_FLOAT32_TAU,)),
     Row(ROW, "clip_fraction", _clip_metric, label="clip_ratio/region_mean",
         choices=_STAND_IN + ("the clip_ratio/region_mean metric it logs (loss_type 'dapo')",),
         params=_PARAMS, fits=_fits("dapo")),
@@ -250,6 +271,13 @@ TRAINER = Trainer(
     modules=(GRPO,), rows=ROWS,
     inventory=((GRPO, r"GRPOTrainer\.(_compute_loss|get_gamma_weights|get_off_policy_mask|"
                       r"get_high_entropy_mask)"),),
+    runs=("loss types dapo, grpo, bnpo, dr_grpo, luspo, cispo, sapo, vespo at token level; "
+          "GSPO and SAPO at sequence level", "clip symmetric (0.2/0.2) and clip-higher "
+          "(0.2/0.28)", "β 0 and 0.04 (the k3 term)", "the vLLM importance-sampling ratio in its "
+          "four modes", "one process, steps_per_generation = gradient accumulation = 1"),
+    does_not_run=("delta (two-sided clipping)", "the entropy mask and bonus",
+                  "the off-policy mask", "use_bias_correction_kl", "several processes",
+                  "luspo at sequence level", "vLLM correction folded into the loss"),
     notes=("the off-policy sequence mask (get_off_policy_mask) has no reference yet",
            "TRL's group advantages (mean and nanstd over each prompt's completions, + 1e-4) are "
            "statements inside _generate_and_score_completions, which generates text; they are "

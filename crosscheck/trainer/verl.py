@@ -635,6 +635,16 @@ TRAINER = Trainer(
              ("compute_pf_ppo_reweight_data",
               "resamples the batch with torch.multinomial on DataProto objects: a sampler, not "
               "a loss or an estimator")),
+    runs=("PPO clip symmetric (0.2/0.2) and clip-higher (0.2/0.28), with the dual clip "
+          "clip_ratio_c 3.0", "token-mean aggregation through global_batch_info, and agg_loss's "
+          "token-mean, seq-mean-token-mean, seq-mean-token-sum and -sum-norm",
+          "group advantages on ordinary, offset (1000 ± 0.1) and near-degenerate groups (σ 1e-4 to "
+          "1e-2 around 0 and 1), groups of one, invalid rows", "GSPO and GMPO with sequence "
+          "log-ratios up to ±30", "rollout correction token and sequence, TIS and IcePop mask",
+          "multi-turn masks with holes for GAE and the returns"),
+    does_not_run=("agg_loss's 'token-sum' mode", "dp_size > 1 (one rank)",
+                  "the bypass-mode policy loss (its DataProto needs tensordict)",
+                  "KL-Cov's default kl_cov_ratio 2e-4 (0.1 is run)", "clip-cov (random)"),
     notes=("agg_loss's 'token-sum' mode and kl_penalty's straight-through '+' forms (k3+: k3's "
            "value, k2's gradient) have no reference yet",
            "verl/workers/utils/losses.py::ppo_loss composes the policy loss, agg_loss and "
