@@ -51,8 +51,14 @@ _OUTCOME = ("one reward per sequence, placed as a one-token response (verl sums 
 
 def _gae(fn):
     def adapter(rewards, values, mask):
-        _, returns = fn(token_level_rewards=rewards, values=values,
-                        response_mask=_float(mask, rewards), gamma=GAMMA, lam=LAM)
+        m = _float(mask, rewards)
+        # verl's batches hold 0 there: the critic's values times response_mask, and token
+        # rewards only at the reward token
+        zero = values.new_zeros(())
+        values, rewards = torch.where(mask.bool(), values, zero), \
+            torch.where(mask.bool(), rewards, zero)
+        _, returns = fn(token_level_rewards=rewards, values=values, response_mask=m,
+                        gamma=GAMMA, lam=LAM)
         return returns - values, returns
     return adapter
 
@@ -408,7 +414,8 @@ _MICRO_MEAN = Known(
 ROWS = (
     Row(f"{CA}:compute_gae_advantage_return", "gae", _gae,
         choices=(f"γ = {GAMMA}, λ = {LAM} passed to both (the profile's 1, 1 hide discounting)",
-                 "response_mask as a float tensor, as verl builds it",
+                 "response_mask as a float tensor, as verl builds it; values and token rewards 0 "
+                 "at masked positions, as verl's critic and reward managers leave them",
                  "advantages read as returns − values: the function whitens its advantages "
                  "inside and defines returns = advantages + values; the whitening is "
                  "masked_whiten's row"),
