@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import torch
 
-from .card import Known, Row, Trainer, per_sequence, per_token
+from .card import DoesNotFit, Known, Row, Trainer, per_sequence, per_token
 
 CA = "verl.trainer.ppo.core_algos"
 TF = "verl.utils.torch_functional"
@@ -369,6 +369,16 @@ def _agg_as_coded(fn):
 _VALID_ONLY = dict(padding_checks=False)
 
 
+def _norm_as_coded(fn):
+    """The row judges 0.9's seq-mean-token-sum-norm (the per-sequence mean divided by
+    loss_scale_factor); a release dividing the sum over sequences instead is another
+    convention, which the row has no adapter for."""
+    if "torch.sum(seq_losses) / loss_scale_factor" in inspect.getsource(inspect.unwrap(fn)):
+        raise DoesNotFit("this release's seq-mean-token-sum-norm divides the sum over sequences "
+                         "by loss_scale_factor, not their mean: no adapter for that convention")
+    return {}
+
+
 def _clamped_log_ratio(data):
     """ppo_kl as verl logs it: from log-ratios clamped to ±20 (old_logp moved to match)."""
     x = np.clip(data["logp"] - data["old_logp"], -20.0, 20.0)
@@ -501,7 +511,7 @@ ROWS = (
     for mode in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 ) + (
     Row(f"{CA}:agg_loss", "aggregate", _agg("seq-mean-token-sum-norm", loss_scale_factor=SCALE),
-        label="seq-mean-token-sum-norm",
+        label="seq-mean-token-sum-norm", fits=_norm_as_coded,
         choices=("the global counts passed as batch_num_tokens / global_batch_size",
                  f"loss_scale_factor = {SCALE:g}, a constant as its docstring advises (left None "
                  "it is the padded length T); verl 0.9 divides the per-sequence mean by it, so "
