@@ -275,7 +275,7 @@ def _whitened_parts(rewards, mask, group_size, group_ids, scale, eps, whiten_eps
                  baseline="mean", singleton="keep")
     whitening = dict(ddof=1, eps=whiten_eps, eps_mode="var", shift_mean=True)
     A = group_advantages(rewards, **group)
-    m = OPS.as_mask(mask)
+    m = args.mask(OPS, mask, ms, mask)   # 0/1 or bool only, as gae's
     X = np.where(m, A[:, None], 0.0)
     return m, X, group, whitening
 

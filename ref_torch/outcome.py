@@ -95,7 +95,7 @@ def whitened_group_advantages(rewards, mask, *, group_size=None, group_ids=None,
                          "expected one reward per sequence [B] and a [B, T] mask")
     a = group_advantages(rewards, group_size=group_size, group_ids=group_ids, ddof=1, eps=eps,
                          scale=scale, baseline="mean", singleton="keep")
-    m = OPS.as_mask(mask)
+    m = args.mask(OPS, mask, ms, mask)   # 0/1 or bool only, as gae's
     x = torch.where(m, a[:, None], tt.zero(a))
     y = whiten(x, m, ddof=1, eps=whiten_eps, eps_mode="var", shift_mean=True)
     return torch.where(m, y, tt.zero(y))

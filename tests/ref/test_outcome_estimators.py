@@ -138,3 +138,19 @@ def test_passk_in_pairs_is_rloos_advantage_of_the_winner():
     got = ref_numpy.passk_advantages(r, group_size=2, scale="none")
     rloo = ref_numpy.group_advantages(r, group_size=2, baseline="leave_one_out", scale="none")
     np.testing.assert_allclose(got, np.where(rloo > 0, rloo, 0.0), rtol=1e-15)
+
+
+@pytest.mark.parametrize("bad", [0.5, 2.0, np.nan])
+def test_whitened_group_advantages_refuses_a_mask_that_is_not_zero_or_one(bad):
+    """As gae does: a mask holding 0.5, 2 or NaN is a ValueError naming the mask and the value."""
+    r = np.array([1.0, 0.0, 2.0, 1.0])
+    m = np.ones((4, 3))
+    m[1, 2] = bad
+    for fn, args in ((ref_numpy.whitened_group_advantages, (r, m)),
+                     (ref_torch.whitened_group_advantages, (torch.tensor(r), torch.tensor(m)))):
+        with pytest.raises(ValueError, match="mask"):
+            fn(*args, group_size=2)
+    ok = np.array(m, copy=True)
+    ok[1, 2] = 0.0
+    a, t = both("whitened_group_advantages", r, ok, group_size=2)
+    np.testing.assert_allclose(a, t, rtol=1e-12)
