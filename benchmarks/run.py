@@ -320,6 +320,25 @@ def compile_project() -> str:
         ("ok" if ok else "failed")
 
 
+def _timed_rounds(cmds, repeats, seed, what):
+    """Each (label, argv) of `cmds` in a fresh interpreter, once per round in a shuffled order;
+    prints the medians and every round. Returns (medians, rounds) in the order of `cmds`."""
+    rounds = [[] for _ in cmds]
+    order = random.Random(seed)
+    for _ in range(repeats):
+        turn = list(range(len(cmds)))
+        order.shuffle(turn)
+        for i in turn:
+            rounds[i].append(_command_time(cmds[i][1]))
+    med = [statistics.median(r) for r in rounds]
+    print()
+    print(f"| {what} (fresh interpreter) | median | all rounds |")
+    print("|---|---|---|")
+    for (label, _), m, r in zip(cmds, med, rounds):
+        print(f"| `{label}` | {m:.2f} s | {', '.join(f'{t:.2f}' for t in r)} |")
+    return med, rounds
+
+
 def command_table(repeats, scale=True):
     """Start-up latencies, and the default run beside `import torch, scipy.differentiate`,
     each a fresh interpreter, all timed in the same shuffled rounds with a control pair (the
@@ -333,20 +352,7 @@ def command_table(repeats, scale=True):
     if scale:
         cmds.append(("python -m crosscheck -q --scale 1000000",
                      ["-m", "crosscheck", "-q", "--scale", "1000000"]))
-    fs = [lambda c=c: _command_time(c) for _, c in cmds]
-    rounds = [[] for _ in fs]
-    order = random.Random(1)
-    for _ in range(repeats):
-        turn = list(range(len(fs)))
-        order.shuffle(turn)
-        for i in turn:
-            rounds[i].append(fs[i]())
-    med = [statistics.median(r) for r in rounds]
-    print()
-    print("| command (fresh interpreter) | median | all rounds |")
-    print("|---|---|---|")
-    for (label, _), m, r in zip(cmds, med, rounds):
-        print(f"| `{label}` | {m:.2f} s | {', '.join(f'{t:.2f}' for t in r)} |")
+    med, rounds = _timed_rounds(cmds, repeats, 1, "command")
     default, base, again = med[len(STARTUP)], med[len(STARTUP) + 1], med[len(STARTUP) + 2]
     ctrl, ok = control_ratio(base, again)
     print(f"\nthe default run ÷ the import: {default / base:.2f}× (target ≤ 1.6×); control pair "
@@ -367,19 +373,7 @@ def card_table(repeats):
                                                            "--json"]) for n in names]
     cmds += [("python -c 'import torch, scipy.differentiate'", IMPORT_BASELINE),
              ("(control) the same import again", IMPORT_BASELINE)]
-    rounds = [[] for _ in cmds]
-    order = random.Random(2)
-    for _ in range(repeats):
-        turn = list(range(len(cmds)))
-        order.shuffle(turn)
-        for i in turn:
-            rounds[i].append(_command_time(cmds[i][1]))
-    med = [statistics.median(r) for r in rounds]
-    print()
-    print("| card (fresh interpreter) | median | all rounds |")
-    print("|---|---|---|")
-    for (label, _), m, r in zip(cmds, med, rounds):
-        print(f"| `{label}` | {m:.2f} s | {', '.join(f'{t:.2f}' for t in r)} |")
+    med, _ = _timed_rounds(cmds, repeats, 2, "card")
     ctrl, ok = control_ratio(med[-2], med[-1])
     print(f"\nslowest card: {max(med[:-2], default=0):.1f} s (target ≤ 10 s); control pair "
           f"{ctrl:.2f}×" + ("" if ok else " — WARNING: the machine is noisy"))

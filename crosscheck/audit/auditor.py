@@ -372,10 +372,6 @@ class Auditor:
                 results.append(Outcome("grad", True))
         return results
 
-    def padded(self, data, logprobs=None, base=1.0, logits_fill=None):
-        """`data` with its padding refilled (crosscheck.audit.calls.fill_padding)."""
-        return fill_padding(data, logprobs, base, logits_fill)
-
     def _changed(self, data, yours, other, kappas):
         """'output[i] a → b' for the first valid output that `other` changed, or None."""
         for k, (a, b) in enumerate(zip(yours, other)):
@@ -400,7 +396,7 @@ class Auditor:
             return []
         out = []
         for label, logprobs, base in IN_DOMAIN:
-            padded = self.padded(data, logprobs, base)
+            padded = fill_padding(data, logprobs, base)
             try:
                 other = self.to_numpy(self.call(padded)[0])
             except Exception as exc:
@@ -423,9 +419,8 @@ class Auditor:
         out = []
         for label, logp_fill, other_fill in GARBAGE:
             logprobs = dict.fromkeys(LOGPROBS, logp_fill)
-            base = 1.0 if other_fill is None else other_fill
-            padded = self.padded(data, logprobs, base,
-                                 None if other_fill is None else other_fill)
+            padded = fill_padding(data, logprobs, 1.0 if other_fill is None else other_fill,
+                                  other_fill)
             try:
                 other = self.to_numpy(self.call(padded)[0])
             except Exception as exc:

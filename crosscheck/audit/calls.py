@@ -188,7 +188,8 @@ PAD_VALUES = {n: v for n, v in zip(_PAD_NAMES, (0.6, 1.3, -0.9, 2.1, 0.35, 1.7, 
 IN_DOMAIN = (("shared log-probs", dict.fromkeys(LOGPROBS, -2.3), -1.5),
              ("differing log-probs", dict(logp=-0.2, old_logp=-3.1, ref_logp=-1.4,
                                           rollout_logp=-4.6), 2.0))
-# the robustness check's garbage: (label, the log-probs' fill, the others' fill, logits' fill)
+# the robustness check's garbage: (label, the log-probs' fill, the others' and the logits' fill;
+# None: their in-domain padding)
 GARBAGE = (("1e4", 1e4, 1e4), ("-1e4", -1e4, -1e4), ("NaN", np.nan, np.nan),
            ("inf", np.inf, np.inf), ("positive log-probs", 5.0, None))
 

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from .. import bridge
-from .calls import IN_DOMAIN, audit_case, reference_args
+from .calls import IN_DOMAIN, audit_case, fill_padding, reference_args
 
 
 def _probe_data(aud, case, n=6) -> List[Dict[str, object]]:
@@ -33,7 +33,7 @@ def _probe_data(aud, case, n=6) -> List[Dict[str, object]]:
     out = [data]
     if data.get("mask") is not None and not np.asarray(data["mask"]).all():
         _, logprobs, base = IN_DOMAIN[1]
-        out.append(aud.padded(data, logprobs, base))
+        out.append(fill_padding(data, logprobs, base))
     for i in range(40):
         if len(out) > n + 1:
             break

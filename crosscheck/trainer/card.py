@@ -449,15 +449,20 @@ class StandInSelf(types.SimpleNamespace):
                              f"reads")
 
 
+def source_of(fn) -> str:
+    """The source of a trainer's function (through its decorators), dedented: what an adapter
+    reads to check its assumptions; DoesNotFit where it cannot be read."""
+    try:
+        return textwrap.dedent(inspect.getsource(inspect.unwrap(fn)))
+    except (OSError, TypeError) as exc:
+        raise DoesNotFit(f"the source of {getattr(fn, '__qualname__', fn)} cannot be read "
+                         f"({exc})")
+
+
 def unpacked(fn, method: str) -> int:
     """How many values `fn`'s source unpacks from its call of `self.<method>(...)` (1 where it
     does not unpack); DoesNotFit where it never calls it."""
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(inspect.unwrap(fn))))
-    except (OSError, TypeError, SyntaxError) as exc:
-        raise DoesNotFit(f"the source of {getattr(fn, '__qualname__', fn)} cannot be read "
-                         f"({exc})")
-    for node in ast.walk(tree):
+    for node in ast.walk(ast.parse(source_of(fn))):
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and \
                 isinstance(node.value.func, ast.Attribute) and node.value.func.attr == method:
             target = node.targets[0]

@@ -16,7 +16,7 @@ import types
 import numpy as np
 import torch
 
-from .card import Known, Row, Trainer, owner_class, per_sequence, per_token
+from .card import Known, Row, Trainer, owner_class, per_sequence, per_token, source_of
 
 LOSS = "openrlhf.models.loss"
 UTILS = "openrlhf.models.utils"
@@ -229,8 +229,7 @@ _HOLES = Known(
 
 def _kl_clamp(fn):
     """The clamp compute_approx_kl applies: ±10 on the estimate since 0.8.6, none before."""
-    import inspect
-    if "clamp(min=-10, max=10)" in inspect.getsource(inspect.unwrap(fn)):
+    if "clamp(min=-10, max=10)" in source_of(fn):
         return dict(conventions=dict(clamp=(None, 10.0)))
     return dict(conventions=dict(clamp=None),
                 choice="this release does not clamp the estimate: judged unclamped")

@@ -19,7 +19,7 @@ import types
 import numpy as np
 import torch
 
-from .card import DoesNotFit, Known, NotInVersion, Row, StandInSelf, Trainer, owner_class, unpacked
+from .card import DoesNotFit, Known, NotInVersion, Row, StandInSelf, Trainer, owner_class, source_of, unpacked
 
 GRPO = "trl.trainer.grpo_trainer"
 MAX_LEN = 8.0          # max_completion_length, the Dr. GRPO constant
@@ -123,8 +123,7 @@ def _fits(loss_type, level="token"):
 def _fits_loss(fn, loss_type, level):
     """What this release's _compute_loss has: the loss type and, for a sequence-level row, the
     importance_sampling_level switch (NOT IN THIS VERSION where it never names them)."""
-    import inspect
-    source = inspect.getsource(inspect.unwrap(fn))
+    source = source_of(fn)
     if f'"{loss_type}"' not in source and f"'{loss_type}'" not in source:
         raise NotInVersion(f"_compute_loss has no loss_type {loss_type!r} in this version")
     if level != "token" and "importance_sampling_level" not in source:

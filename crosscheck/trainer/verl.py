@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import torch
 
-from .card import DoesNotFit, Known, Row, Trainer, per_sequence, per_token
+from .card import DoesNotFit, Known, Row, Trainer, per_sequence, per_token, source_of
 
 CA = "verl.trainer.ppo.core_algos"
 TF = "verl.utils.torch_functional"
@@ -353,9 +353,7 @@ def _agg_as_coded(fn):
     call where it does (GSPO until 0.9.0, SAPO: 'we need to aggregate the loss at the sequence
     level'), else the adapter's token-mean."""
     import ast
-    import textwrap
-    tree = ast.parse(textwrap.dedent(inspect.getsource(inspect.unwrap(fn))))
-    for node in ast.walk(tree):
+    for node in ast.walk(ast.parse(source_of(fn))):
         if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "agg_loss":
             for kw in node.keywords:
                 if kw.arg == "loss_agg_mode" and isinstance(kw.value, ast.Constant):
@@ -373,7 +371,7 @@ def _norm_as_coded(fn):
     """The row judges 0.9's seq-mean-token-sum-norm (the per-sequence mean divided by
     loss_scale_factor); a release dividing the sum over sequences instead is another
     convention, which the row has no adapter for."""
-    if "torch.sum(seq_losses) / loss_scale_factor" in inspect.getsource(inspect.unwrap(fn)):
+    if "torch.sum(seq_losses) / loss_scale_factor" in source_of(fn):
         raise DoesNotFit("this release's seq-mean-token-sum-norm divides the sum over sequences "
                          "by loss_scale_factor, not their mean: no adapter for that convention")
     return {}
