@@ -774,6 +774,15 @@ def estimator_overflow(category: Optional[int]) -> None:
             f"gradient; sample from π (sample_logits=None) or weight the samples (is_weight)")
 
 
+def log_var_gradient(defined: bool) -> None:
+    """`defined` is False where var is 0 in float64, so that log_var = −inf has no gradient."""
+    if not defined:
+        raise ValueError("g['log_var'] is nonzero where var is 0 in float64: log_var is −inf "
+                         "there (the estimator takes one value under π, or π is a point mass "
+                         "to float64 precision) and has no gradient; give log_var a zero "
+                         "cotangent")
+
+
 def moment_cotangent(g) -> None:
     if not isinstance(g, dict) or set(g) != set(vocab.MOMENT_KEYS):
         raise TypeError(f"g must be a dict with keys {', '.join(vocab.MOMENT_KEYS)}")

@@ -35,5 +35,5 @@ DPPO_DIVERGENCES = ("tv", "kl")         # DPPO's trust region: binary total vari
 # kl_estimator_gradient: how the trainer uses the estimator, and the importance weight on it
 USES = ("loss", "reward")
 IS_WEIGHTS = (None, "attached", "detached")
-MOMENT_KEYS = ("kl_forward", "kl_reverse", "mean", "bias", "var")
+MOMENT_KEYS = ("kl_forward", "kl_reverse", "mean", "bias", "var", "log_var")
 GRADIENT_KEYS = ("expected", "grad_kl_forward", "grad_kl_reverse")

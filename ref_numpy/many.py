@@ -256,7 +256,7 @@ def _whitened_group_advantages_vjps(gs, rewards, mask, group_size=None, group_id
 
 
 def _kl_estimator_moments_vjps(gs, logits, ref_logits, kind):
-    """The five moment gradients once, combined per cotangent."""
+    """The six moment gradients once, combined per cotangent."""
     parts = _moment_gradients(logits, ref_logits, kind)                            # validates
     for g in gs:
         args.moment_cotangent(g)

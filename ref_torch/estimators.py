@@ -103,7 +103,37 @@ def kl_estimator_moments(logits, ref_logits, *, kind):
                            lambda u: pi * (k_estimate(kind, u) - mean).pow(2),
                            pi * (est - mean).pow(2)))
     return {"kl_forward": forward, "kl_reverse": torch.sum(ref * (log_ref - log_pi)),
-            "mean": mean, "bias": mean - forward, "var": var}
+            "mean": mean, "bias": mean - forward, "var": var,
+            "log_var": _log_var(kind, log_pi, log_ref, est, mean)}
+
+
+def _log_var(kind, log_pi, log_ref, est, mean):
+    """log Σ_x π(x)(k(x) − mean)², finite where var is beyond float64.
+
+    Where k(x) overflows (`_overflows`: k ≈ e^(n·u + rest)), (k − mean)² ≈ e^(2(n·u + rest))
+    (mean is finite, below 1e-300 of k there), so log π + 2·log|k − mean| is
+    (1 − 2n)·log π + 2n·log ref + 2·rest; where only the square overflows, log π + 2·log|k −
+    mean|. The other categories are summed directly and enter as the log of their sum. Each
+    branch sees safe inputs where it is not used, so autograd gives no NaN.
+    """
+    u = (log_ref - log_pi).detach()
+    big, n, rest = _overflows(kind, u)
+    dev = est - mean
+    sq = dev.detach().pow(2)
+    log_form = big | ~torch.isfinite(log_pi.detach().exp() * sq)
+    neg = torch.full_like(u, -math.inf)
+    safe_dev = torch.where(log_form & ~big, dev, torch.ones_like(dev))
+    logged = torch.where(big, (1 - 2 * n) * log_pi + 2 * n * log_ref + 2 * rest,
+                         log_pi + 2 * torch.log(safe_dev.abs()))
+    logged = torch.where(log_form, logged, neg)
+    direct = torch.sum(torch.where(log_form, torch.zeros_like(u),
+                                   log_pi.exp() * torch.where(log_form, torch.zeros_like(u),
+                                                              dev).pow(2)))
+    positive = direct.detach() > 0
+    log_direct = torch.where(positive, torch.log(torch.where(positive, direct,
+                                                             torch.ones_like(direct))),
+                             torch.tensor(-math.inf, dtype=u.dtype))
+    return torch.logsumexp(torch.cat([logged, log_direct.reshape(1)]), dim=0)
 
 
 def kl_estimator_gradient(logits, ref_logits, *, kind, use="loss", sample_logits=None,

@@ -144,7 +144,7 @@ def _digits(*logits):
 
 
 def _mp_log_softmax(z):
-    z = [mpmath.mpf(float(v)) for v in z]
+    z = [v if isinstance(v, mpmath.mpf) else mpmath.mpf(float(v)) for v in z]
     top = max(z)
     lse = top + mpmath.log(mpmath.fsum(mpmath.exp(v - top) for v in z))
     return [v - lse for v in z]
@@ -169,6 +169,15 @@ def _mp_moments(z, zr, kind):
     return {"kl_forward": fwd, "kl_reverse": mpmath.fsum(qi * (b - a) for qi, a, b in zip(q, lp, lr)),
             "mean": mean, "bias": mean - fwd,
             "var": mpmath.fsum(pi * (ki - mean) ** 2 for pi, ki in zip(p, k))}
+
+
+def _mp_var_gradient(z, zr, kind):
+    """∂var/∂logits by mpmath's own numerical differentiation of the exact var: independent
+    of the hand-derived rule the reference applies."""
+    def var_at(j):
+        return lambda t: _mp_moments([t if i == j else v for i, v in enumerate(z)], zr,
+                                     kind)["var"]
+    return [mpmath.diff(var_at(j), mpmath.mpf(float(z[j]))) for j in range(len(z))]
 
 
 def _mp_expected(z, zr, kind, use, is_weight, zs):
@@ -221,12 +230,72 @@ def test_kl_moments_of_peaked_policies_match_exact_arithmetic(z, zr, kind):
             _agree(float(got[key]), exact[key], 1.0)
 
 
+def _representable_var(cases):
+    """(z, zr, kind) whose exact var is above 1e-300: below, var underflows to 0 and log_var
+    is −inf by its contract (tested beside)."""
+    out = []
+    for z, zr in cases:
+        for kind in ("k1", "k2", "k3"):
+            with mpmath.workdps(_digits(z, zr)):
+                if _mp_moments(z, zr, kind)["var"] > mpmath.mpf("1e-300"):
+                    out.append((z, zr, kind))
+    return out
+
+
+@pytest.mark.parametrize("z, zr, kind", _representable_var(
+    PEAKED + [([0.0, -1400.0, -2.0], [0.0, -600.0, 1.0]), ([0.0, -800.0, -5.0], [0.0] * 3)]))
+def test_log_var_of_peaked_policies_is_the_exact_log(z, zr, kind):
+    with mpmath.workdps(_digits(z, zr)):
+        log_exact = float(mpmath.log(_mp_moments(z, zr, kind)["var"]))
+    for mod, conv in ((ref_numpy, np.asarray), (ref_torch, tensor)):
+        got = float(mod.kl_estimator_moments(conv(np.array(z)), conv(np.array(zr)),
+                                             kind=kind)["log_var"])
+        assert abs(got - log_exact) <= 1e-12 * max(1.0, abs(log_exact)), (mod, got, log_exact)
+
+
+_MOMENT_G = dict.fromkeys(("kl_forward", "kl_reverse", "mean", "bias", "var", "log_var"), 0.0)
+
+
+@pytest.mark.parametrize("z, zr", [
+    ([0.0, -1400.0, -2.0], [0.0, -600.0, 1.0]),   # var ≈ 5.9e85: the k3 factor k + 2k' < 0
+    ([0.0, -800.0, -5.0], [0.0, 0.0, 0.0]),       # var beyond float64
+    ([0.0, 800.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]),
+    ([0.0, 40.0, 1.0, -700.0], [1.0, -1.0, 0.5, 0.0])])
+@pytest.mark.parametrize("kind", ["k1", "k2", "k3"])
+def test_the_variance_gradient_of_peaked_policies_has_the_exact_sign_and_size(z, zr, kind):
+    with mpmath.workdps(_digits(z, zr) + 20):
+        exact = _mp_var_gradient(z, zr, kind)
+        var = _mp_moments(z, zr, kind)["var"]
+    got = ref_numpy.kl_estimator_moments_vjp(dict(_MOMENT_G, var=1.0), np.array(z),
+                                             np.array(zr), kind=kind)["logits"]
+    scale = max([1.0] + [abs(_as_float(v)) for v in exact if abs(v) < 1e308])
+    for g, e in zip(got, exact):
+        _agree(float(g), e, scale)
+    if var > mpmath.mpf("1e-300"):          # ∇log var = ∇var / var, finite where var is not
+        # ref_numpy only: torch autograd's log_softmax backward forms the most likely entry
+        # as g_m − π_m·Σg, whose rounding (π_m rounds to 1) is ~1e-16·mean² here, above a
+        # var of 1e-14; the hand gradient takes that entry as minus the sum of the others
+        got = ref_numpy.kl_estimator_moments_vjp(dict(_MOMENT_G, log_var=1.0), np.array(z),
+                                                 np.array(zr), kind=kind)["logits"]
+        for g, e in zip(got, exact):
+            _agree(float(g), e / var, 1.0)
+
+
+def test_log_var_has_no_gradient_where_var_is_zero_in_float64():
+    # π = ref: k1 = 0 at every category, var = 0, log_var = −inf
+    z = np.array([0.3, -0.2, 1.0])
+    with pytest.raises(ValueError, match=r"g\['log_var'\] is nonzero where var is 0"):
+        ref_numpy.kl_estimator_moments_vjp(dict(_MOMENT_G, log_var=1.0), z, z, kind="k1")
+    assert ref_numpy.kl_estimator_moments(z, z, kind="k1")["log_var"] == -math.inf
+
+
 def test_k3_moments_of_the_issue_example_are_exact():
     got = ref_numpy.kl_estimator_moments(np.array([0.0, 800.0, 0.0, 0.0]), np.zeros(4),
                                          kind="k3")
     assert got["mean"] == pytest.approx(math.log(4), rel=1e-15)
     assert abs(got["bias"]) < 1e-15
     assert got["var"] == math.inf            # Σ ref²/π ≈ 3/16·e^800, beyond float64
+    assert got["log_var"] == pytest.approx(800 + math.log(3 / 16), rel=1e-15)
 
 
 @pytest.mark.parametrize("z, zr", PEAKED)
