@@ -50,6 +50,8 @@ class Auditor:
         self.variant = dict(variant or {})      # a documented variant of the reference (cards)
         self.garbage_runs = 0                   # cases the robustness check has run on
         self.padding_checks = True              # False: the function never sees padding
+        # the outputs compared: the entry's, less the optional ones the function leaves out
+        self.keys = tuple(k for k in entry.outputs if k not in entry.optional_outputs)
 
     def accepts(self, name):
         return self.adapter.accepts(name)
@@ -120,7 +122,14 @@ class Auditor:
     def reference_outputs(self, data) -> List[np.ndarray]:
         out = self.reference(data)
         return [np.asarray(r, dtype=np.float64) for r in
-                bridge.outputs(out, self.entry.outputs if self.entry.dict_output else None)]
+                bridge.outputs(out, self.keys if self.entry.dict_output else None)]
+
+    def cotangent(self, gs):
+        """The reference VJP's cotangent for `gs`, one per compared output (0 for an optional
+        output the function does not return)."""
+        if self.entry.dict_output:
+            return {k: dict(zip(self.keys, gs)).get(k, 0.0) for k in self.entry.outputs}
+        return tuple(gs) if len(gs) > 1 else gs[0]
 
     def call(self, data, grad_wrt=(), extra=None):
         """Run the user's function on `data` (tensors for the torch backend, the inputs in
@@ -143,10 +152,12 @@ class Auditor:
         if raw is None:
             raise BadReturn("your function returned None")
         if isinstance(raw, dict):
-            missing = [k for k in self.entry.outputs if k not in raw]
+            self.keys = tuple(k for k in self.entry.outputs
+                              if k not in self.entry.optional_outputs or k in raw)
+            missing = [k for k in self.keys if k not in raw]
             if missing:
                 raise BadReturn(f"your function returned a dict without {', '.join(missing)}")
-            return [raw[k] for k in self.entry.outputs]
+            return [raw[k] for k in self.keys]
         return list(raw) if isinstance(raw, (tuple, list)) else [raw]
 
     def expected(self, refs) -> str:
@@ -154,7 +165,7 @@ class Auditor:
         shapes = [tuple(r.shape) for r in refs]
         if len(shapes) == 1 and not self.entry.dict_output:
             return str(shapes[0])
-        named = ", ".join(f"{k} {sh}" for k, sh in zip(self.entry.outputs, shapes))
+        named = ", ".join(f"{k} {sh}" for k, sh in zip(self.keys, shapes))
         return f"a dict of {named}" if self.entry.dict_output else f"the pair ({named})"
 
     def to_numpy(self, raw):
@@ -210,13 +221,13 @@ class Auditor:
     def condition(self, data) -> list:
         """κ ≥ 1 per output where the registry declares a condition number, else 1s."""
         if self.entry.condition is None:
-            return [1.0] * len(self.entry.outputs)
+            return [1.0] * len(self.keys)
         args = reference_args(data)
         return self.entry.condition(args, dict(self.params, **args))
 
     def label(self, k, i):
         """'output[...]' for a one-output function, 'returns[...]' for gae's second output."""
-        name = self.entry.outputs[k] if len(self.entry.outputs) > 1 else "output"
+        name = self.keys[k] if len(self.keys) > 1 else "output"
         return name + (str(list(i)) if i else "")
 
     # -------------------------------------------------------------- the checks of one case
@@ -329,11 +340,7 @@ class Auditor:
         for g, r in zip(gs, refs):
             if r.ndim:
                 g *= self.valid_of(data, r.shape)
-        if self.entry.dict_output:
-            g_ref = dict(zip(self.entry.outputs, gs))
-        else:
-            g_ref = tuple(gs) if len(gs) > 1 else gs[0]
-        hand = self.reference_vjp(data, g_ref)
+        hand = self.reference_vjp(data, self.cotangent(gs))
         names = list(leaves)
         grads = bridge.backprop(outs, gs, [leaves[n] for n in names])
         kinks = {} if self.entry.kinks is None else self.entry.kinks(reference_args(data),

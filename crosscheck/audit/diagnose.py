@@ -70,9 +70,7 @@ def _user_grads(aud, probes):
         if all(gr is None for gr in grads) and not any(
                 isinstance(o, torch.Tensor) and o.requires_grad for o in outs):
             return None            # no gradient at all: nothing to diagnose
-        g_ref = dict(zip(aud.entry.outputs, gs)) if aud.entry.dict_output else \
-            (tuple(gs) if len(gs) > 1 else gs[0])
-        got.append((data, g_ref, {n: (np.zeros(data[n].shape) if gr is None else gr)
+        got.append((data, aud.cotangent(gs), {n: (np.zeros(data[n].shape) if gr is None else gr)
                                   for n, gr in zip(names, grads)}))
     return got
 
@@ -169,7 +167,7 @@ def _all_match(aud, user, fn, at_least=2, need=None):
     compared = 0
     for data, yours in user:
         try:
-            ref = bridge.outputs(fn(data), aud.entry.outputs if aud.entry.dict_output else None)
+            ref = bridge.outputs(fn(data), aud.keys if aud.entry.dict_output else None)
         except (ValueError, TypeError):
             continue                          # the variant does not apply to this probe
         if len(ref) != len(yours) or not all(_same(aud, y, r, data, k) for y, r, k in

@@ -87,7 +87,7 @@ def _labelled(aud, outputs):
     outputs = [bridge.json_safe(o) for o in outputs]
     if len(outputs) == 1:
         return outputs[0]
-    return dict(zip(aud.entry.outputs, outputs))
+    return dict(zip(aud.keys, outputs))
 
 
 def describe(aud: Auditor, case, outcome: Outcome):

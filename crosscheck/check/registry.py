@@ -42,6 +42,9 @@ class Entry:
     freeze: Optional[Callable[[Mapping[str, object]], Optional[Freeze]]] = None
     outputs: Tuple[str, ...] = ("output",)   # names of the returned arrays (dict keys if dict)
     dict_output: bool = False                # the function returns a dict keyed by `outputs`
+    # outputs an audited function may leave out of its dict (a figure the reference adds, such
+    # as log_var beside var); an audit compares those it returns
+    optional_outputs: Tuple[str, ...] = ()
     # Gradient-valued functions (their outputs *are* gradients wrt `diff[0]`): for each output,
     # the scalar objective whose finite differences it must equal. numpy_vjp is None for them.
     objectives: Optional[Callable] = None
@@ -165,7 +168,7 @@ def build() -> Dict[str, Entry]:
                          loss=vocab.POLICY_LOSSES),
                unused=lambda params: () if params.get("beta") else ("ref_logp",)),
         _entry("kl_estimator_moments", ("logits",), outputs=vocab.MOMENT_KEYS, dict_output=True,
-               trainer_grad=False, stack="many"),
+               optional_outputs=("log_var",), trainer_grad=False, stack="many"),
         _entry("kl_estimator_gradient", ("logits",), outputs=vocab.GRADIENT_KEYS,
                dict_output=True, objectives=oracles.estimator_objectives, trainer_grad=False,
                data_keywords=("sample_logits",)),
