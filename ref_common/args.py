@@ -9,6 +9,7 @@ Every parser returns a NamedTuple of validated values: arrays converted by the t
 booleans, hyper-parameters as Python numbers, and flags that the math needs (a per-sequence
 advantage, say). Nothing here computes a result.
 """
+import math
 import numbers
 from typing import Any, NamedTuple, Optional, Protocol
 
@@ -615,7 +616,9 @@ def kl_rewards(ops: Ops, scores, logp, mask_, beta) -> KlRewards:
 
 def token_logits(ops: Ops, logits_, mask_):
     """(logits, mask) of per-token categorical policies: logits [B, T, V] (or [T, V]), V ≥ 2,
-    and a [B, T] mask."""
+    and a [B, T] mask. A logit of −inf at a valid token is vocabulary masking (top-k, top-p,
+    a banned token): probability 0, accepted while one logit of the token is finite; NaN and
+    +inf are refused."""
     s = ops.spec("logits", logits_)
     checks.require_float(s)
     if len(s.shape) not in (2, 3) or s.shape[-1] < 2:
@@ -624,9 +627,15 @@ def token_logits(ops: Ops, logits_, mask_):
     z = ops.floats(logits_)
     tokens = s._replace(shape=tuple(s.shape[:-1]))
     m = mask(ops, mask_, tokens, z[..., 0])
-    found = ops.first_nonfinite(z, m[..., None] & ops.all_valid(z))
+    banned = z == -math.inf
+    found = ops.first_nonfinite(z, m[..., None] & ops.all_valid(z) & ~banned)
     if found is not None:
         checks.finite_at_valid("logits", *found)
+    empty = ops.first_nonfinite(z[..., 0], m & ((~banned).sum(-1) == 0))
+    if empty is not None:
+        raise ValueError(f"logits are −inf for every token of the vocabulary at valid position "
+                         f"{tuple(empty[0])}: that policy gives no token any probability; "
+                         f"only masked positions (mask = 0) may hold it")
     return z, m
 
 

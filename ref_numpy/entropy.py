@@ -13,6 +13,8 @@ def _softmax_parts(logits, mask):
     e = np.exp(shifted)
     total = e.sum(axis=-1, keepdims=True)
     p = e / total
+    live = shifted > -np.inf                            # a −inf logit: p = 0, p·z counts 0
+    shifted = np.where(live, shifted, 0.0)
     z_bar = (p * shifted).sum(axis=-1)                  # E_p[z] − max z
     H = np.log(total[..., 0]) - z_bar
     return m, shifted, p, z_bar, H
@@ -26,7 +28,8 @@ def entropy(logits, mask=None):
     Reference: verl `compute_entropy_loss` (utils.torch_functional.entropy_from_logits, then
     agg_loss: the entropy bonus is −coef·aggregate(H)), OpenRLHF and TRL's logged entropy.
     Note: computed with the maximum logit subtracted, so logits of any size give the same bits
-    as their shifted copy; H ∈ [0, log V].
+    as their shifted copy; H ∈ [0, log V]. A −inf logit (vocabulary masking: top-k, top-p) is
+    a category of probability 0, whose p·log p is 0: H([−inf, 0, 0]) = log 2.
 
     Worked example: z = [0, 0] → H = log 2 = 0.693147; z = [log 0.7, log 0.3] →
     H = −(0.7 log 0.7 + 0.3 log 0.3) = 0.610864.
@@ -49,6 +52,7 @@ def entropy_vjp(g, logits, mask=None):
     (from ∂p_j/∂z_k = p_j(δ_jk − p_k)), so
         ∂H/∂z_k = −p_k (z_k − Σ_j p_j z_j) = −p_k (log p_k + H),
     which sums to 0 over k (a shift of every logit leaves H unchanged). ∂L/∂z = g·that.
+    At a −inf logit p_k = 0 and p_k·log p_k → 0, so its entry is 0.
 
     Returns:
       {"logits": [B, T, V]} float64, 0 at masked tokens.

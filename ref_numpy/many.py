@@ -135,7 +135,7 @@ def _gmpo_loss(v, old_logp, advantages, mask=None, clip_low=0.2, clip_high=None,
     return [np.float64(t) for t in (-a_bar * e).reshape(P, B).sum(axis=1) / max(B, 1)]
 
 
-def _kl_cov_loss(v, old_logp, advantages, mask=None, ratio=2e-4, coef=1.0):
+def _kl_cov_loss(v, old_logp, advantages, mask=None, ratio=2e-4, coef=0.1):
     """The covariance selection spans the batch: it is taken per point, with a leading axis."""
     _, old, adv, m, _, coef = _kl_cov_parts(v["logp"][0], old_logp, advantages, mask, ratio,
                                             coef)                                   # validates
@@ -263,7 +263,7 @@ def _kl_estimator_moments_vjps(gs, logits, ref_logits, kind):
     return [moments_vjp_of(parts, g) for g in gs]
 
 
-def _kl_cov_loss_vjps(gs, logp, old_logp, advantages, mask=None, ratio=2e-4, coef=1.0):
+def _kl_cov_loss_vjps(gs, logp, old_logp, advantages, mask=None, ratio=2e-4, coef=0.1):
     """The per-token derivative once (the selection is fixed), times each cotangent."""
     kl_cov_loss_vjp(gs[0], logp, old_logp, advantages, mask, ratio=ratio, coef=coef)  # checks
     lp, old, adv, m, chosen, coef = _kl_cov_parts(logp, old_logp, advantages, mask, ratio, coef)

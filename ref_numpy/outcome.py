@@ -9,8 +9,8 @@ from ref_common import args, checks
 
 from . import _arrays as ar
 from ._arrays import OPS
-from .advantages import (discounted_returns, discounted_returns_vjp, group_advantages,
-                         group_advantages_vjp, group_codes, whiten, whiten_vjp)
+from .advantages import (_group_units, discounted_returns, discounted_returns_vjp,
+                         group_advantages, group_advantages_vjp, group_codes, whiten, whiten_vjp)
 
 
 def _groups(fn, rewards, group_size, group_ids):
@@ -137,6 +137,9 @@ def gpg_advantages_vjp(g, rewards, *, group_size=None, group_ids=None, f_norm=1.
 
 # ====================================================================== pass@k
 def _passk_parts(rewards, group_size, group_ids, eps, scale):
+    """The ranking, and the margin and spread in each group's units of 2^e (`_group_units`),
+    so that (r_best − r_second)/(σ + eps) is the same at any magnitude of the rewards: the
+    rescaling is exact, and ordinary rewards give the unscaled results bit for bit."""
     r, gid, counts = _groups("passk_advantages", rewards, group_size, group_ids)
     eps = checks.non_negative("eps", eps)
     scale = checks.choice("scale", scale, ("group", "none"))
@@ -148,11 +151,17 @@ def _passk_parts(rewards, group_size, group_ids, eps, scale):
     order = np.lexsort((-r, gid))                  # by group, best first (ties: first row)
     start = np.searchsorted(gid[order], np.arange(G))
     top, second = order[start], order[np.minimum(start + 1, len(order) - 1)]
-    mu = _per_group(r, gid, G) / np.maximum(counts, 1)
-    dev = r - mu[gid] if r.size else r
+    e = _group_units(r, gid, "group")               # per row
+    rs = np.ldexp(r, -e)
+    mu = _per_group(rs, gid, G) / np.maximum(counts, 1)
+    dev = rs - mu[gid] if r.size else rs
     sigma = np.sqrt(_per_group(dev * dev, gid, G) / np.maximum(counts - 1, 1))
-    D = sigma + eps if scale == "group" else np.ones(G)
-    return r, gid, counts, top, second, dev, sigma, D, scale
+    e_top = e[top]
+    with np.errstate(over="ignore"):                # eps far above tiny rewards: A ≈ 0
+        D = sigma + np.ldexp(eps, -e_top) if scale == "group" else np.ldexp(1.0, -e_top)
+    margin = rs[top] - rs[second]                   # in the group's units
+    tie = margin == 0
+    return r, gid, counts, top, second, dev, sigma, D, scale, margin, tie, e_top
 
 
 def passk_advantages(rewards, *, group_size=None, group_ids=None, eps=1e-6, scale="group"):
@@ -162,7 +171,10 @@ def passk_advantages(rewards, *, group_size=None, group_ids=None, eps=1e-6, scal
         A_best = (r_best − r_second)/(σ_g + eps)   (scale="group"; "none": no division)
         A = 0 for every other response
 
-    σ_g the group's standard deviation with n − 1. A tie for the best gives 0 to all.
+    σ_g the group's standard deviation with n − 1. A tie for the best gives 0 to all, eps = 0
+    on an all-equal group included (0/0 there). A is scale-invariant for scale="group": the
+    margin and σ are formed in units of the group's largest |r| (a power of two), so rewards
+    ×1e200 or ×1e−200 give the advantages of rewards ×1, eps scaled with them.
 
     Reference: arXiv:2503.19595 as verl writes it in `compute_grpo_passk_outcome_advantage`
     (norm_adv_by_std_in_grpo picks scale="group"; groups of one are refused).
@@ -178,10 +190,11 @@ def passk_advantages(rewards, *, group_size=None, group_ids=None, eps=1e-6, scal
     Returns:
       [B] float64.
     """
-    r, gid, counts, top, second, _, _, D, _ = _passk_parts(rewards, group_size, group_ids, eps,
-                                                           scale)
+    r, _, _, top, _, _, _, D, _, margin, tie, _ = _passk_parts(rewards, group_size, group_ids,
+                                                               eps, scale)
     out = np.zeros(r.shape)
-    out[top] = (r[top] - r[second]) / D
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out[top] = np.where(tie, 0.0, margin / np.where(tie, 1.0, D))
     return out
 
 
@@ -193,23 +206,31 @@ def passk_advantages_vjp(g, rewards, *, group_size=None, group_ids=None, eps=1e-
     D = σ + eps, ∂σ/∂r_j = (r_j − μ)/((n − 1)σ) for j in the group, so
         ḡ_best += g_best/D,   ḡ_second −= g_best/D,
         ḡ_j −= g_best·Δ/D²·(r_j − μ)/((n − 1)σ)   for every j in the group (scale="group").
-    At σ = 0 every reward is equal, Δ = 0, and the last term is taken as 0.
+    At σ = 0 every reward is equal, Δ = 0, and the last term is taken as 0. With eps = 0 there
+    D = 0 too: A is 0 at that point but jumps to a constant (A is scale-invariant) for any
+    spread, so it has no derivative; the gradient is taken as 0.
+    Every term is formed in the group's units of 2^e (`_passk_parts`): Δ, σ, D and r − μ scale
+    by 2^−e, so ∂A/∂r = (the same expression in those units)·2^−e.
 
     Returns:
       {"rewards": [B]} float64.
     """
-    r, gid, counts, top, second, dev, sigma, D, scale = _passk_parts(rewards, group_size,
-                                                                     group_ids, eps, scale)
+    r, gid, counts, top, second, dev, sigma, D, scale, margin, _, e_top = _passk_parts(
+        rewards, group_size, group_ids, eps, scale)
     g = args.cotangent(OPS, g, "g", OPS.spec("rewards", rewards))
     out = np.zeros(r.shape)
-    gb = g[top]
-    np.add.at(out, top, gb / D)
-    np.add.at(out, second, -gb / D)
+    flat = D == 0                                      # all equal, eps = 0: no derivative
+    gb = np.where(flat, 0.0, g[top]) / np.where(flat, 1.0, D)       # g_best/D, group units
+    units = np.zeros(r.shape)                          # the gradient in the groups' units
+    np.add.at(units, top, gb)
+    np.add.at(units, second, -gb)
     if scale == "group" and r.size:
-        delta = r[top] - r[second]
         with np.errstate(divide="ignore", invalid="ignore"):
-            k = np.where(sigma > 0, gb * delta / D ** 2 / ((counts - 1) * sigma), 0.0)
-        out -= k[gid] * dev
+            k = np.where(sigma > 0, gb * (margin / np.where(flat, 1.0, D)) /
+                         ((counts - 1) * sigma), 0.0)
+        units -= k[gid] * dev
+    with np.errstate(over="ignore"):                   # 1/σ of subnormal rewards: inf
+        out = np.ldexp(units, -e_top[gid])
     return {"rewards": out}
 
 

@@ -169,29 +169,36 @@ def _dppo_parts(logp, old_logp, advantages, mask, divergence, clip_low, clip_hig
             if (x > 0).any():
                 i = tuple(int(k) for k in np.argwhere(x > 0)[0])
                 args.not_a_log_probability(name, i, float(x[i]))
+        one_q, one_p = -np.expm1(old), -np.expm1(lp)        # 1 − q and 1 − p, no cancellation
         with np.errstate(divide="ignore", invalid="ignore"):
-            d = q * (old - lp) + (1.0 - q) * (np.log(1.0 - q + p.kl_eps) -
-                                               np.log(1.0 - pi + p.kl_eps))
+            # (1 − q)·log(…) is 0 where q = 1: the limit x·log x → 0 (for ε = 0 it is 0·−inf)
+            second = np.where(one_q > 0, one_q * (np.log(one_q + p.kl_eps) -
+                                                  np.log(one_p + p.kl_eps)), 0.0)
+            d = q * (old - lp) + second
         pos_ok, neg_ok = (d <= p.hi) | (pi <= q), (d <= p.lo) | (pi >= q)
     keep = np.where(adv > 0, pos_ok, neg_ok) & m
     return lp, adv, m, w, keep
 
 
 def dppo_loss(logp, old_logp, advantages, mask=None, *, divergence="tv", clip_low=0.2,
-              clip_high=None, clip_c=20.0, log_ratio_clamp=20.0, kl_eps=0.0):
+              clip_high=None, clip_c=3.0, log_ratio_clamp=20.0, kl_eps=0.0):
     """DPPO: a trust region on the sampled token's probability instead of on the ratio.
 
         p = e^logp, q = e^old_logp, r = exp(clip(logp − old_logp, ±log_ratio_clamp))
         tv:  D = p − q;  kept where A > 0: D ≤ δ_high,  A ≤ 0: D ≥ −δ_low
-        kl:  D = q·log(q/p) + (1 − q)·log((1 − q + ε)/(1 − p + ε)), the binary KL;
+        kl:  D = q·log(q/p) + (1 − q)·log((1 − q + ε)/(1 − p + ε)), the binary KL, whose
+             second term is 0 at q = 1 (the limit of x·log x), so D = −log p there;
              kept where A > 0: D ≤ δ_high or p ≤ q,  A ≤ 0: D ≤ δ_low or p ≥ q
         l_t = −A_t·sg(min(r_t, C))·logp_t·sg(kept_t)
 
     A token leaves the update only when it has moved too far in its advantage's direction.
 
     Reference: "DPPO" (arXiv:2602.04879) as verl writes it in `compute_policy_loss_dppo_tv` and
-    `compute_policy_loss_dppo_kl` (δ = actor.clip_ratio(_low/_high), C = clip_ratio_c, default
-    20 there, log-ratio clamp ±20, ε = 1e-8 in the binary KL: `kl_eps`).
+    `compute_policy_loss_dppo_kl` (δ = actor.clip_ratio(_low/_high); C = the actor config's
+    clip_ratio_c, 3.0 by default, which verl reads as config.get("clip_ratio_c", 20.0), so 20
+    is only the fallback where the key is absent; log-ratio clamp ±20; ε = 1e-8 in the binary
+    KL: `kl_eps`). float32 log-softmax returns old_logp = 0 exactly for a confident token:
+    with ε = 0 its D is −log p, not 0·log 0.
     Note: the value carries logp itself, weighted by the detached truncated ratio, so the
     gradient is −A·min(r, C) inside the region and 0 outside: the truncated-IS policy gradient.
 
@@ -216,7 +223,7 @@ def dppo_loss(logp, old_logp, advantages, mask=None, *, divergence="tv", clip_lo
 
 
 def dppo_loss_vjp(g, logp, old_logp, advantages, mask=None, *, divergence="tv", clip_low=0.2,
-                  clip_high=None, clip_c=20.0, log_ratio_clamp=20.0, kl_eps=0.0):
+                  clip_high=None, clip_c=3.0, log_ratio_clamp=20.0, kl_eps=0.0):
     """VJP of `dppo_loss` wrt logp.
 
     Gradient: min(r, C) and the region indicator are stop-gradient factors, so
@@ -329,7 +336,7 @@ def _kl_cov_parts(logp, old_logp, advantages, mask, ratio, coef):
     return lp, old, adv, m, kl_cov_selection(lp, adv, m, ratio), coef
 
 
-def kl_cov_loss(logp, old_logp, advantages, mask=None, *, ratio=2e-4, coef=1.0):
+def kl_cov_loss(logp, old_logp, advantages, mask=None, *, ratio=2e-4, coef=0.1):
     """KL-Cov: the unclipped surrogate, with a |log-ratio| penalty on the few tokens whose
     advantage and log-probability co-vary most (the ones that collapse entropy):
 
@@ -339,13 +346,15 @@ def kl_cov_loss(logp, old_logp, advantages, mask=None, *, ratio=2e-4, coef=1.0):
 
     Reference: Cui et al., "The Entropy Mechanism of Reinforcement Learning for Reasoning
     Language Models" (arXiv:2505.22617), as verl writes it in `compute_policy_loss_kl_cov`
-    (ratio = policy_loss.kl_cov_ratio 2e-4, coef = ppo_kl_coef 1.0; no ratio clip at all).
+    (ratio = policy_loss.kl_cov_ratio 2e-4; coef = policy_loss.ppo_kl_coef, 0.1 in verl's
+    PolicyLossConfig and actor.yaml, the code's 1.0 being only its fallback for None; no
+    ratio clip at all).
     Note: the selection spans the whole batch (a token's penalty depends on every other
     token), so micro-batches select differently from the full batch.
 
-    Worked example: A = [1, −1], logp = [−0.5, −2], old = [−1, −1.5], ratio 0.1 (k = 1):
-    cov = [0.375, 0.375]: a tie, the first token wins; l = [−e^0.5 + 0.5, e^−0.5] =
-    [−1.148721, 0.606531].
+    Worked example: A = [1, −1], logp = [−0.5, −2], old = [−1, −1.5], ratio 0.1 (k = 1),
+    coef 1: Ā = 0, mean logp = −1.25, cov = [1·0.75, −1·−0.75] = [0.75, 0.75]: a tie, the
+    first token wins; l = [−e^0.5 + 0.5, e^−0.5] = [−1.148721, 0.606531].
 
     Args:
       logp, old_logp: [B, T] float (or [T]).
@@ -362,7 +371,7 @@ def kl_cov_loss(logp, old_logp, advantages, mask=None, *, ratio=2e-4, coef=1.0):
     return np.where(m, loss, 0.0).reshape(np.shape(logp))
 
 
-def kl_cov_loss_vjp(g, logp, old_logp, advantages, mask=None, *, ratio=2e-4, coef=1.0):
+def kl_cov_loss_vjp(g, logp, old_logp, advantages, mask=None, *, ratio=2e-4, coef=0.1):
     """VJP of `kl_cov_loss` wrt logp.
 
     Gradient: the selection S is stop-gradient (piecewise constant in logp), so

@@ -14,5 +14,7 @@ def entropy(logits, mask=None):
     z, m = args.token_logits(OPS, logits, mask)
     z = torch.where(m[..., None], z, tt.zero(z))
     log_p = torch.log_softmax(z, dim=-1)
-    H = -(torch.exp(log_p) * log_p).sum(dim=-1)
+    live = z > -torch.inf                  # a −inf logit (vocabulary masking): 0·log 0 = 0
+    log_p = torch.where(live, log_p, tt.zero(log_p))
+    H = -torch.where(live, torch.exp(log_p) * log_p, tt.zero(log_p)).sum(dim=-1)
     return torch.where(m, H, tt.zero(H))

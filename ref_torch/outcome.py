@@ -58,11 +58,19 @@ def passk_advantages(rewards, *, group_size=None, group_ids=None, eps=1e-6, scal
         if len(rows) < 2:
             raise ValueError(f"rewards of row {int(rows[0])} form a group of one; pass@k "
                              "compares the best and second-best of a group of at least 2")
-        group = r[rows]
+        # in units of 2^e above the group's largest |r|: exact, so A is scale-invariant
+        e = tt.binary_exponent(r[rows])
+        group = tt.times_power_of_two(r[rows], -e)
         best, where = torch.topk(group, 2)
         margin = best[0] - best[1]
         if scale == "group":
-            margin = margin / (torch.std(group) + eps)
+            dev = group - group.mean()
+            D = tt.safe_sqrt(dev.pow(2).sum() / (len(rows) - 1)) + tt.ldexp_or_inf(eps, -e)
+            if bool(D.detach() == 0):     # all equal, eps = 0: A = 0, no derivative (taken 0)
+                margin, D = margin * 0, torch.ones_like(D)
+            margin = margin / D
+        else:
+            margin = tt.times_power_of_two(margin, e)      # the bare margin, in reward units
         one_hot = (torch.arange(r.shape[0], device=r.device) == rows[where[0]]).to(r.dtype)
         out = out + one_hot * margin
     return out

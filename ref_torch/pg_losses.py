@@ -68,7 +68,7 @@ def reinforce_loss(logp, old_logp, advantages, mask=None, *, beta=0.0, is_level=
 
 
 def dppo_loss(logp, old_logp, advantages, mask=None, *, divergence="tv", clip_low=0.2,
-              clip_high=None, clip_c=20.0, log_ratio_clamp=20.0, kl_eps=0.0):
+              clip_high=None, clip_c=3.0, log_ratio_clamp=20.0, kl_eps=0.0):
     """DPPO (arXiv:2602.04879): l = −A·sg(min(r, C))·logp·sg(kept), kept where the binary TV
     (p − q) or binary KL between the token's new and old probabilities is inside δ in the
     advantage's direction.
@@ -88,8 +88,10 @@ def dppo_loss(logp, old_logp, advantages, mask=None, *, divergence="tv", clip_lo
                 if len(bad):
                     i = tuple(int(k) for k in bad[0])
                     args.not_a_log_probability(name, i, x[i].item())
-            binary_kl = q * (old0 - lp0) + (1 - q) * (torch.log(1 - q + p.kl_eps) -
-                                                      torch.log(1 - pi + p.kl_eps))
+            not_q, not_pi = -torch.expm1(old0), -torch.expm1(lp0)
+            # 0·log 0 = 0 where q = 1 (its limit), so the binary KL there is −log p
+            tail = not_q * (torch.log(not_q + p.kl_eps) - torch.log(not_pi + p.kl_eps))
+            binary_kl = q * (old0 - lp0) + torch.where(not_q > 0, tail, torch.zeros_like(tail))
             pos_ok = (binary_kl <= p.hi) | (pi <= q)
             neg_ok = (binary_kl <= p.lo) | (pi >= q)
         kept = torch.where(adv0 > 0, pos_ok, neg_ok) & m
@@ -117,7 +119,7 @@ def gmpo_loss(logp, old_logp, advantages, mask=None, *, clip_low=0.2, clip_high=
     return (-mean_adv * ratio).sum() / max(mean_adv.shape[0], 1)
 
 
-def kl_cov_loss(logp, old_logp, advantages, mask=None, *, ratio=2e-4, coef=1.0):
+def kl_cov_loss(logp, old_logp, advantages, mask=None, *, ratio=2e-4, coef=0.1):
     """KL-Cov (arXiv:2505.22617): −A·r everywhere, plus coef·|log r| on the top
     max(1, ⌊N·ratio⌋) valid tokens by the (detached) covariance (A − Ā)(logp − mean logp).
     Args/Returns: as ref_numpy.kl_cov_loss, with tensors.

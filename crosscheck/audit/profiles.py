@@ -127,7 +127,7 @@ PROFILES: Dict[str, Profile] = {p.name: p for p in (
                                 clamp=None),
             "kl_cov_loss": _rule(V + "compute_policy_loss_kl_cov; verl/workers/config/actor.py:"
                                  " PolicyLossConfig.kl_cov_ratio, ppo_kl_coef", ratio=2e-4,
-                                 coef=1.0),
+                                 coef=0.1),
             "optimal_token_baseline_advantages": _rule(
                 V + "compute_optimal_token_baseline_advantage", zero_tail=True, eps=1e-8),
             "opo_advantages": _rule(V + "compute_opo_outcome_advantage"),

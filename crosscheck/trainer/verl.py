@@ -161,7 +161,7 @@ def _kl_cov(fn, ratio):
         B, T = mask.shape
         n = int(mask.sum())
         config = _actor_config(config_class, n, B, policy_loss=_Fields(
-            kl_cov_ratio=ratio, ppo_kl_coef=1.0))
+            kl_cov_ratio=ratio, ppo_kl_coef=0.1))
         out = []
         for b in range(B):
             for t in range(T):
@@ -567,7 +567,7 @@ ROWS = ROWS + (
                  "token's loss read through rollout_is_weights = N at that token, 0 elsewhere, "
                  "with token-mean over the batch's N valid tokens",
                  "policy_loss.kl_cov_ratio = 0.1 (the default 2e-4 selects one token of "
-                 "batches under 10,000 tokens), ppo_kl_coef = 1.0"),
+                 "batches under 10,000 tokens), ppo_kl_coef = 0.1 (PolicyLossConfig's default)"),
         conventions=dict(ratio=0.1), audit=dict(cases=24),    # a whole-batch call per token
         params=("old_log_prob", "log_prob", "advantages", "response_mask", "config",
                 "rollout_is_weights")),

@@ -43,6 +43,39 @@ def test_entropy_padding_never_reaches_an_output_or_a_gradient():
                                   [0.0, 0.0])
 
 
+def test_a_minus_inf_logit_is_vocabulary_masking_with_probability_zero():
+    # top-k leaves [−inf, 0, 0]: H = log 2; the banned token's gradient entry is 0
+    z = np.array([[[-np.inf, 0.0, 0.0], [1.0, 2.0, -np.inf]]])
+    p = np.array([1.0, math.e]) / (1 + math.e)
+    want = [math.log(2), -(p * np.log(p)).sum()]
+    g = np.array([[1.0, -2.0]])
+    t = torch.tensor(z, requires_grad=True)
+    h = ref_torch.entropy(t)
+    (h * torch.tensor(g)).sum().backward()
+    np.testing.assert_allclose(ref_numpy.entropy(z), [want], rtol=1e-15)
+    np.testing.assert_allclose(h.detach().numpy(), [want], rtol=1e-15)
+    hand = ref_numpy.entropy_vjp(g, z)["logits"]
+    # the finite logits' gradient is that of the same policy without the banned token
+    np.testing.assert_allclose(hand[0, 1, :2], -2.0 * ref_numpy.entropy_vjp(
+        np.ones((1, 1)), z[:, 1:, :2])["logits"][0, 0], rtol=1e-15)
+    np.testing.assert_allclose(t.grad.numpy(), hand, rtol=1e-14, atol=1e-16)
+    assert hand[0, 0, 0] == 0.0 and hand[0, 1, 2] == 0.0
+
+
+@pytest.mark.parametrize("mod, conv", [(ref_numpy, np.asarray), (ref_torch, torch.tensor)])
+def test_entropy_refuses_nan_plus_inf_and_an_all_banned_vocabulary_at_a_valid_token(mod, conv):
+    with pytest.raises(ValueError, match=r"logits is inf at valid position \(0, 0, 1\)"):
+        mod.entropy(conv(np.array([[[0.0, np.inf]]])))
+    with pytest.raises(ValueError, match=r"logits is nan at valid position"):
+        mod.entropy(conv(np.array([[[np.nan, 0.0]]])))
+    with pytest.raises(ValueError, match=r"logits are −inf for every token .* position \(0, 0\)"):
+        mod.entropy(conv(np.array([[[-np.inf, -np.inf]]])))
+    # the same rows at a masked position are padding
+    z = np.array([[[-np.inf, -np.inf], [0.0, 0.0]]])
+    np.testing.assert_array_equal(np.asarray(mod.entropy(conv(z), conv(np.array([[0, 1]])))),
+                                  [[0.0, math.log(2)]])
+
+
 def test_entropy_refuses_a_mask_of_the_wrong_shape():
     with pytest.raises(ValueError, match="mask"):
         ref_numpy.entropy(np.zeros((2, 3, 4)), np.ones((2, 4), bool))

@@ -60,6 +60,37 @@ def test_passk_matches_hand_computed_numbers():
         np.testing.assert_array_equal(got, 0.0)                # a tie for the best: no winner
 
 
+def grads(name, g, rewards, **kw):
+    """The hand VJP and torch autograd's, for one cotangent."""
+    hand = getattr(ref_numpy, name + "_vjp")(g, rewards, **kw)["rewards"]
+    t = torch.tensor(rewards, requires_grad=True)
+    (getattr(ref_torch, name)(t, **kw) * torch.tensor(g)).sum().backward()
+    return hand, t.grad.numpy()
+
+
+def test_passk_with_eps_zero_gives_an_all_equal_group_zero_and_no_gradient():
+    # the docstring's promise: a tie for the best gives 0 to all, also at 0/0 (σ = 0, eps = 0)
+    r = np.array([2.0] * 5)
+    for got in both("passk_advantages", r, group_size=5, eps=0.0):
+        np.testing.assert_array_equal(got, 0.0)
+    for got in grads("passk_advantages", np.arange(1.0, 6.0), r, group_size=5, eps=0.0):
+        np.testing.assert_array_equal(got, 0.0)
+
+
+@pytest.mark.parametrize("scale", [1e200, 1e-200, 2.0 ** 1000, 3e-305])
+def test_passk_is_scale_invariant_as_group_advantages_is(scale):
+    # two groups [0, 1]: σ = 1/√2, margin 1: the better of each gets √2, at any scale
+    r = np.array([0.0, 1.0, 0.0, 1.0])
+    for got in both("passk_advantages", r * scale, group_size=2, eps=0.0):
+        np.testing.assert_allclose(got, [0.0, math.sqrt(2), 0.0, math.sqrt(2)], rtol=1e-15)
+    # [1, 3, 2], eps = 0: A_best = 1; ∂A/∂r = [0.5, 0.5, −1]/scale (hand: see the VJP)
+    r = np.array([1.0, 3.0, 2.0])
+    for got in both("passk_advantages", r * scale, group_size=3, eps=0.0):
+        np.testing.assert_allclose(got, [0.0, 1.0, 0.0], rtol=1e-15)
+    for got in grads("passk_advantages", np.ones(3), r * scale, group_size=3, eps=0.0):
+        np.testing.assert_allclose(got * scale, [0.5, 0.5, -1.0], rtol=1e-14)
+
+
 def test_passk_refuses_a_group_of_one():
     with pytest.raises(ValueError, match="group of one"):
         ref_numpy.passk_advantages(np.array([1.0, 2.0, 3.0]), group_ids=np.array([0, 0, 1]))

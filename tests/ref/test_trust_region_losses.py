@@ -63,6 +63,27 @@ def test_dppo_with_a_region_that_never_binds_has_the_unclipped_ppo_gradient():
     np.testing.assert_allclose(dppo, unclipped["logp"], rtol=1e-14)
 
 
+@pytest.mark.parametrize("kl_eps", [0.0, 1e-8])
+def test_dppo_kl_keeps_a_token_whose_old_probability_is_exactly_one(kl_eps):
+    # q = 1 (float32 log-softmax gives old_logp = 0 for a confident token): the binary KL is
+    # 1·log(1/p) + 0·log(0/(1 − p)) = −log p = 0.1 ≤ δ, so the token is kept and its gradient
+    # is −A·r = e^−0.1 (verl, with ε = 1e-8: +0.9048)
+    lp, old, adv = np.array([-0.1]), np.array([0.0]), np.array([-1.0])
+    for got in grads("dppo_loss", np.ones(1), lp, old, adv, divergence="kl", kl_eps=kl_eps):
+        np.testing.assert_allclose(got, [math.exp(-0.1)], rtol=1e-15)
+    # beyond δ it is dropped: −log p = 0.3 > 0.2, with A < 0 and p < q
+    for got in grads("dppo_loss", np.ones(1), np.array([-0.3]), old, adv, divergence="kl",
+                     kl_eps=kl_eps):
+        np.testing.assert_array_equal(got, [0.0])
+
+
+def test_dppo_truncates_at_verls_default_clip_ratio_c():
+    # ActorConfig.clip_ratio_c = 3.0: r = e^2 is truncated to 3 (A < 0 keeps the move up)
+    lp, old, adv = np.array([-0.05]), np.array([-2.05]), np.array([-1.0])
+    for got in grads("dppo_loss", np.ones(1), lp, old, adv, clip_low=10.0):
+        np.testing.assert_allclose(got, [3.0], rtol=1e-15)
+
+
 def test_dppo_kl_refuses_a_positive_log_probability():
     x = np.array([[0.5]])
     with pytest.raises(ValueError, match="logp at valid position"):
@@ -106,13 +127,23 @@ def test_gmpo_empty_rows_count_in_the_mean_and_add_nothing():
 
 # ------------------------------------------------------------------ KL-Cov
 def test_kl_cov_matches_hand_computed_numbers():
-    # cov = [0.375, 0.375], a tie: the first token (row-major) is penalised
+    # Ā = 0, mean logp = −1.25: cov = [1·0.75, −1·−0.75] = [0.75, 0.75], a tie: the first
+    # token (row-major) is penalised
     lp, old, adv = np.array([-0.5, -2.0]), np.array([-1.0, -1.5]), np.array([1.0, -1.0])
     want = [-math.exp(0.5) + 0.5, math.exp(-0.5)]
-    for got in both("kl_cov_loss", lp, old, adv, ratio=0.1):
+    for got in both("kl_cov_loss", lp, old, adv, ratio=0.1, coef=1.0):
         np.testing.assert_allclose(got, want, rtol=1e-15)
-    for got in grads("kl_cov_loss", np.ones(2), lp, old, adv, ratio=0.1):
+    for got in grads("kl_cov_loss", np.ones(2), lp, old, adv, ratio=0.1, coef=1.0):
         np.testing.assert_allclose(got, [-math.exp(0.5) + 1.0, math.exp(-0.5)], rtol=1e-15)
+    cov = (adv - adv.mean()) * (lp - lp.mean())
+    np.testing.assert_allclose(cov, [0.75, 0.75], rtol=1e-15)
+
+
+def test_kl_cov_penalty_defaults_to_verls_ppo_kl_coef():
+    # PolicyLossConfig.ppo_kl_coef = 0.1 (1.0 is only the code's fallback for None)
+    lp, old, adv = np.array([-0.5, -2.0]), np.array([-1.0, -1.5]), np.array([1.0, -1.0])
+    for got in both("kl_cov_loss", lp, old, adv, ratio=0.1):
+        np.testing.assert_allclose(got, [-math.exp(0.5) + 0.05, math.exp(-0.5)], rtol=1e-15)
 
 
 def test_kl_cov_without_its_penalty_is_the_unclipped_surrogate():
