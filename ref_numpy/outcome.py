@@ -106,7 +106,12 @@ def gpg_advantages(rewards, *, group_size=None, group_ids=None, f_norm=1.0):
     Reference: Chu et al., "GPG: A Simple and Strong Reinforcement Learning Baseline"
     (arXiv:2504.02546), as verl writes it in `compute_gpg_outcome_advantage` (f_norm = 1).
     Note: α counts non-zero *rewards*, before centring, over the whole batch; it is piecewise
-    constant in r (a kink where a reward crosses 0), treated as a constant by the VJP.
+    constant in r (a kink where a reward crosses 0), treated as a constant by the VJP. This is
+    verl's α (`bsz / count_nonzero(scores)`). The paper's is α = B/(B − M), M the samples whose
+    advantage is 0 (the members of groups whose rewards are all equal), so it counts samples
+    that carry a gradient, not non-zero rewards: for 0/1 rewards verl's counts the correct
+    answers, the paper's the members of mixed groups, which differ in general. The reference
+    follows verl, the code it audits.
 
     Worked example: r = [1, 0, 0, 0], one group: α = 4, mean 0.25, A = [3, −1, −1, −1].
 

@@ -105,8 +105,8 @@ def reinforce_loss(logp, old_logp, advantages, mask=None, *, beta=0.0, is_level=
     its advantages), `compute_policy_loss_dro` (β = policy_loss.dro_beta) and
     `compute_policy_loss_bypass_mode` with loss_type "reinforce" (old_log_prob is the rollout's;
     token-level weights truncated at 2, log-ratio clamped to ±20).
-    Note: the value −A·logp is not the PPO surrogate −A·r: it differs by a constant in θ only at
-    r = 1, so the two have the same gradient on-policy. With is_level set, beta must be 0 (one
+    Note: the value −A·logp is not the PPO surrogate −A·r, and not even a constant apart from it;
+    but at r = 1 (on-policy) the two have the same gradient, −A·∇logp, since ∇r = r·∇logp. With is_level set, beta must be 0 (one
     old_logp cannot be both the rollout and the DRO anchor).
 
     Worked example: A = 2, logp = −0.5, old = −0.7, β = 1: l = 1 + ½·0.04 = 1.02,

@@ -216,7 +216,7 @@ def gspo_loss(logp, old_logp, advantages, mask=None, *, clip_low=3e-4, clip_high
 
     Reference: Zheng et al., "Group Sequence Policy Optimization", arXiv:2507.18071, eq. (5)–(7)
     (sequence form) and eq. (10)–(11) (GSPO-token).
-    Note: `form="token"` is GSPO-token, verl's `gspo` and TRL's `sequence_token`: the per-token
+    Note: `form="token"` is GSPO-token (verl's `gspo`; TRL 1.16 has no such mode): the per-token
     ratio is exp(logp_t − sg(logp_t) + sg(log s_i)), equal to s_i in value, but the gradient
     reaches token t only through its own logp_t. `form="sequence"` (TRL `sequence`, OpenRLHF,
     NeMo) differentiates through the mean, so every token of a row shares the gradient.
@@ -392,6 +392,12 @@ def vespo_loss(logp, old_logp, advantages, mask=None, *, k_pos=2.0, lambda_pos=3
 
     Reference: TRL `GRPOTrainer.get_gamma_weights` and `loss_type="vespo"` (k 2 / 3, λ 3 / 2
     for A ≥ 0 / A < 0; the log-ratio clamped to ±20, log w to [log 1e-8, 20]).
+    Under vLLM importance-sampling correction TRL folds the rollout's token ratios ρ_t =
+    π_old/π_vllm (already truncated, or 0 where token_mask rejected them) into w:
+    log w = clip(Σ m·clip(logp − old, ±20) + Σ_t clip(log ρ_t, log 1e-8, 20), log 1e-8, 20),
+    and, unlike the other losses, does not multiply the per-token loss by ρ. This reference
+    takes no ρ: that configuration is audited by passing old_logp − clip(log ρ, log 1e-8, 20)
+    as old_logp, which is exact while no token's log-ratio reaches the ±20 clamp.
     Note: φ is detached (a gradient scale), so the gradient is −φ·A per token; on policy
     (w = 1) it is −A, the policy gradient. With k = 0 and λ → 0, φ → 1 (plain REINFORCE).
 

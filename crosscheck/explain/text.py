@@ -92,8 +92,10 @@ EN = {
     "grpo.weights_why": "Why: token-mean weighs every one of the N = {n} tokens alike; "
                         "seq-mean-token-mean gives a token 1/(L_i·B), so a short answer's tokens "
                         "weigh more (length bias); seq-mean-token-sum gives 1/B, so long answers "
-                        "dominate; seq-mean-token-sum-norm (Dr. GRPO) gives the constant 1/T, "
-                        "here B = {B}, T = {T}.",
+                        "dominate; seq-mean-token-sum-norm, as this reference writes it (verl's "
+                        "form before 0.9), gives the constant 1/T, here B = {B}, T = {T}. Dr. "
+                        "GRPO and verl 0.9's mode of that name also divide by the B rows: "
+                        "1/(B·T), seq-mean-token-sum with norm = T.",
     # ---------------------------------------------------------------- 5 CISPO
     "cispo.title": "== 5. CISPO vs PPO clip ==",
     "cispo.intro": "Ratios 0.3, 0.9, 1.5, 3.0, 5.0 with A = +1, logπ = −0.5; PPO with ε = 0.2, "
@@ -163,7 +165,11 @@ EN = {
                     "GSPO (the sequence ratio's geometric mean, ε = 0.2), SAPO (τ 1.0 / 1.05), "
                     "GMPO (ε = 0.2 in log space, per token, then the geometric mean), and the "
                     "rollout corrections of REINFORCE with π_old read as the rollout policy: TIS "
-                    "(the weight min(r, 2), detached) and MIS (the weight r, 0 beyond 2).",
+                    "(the weight min(r, 2), detached) and MIS (the weight r, 0 beyond 2). The "
+                    "per-token methods' columns weigh each token 1 (a sum over tokens); GSPO's "
+                    "and GMPO's are of their sequence loss, which takes the mean over the 5 "
+                    "tokens, so they are on a scale 1/5 of the others: multiply them by 5 to "
+                    "compare.",
     "beyond.pos": "A = +1:",
     "beyond.neg": "A = −1:",
     "beyond.why": "Why: PPO cuts a token's gradient to 0 once its ratio has left [1 − ε, 1 + ε] "
@@ -174,7 +180,7 @@ EN = {
                   "removes only the tokens past ±ε in the advantage's direction, as PPO's does. "
                   "SAPO fades instead of cutting: its gradient is −A·r·4σ(1 − σ), "
                   "σ = σ(τ(r − 1)); the weight 4σ(1 − σ) is 1 at r = 1 and decays with |r − 1| "
-                  "at a speed set by τ (with τ = 1 the factor r still wins up to r = 2.5). TIS "
+                  "at a speed set by τ (with τ = 1 the gradient still grows with r up to r ≈ 2.06, where it peaks at 1.575, and is falling by r = 2.5, at 1.491). TIS "
                   "keeps every token with its weight capped at 2; MIS drops the token whose weight "
                   "is past the bound. At r = 1 every per-token method gives −A, the on-policy "
                   "policy gradient.",
@@ -252,8 +258,9 @@ ZH = {
     "grpo.weights_intro": "每种聚合方式给回答 i 的一个 token 的权重（∂loss/∂l_it；原示例没有）：",
     "grpo.weights_why": "原因：token-mean 对 N = {n} 个 token 一视同仁；seq-mean-token-mean 给每个 "
                         "token 1/(L_i·B)，短回答的 token 权重更大（长度偏差）；seq-mean-token-sum 给 "
-                        "1/B，长回答占主导；seq-mean-token-sum-norm（Dr. GRPO）给常数 1/T，"
-                        "这里 B = {B}，T = {T}。",
+                        "1/B，长回答占主导；本参考实现所写的 seq-mean-token-sum-norm（verl 0.9 之前的"
+                        "形式）给常数 1/T，这里 B = {B}，T = {T}。Dr. GRPO 与 verl 0.9 中同名的模式还要"
+                        "除以 B 行：1/(B·T)，即 norm = T 的 seq-mean-token-sum。",
     "cispo.title": "== 5. CISPO vs PPO clip 对比 ==",
     "cispo.intro": "ratio 为 0.3、0.9、1.5、3.0、5.0，A = +1，logπ = −0.5；PPO 的 ε = 0.2，CISPO 的绝对上界 "
                    "2.0（与原示例相同；MiniMind 默认上界是 5.0）。CISPO 的 loss 是 −sg(w)·A·logπ，"
@@ -312,7 +319,9 @@ ZH = {
                     "（ε = 0.2）、CISPO（权重 clip(r, 0.8, 1.2)，已 detach）、GSPO（序列比率取几何"
                     "平均，ε = 0.2）、SAPO（τ 为 1.0 / 1.05）、GMPO（在对数空间逐 token 以 ε = 0.2 "
                     "裁剪，再取几何平均），以及把 π_old 视为 rollout 策略的 REINFORCE 的 rollout "
-                    "修正：TIS（权重 min(r, 2)，已 detach）与 MIS（权重为 r，超过 2 则为 0）。",
+                    "修正：TIS（权重 min(r, 2)，已 detach）与 MIS（权重为 r，超过 2 则为 0）。逐 "
+                    "token 方法的列中每个 token 权重为 1（对 token 求和）；GSPO 与 GMPO 的列来自其"
+                    "序列 loss，已对 5 个 token 取平均，因此尺度是其他列的 1/5：乘以 5 才可比较。",
     "beyond.pos": "A = +1：",
     "beyond.neg": "A = −1：",
     "beyond.why": "原因：PPO 在比率沿优势方向离开 [1 − ε, 1 + ε] 后把该 token 的梯度截为 0"
@@ -321,7 +330,7 @@ ZH = {
                   "token 分得序列梯度的一份（对其 5 个 token 取平均），GMPO 的逐 token 裁剪与 PPO "
                   "一样，只去掉沿优势方向超出 ±ε 的 token。SAPO 以衰减代替截断：其梯度为 "
                   "−A·r·4σ(1 − σ)，σ = σ(τ(r − 1))；权重 4σ(1 − σ) 在 r = 1 处为 1，随 |r − 1| "
-                  "以 τ 决定的速度衰减（τ = 1 时直到 r = 2.5 仍是因子 r 占上风）。TIS 保留每个 "
+                  "以 τ 决定的速度衰减（τ = 1 时梯度随 r 增大直到 r ≈ 2.06，在那里达到峰值 1.575，到 r = 2.5 已降到 1.491）。TIS 保留每个 "
                   "token，权重上限为 2；MIS 丢弃权重超出界限的 token。在 r = 1 处，每种逐 token "
                   "方法都给出 −A，即在策略上的策略梯度。",
 }

@@ -476,3 +476,37 @@ def test_the_json_carries_no_untranslated_text_key():
     code, out, _ = run(["explain", "--json"])
     assert code == 0
     assert '"@' not in out and "@why." not in out
+
+
+
+def test_the_sapo_sentence_states_where_its_gradient_peaks():
+    # SAPO's A = +1 gradient magnitude at τ = 1 is r·4σ(1 − σ), σ = σ(r − 1): find its peak with
+    # the reference's own VJP on a fine grid, and compare with what both languages state
+    from crosscheck.explain.text import TEXT
+    r = np.linspace(1.0, 4.0, 30001)
+    lp = np.log(r)[None, :]
+    g = -ref_numpy.sapo_loss_vjp(np.ones_like(lp), lp, np.zeros_like(lp),
+                                 np.ones_like(lp))["logp"][0]
+    peak = int(np.argmax(g))
+    at_2_5 = g[int(np.argmin(abs(r - 2.5)))]
+    assert f"{r[peak]:.2f}" == "2.06" and f"{g[peak]:.3f}" == "1.575"
+    assert f"{at_2_5:.3f}" == "1.491" and at_2_5 < g[peak]
+    for lang in ("en", "zh"):
+        why = TEXT[lang]["beyond.why"]
+        assert "2.06" in why and "1.575" in why and "1.491" in why, lang
+        assert "up to r = 2.5" not in why
+
+
+def test_the_sum_norm_sentence_gives_dr_grpos_divisor():
+    # the reference's seq-mean-token-sum-norm divides by T; Dr. GRPO / verl 0.9 by B·T, which
+    # is seq-mean-token-sum with norm = T
+    from crosscheck.explain.text import TEXT
+    m = np.ones((4, 3))
+    w_ref = ref_numpy.aggregate_vjp(1.0, np.zeros((4, 3)), m, mode="seq-mean-token-sum-norm")
+    w_dr = ref_numpy.aggregate_vjp(1.0, np.zeros((4, 3)), m, mode="seq-mean-token-sum", norm=3)
+    np.testing.assert_allclose(w_ref["loss"], 1 / 3)
+    np.testing.assert_allclose(w_dr["loss"], 1 / 12)
+    for lang in ("en", "zh"):
+        assert "1/(B·T)" in TEXT[lang]["grpo.weights_why"], lang
+    for lang in ("en", "zh"):
+        assert "1/5" in TEXT[lang]["beyond.intro"], lang       # the caption states the scales
