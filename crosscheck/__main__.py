@@ -83,6 +83,9 @@ def check_main(argv, workers: int = 1) -> int:
         if args.scale < 1:
             parser.error(f"--scale is {args.scale}; expected a positive number of tokens")
         from .check import scale
+        short = scale.memory_shortfall(args.scale)
+        if short:
+            parser.error(f"--scale {args.scale} will not fit in memory: it {short}")
         results, timings = scale.run(args.scale, seed=args.seed)
     else:
         results = run(entries, seed=args.seed, n_cases=args.cases, workers=workers)
@@ -159,23 +162,33 @@ def explain_main(argv) -> int:
 
 def _load_target(target):
     """'path/to/file.py:function' → the function; raises ValueError with a usage message."""
+    import importlib.machinery
     import importlib.util
 
     path, sep, name = target.rpartition(":")
     if not sep or not path or not name:
         raise ValueError(f"target is {target!r}; expected path/to/file.py:function")
+    if os.path.isdir(path):
+        raise ValueError(f"target file {path!r} is a directory; expected a Python file")
     if not os.path.isfile(path):
         raise ValueError(f"target file {path!r} does not exist")
     sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
-    spec = importlib.util.spec_from_file_location("crosscheck_audit_target", path)
+    # read as Python source whatever its name ends in (noext, .pyw, .txt)
+    loader = importlib.machinery.SourceFileLoader("crosscheck_audit_target", path)
+    spec = importlib.util.spec_from_file_location("crosscheck_audit_target", path, loader=loader)
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
+    except SystemExit as exc:         # sys.exit() at import: a usage error, not its exit code
+        raise ValueError(f"importing {path} called sys.exit({exc.code!r}); the audit needs "
+                         f"a module that defines {name!r} without exiting") from None
     except Exception as exc:  # the user's module: report, never a traceback
         raise ValueError(f"importing {path} raised {type(exc).__name__}: {exc}") from None
-    fn = getattr(module, name, None)
-    if not callable(fn):
+    if not hasattr(module, name):
         raise ValueError(f"{path} has no function {name!r}")
+    fn = getattr(module, name)
+    if not callable(fn):
+        raise ValueError(f"{path} defines {name!r} as a {type(fn).__name__}, not a function")
     return fn
 
 
@@ -307,6 +320,18 @@ def _trainer_list() -> str:
     return "\n".join(lines)
 
 
+def _unwritable(path):
+    """Why the file `path` cannot be written (checked before the work that fills it), or None."""
+    if os.path.isdir(path):
+        return "is a directory; expected a file name"
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        return f"its folder {folder!r} does not exist"
+    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        return "is not writable"
+    return None
+
+
 def trainer_main(argv) -> int:
     import json
 
@@ -321,6 +346,10 @@ def trainer_main(argv) -> int:
         p.error(f"--cases is {args.cases}; expected a positive number")
     if args.seed < 0:
         p.error(f"--seed is {args.seed}; expected a non-negative integer")
+    if args.markdown:
+        problem = _unwritable(args.markdown)
+        if problem:
+            p.error(f"--markdown {args.markdown!r}: {problem}")
     from . import trainer as trainers
     from .trainer import card, loading
     try:
@@ -355,6 +384,13 @@ def main(argv=None) -> int:
     except BrokenPipeError:            # `... | head` closed stdout: stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_FAIL
+    except ModuleNotFoundError as exc:
+        if exc.name != "torch":
+            raise
+        print(f"{_prog(argv[0] if argv and argv[0] in SUBCOMMANDS else '')}: error: this "
+              f"command needs torch, which is not installed; see https://pytorch.org/get-started"
+              f"/locally/ (ref_numpy itself needs NumPy only)", file=sys.stderr)
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

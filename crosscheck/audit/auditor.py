@@ -28,6 +28,19 @@ def _beyond_float32(x, valid) -> bool:
     return bool(at.size) and float(at.max()) > float(np.finfo(np.float32).max)
 
 
+def _dtype_name(x):
+    """'float32', 'int64', 'complex128', ... for an array or tensor (or a Python number or a
+    list of them), None for anything else."""
+    if isinstance(x, torch.Tensor):
+        return str(x.dtype).replace("torch.", "")
+    if isinstance(x, (np.ndarray, np.generic)):
+        return str(x.dtype)
+    if isinstance(x, complex) or (isinstance(x, (list, tuple)) and any(
+            isinstance(v, complex) for v in np.ravel(np.asarray(x, dtype=object)))):
+        return "complex128"
+    return None
+
+
 class BadReturn(TypeError):
     """What the function returned is not what the reference returns (None, a dict without a
     key): a failure of the `shape` check, not an exception of the user's code."""
@@ -157,8 +170,15 @@ class Auditor:
             missing = [k for k in self.keys if k not in raw]
             if missing:
                 raise BadReturn(f"your function returned a dict without {', '.join(missing)}")
-            return [raw[k] for k in self.keys]
-        return list(raw) if isinstance(raw, (tuple, list)) else [raw]
+            outs = [raw[k] for k in self.keys]
+        else:
+            outs = list(raw) if isinstance(raw, (tuple, list)) else [raw]
+        for o in outs:
+            kind = _dtype_name(o)
+            if kind is not None and kind.startswith("complex"):
+                raise BadReturn(f"your function returned {kind}, a complex number: the audit "
+                                f"compares real outputs, and would drop the imaginary part")
+        return outs
 
     def expected(self, refs) -> str:
         """The reference's output shapes, as the report states them."""
@@ -188,8 +208,11 @@ class Auditor:
                                   f"float32 and pass precision='float32'")
         elif "float32" in names:
             precision, why = "float32", "your function returns float32"
-        else:
+        elif names <= {"float64"} and names:
             precision, why = "float64", "your function returns float64"
+        else:
+            seen = ", ".join(sorted(names)) if names else "Python numbers"
+            precision, why = "float64", f"your function returns {seen}, compared as float64"
         self.tol = tolerances.get("audit", precision)
         self.precision = precision
         self.tolerance_why = f"the {precision} row of the tolerance table: {why}"

@@ -115,3 +115,54 @@ def test_audit_arguments_are_validated_on_the_command_line(tmp_path, argv, messa
     target.write_text("def k(logp, ref_logp, mask):\n    return logp\n")
     code, out, err = run_cli(["audit", f"{target}:k", "--ref", "kl_penalty"] + argv)
     assert code == 2 and message in err and out == ""
+
+
+_PPO = ("import torch\n"
+        "def ppo(logp, old_logp, advantages, mask):\n"
+        "    r = torch.exp(logp - old_logp)\n"
+        "    a = advantages if advantages.dim() == 2 else advantages[:, None]\n"
+        "    return -torch.min(r * a, torch.clamp(r, 0.8, 1.2) * a)\n")
+
+
+@pytest.mark.parametrize("name", ["noext", "mine.pyw", "mine.txt"])
+def test_a_target_file_of_any_name_is_read_as_python_source(tmp_path, name):
+    target = tmp_path / name
+    target.write_text(_PPO)
+    code, out, err = run_cli(["audit", f"{target}:ppo", "--ref", "ppo_clip_loss", "--cases", "8"])
+    assert code == 0 and "verdict: CONFORMS" in out, err
+
+
+@pytest.mark.parametrize("source, target, message", [
+    (None, "{dir}:f", "is a directory; expected a Python file"),
+    ("import sys\nsys.exit(5)\n", "{file}:f", "called sys.exit(5)"),
+    ("f = 3\n", "{file}:f", "defines 'f' as a int, not a function"),
+    ("def g():\n    pass\n", "{file}:f", "has no function 'f'"),
+])
+def test_a_target_that_is_not_a_function_is_a_usage_error_naming_what_it_is(tmp_path, source,
+                                                                             target, message):
+    f = tmp_path / "mine.py"
+    if source is not None:
+        f.write_text(source)
+    code, out, err = run_cli(["audit", target.format(dir=tmp_path, file=f), "--ref",
+                              "ppo_clip_loss"])
+    assert code == 2 and message in err and "Traceback" not in err + out
+
+
+def test_a_complex_output_is_refused_and_an_integer_one_is_named():
+    import torch
+    from crosscheck import audit
+
+    def complex_ppo(logp, old_logp, advantages, mask):
+        r = torch.exp(logp - old_logp)
+        loss = -torch.min(r * advantages, torch.clamp(r, 0.8, 1.2) * advantages)
+        return loss.to(torch.complex128) + 1j * torch.ones_like(loss)
+
+    report = audit(complex_ppo, "ppo_clip_loss", cases=6)
+    assert not report.ok and "complex128" in str(report)
+    assert "returns float64" not in str(report)
+
+    def int_ppo(logp, old_logp, advantages, mask):
+        return torch.zeros(logp.shape, dtype=torch.int64)
+
+    text = str(audit(int_ppo, "ppo_clip_loss", cases=6))
+    assert "your function returns int64, compared as float64" in text

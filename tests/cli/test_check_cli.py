@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import ref_torch
+from tests import helpers
 from crosscheck import __main__ as cli
 from crosscheck.check import registry, report
 
@@ -169,3 +170,32 @@ def test_only_functions_with_a_detached_factor_list_one():
     assert detached == {n for n, e in registry.build().items() if e.detached}
     assert detached == {"cispo_loss", "gspo_loss", "policy_objective", "reinforce_loss",
                         "dppo_loss", "vespo_loss"}
+
+
+def test_a_scale_beyond_the_available_memory_is_refused_before_any_work(monkeypatch):
+    from crosscheck.check import scale
+    monkeypatch.setattr(scale, "available_memory", lambda: 8 * 2 ** 30)
+    monkeypatch.setattr(scale, "run", lambda *a, **k: pytest.fail("the run started"))
+    code, out, err = helpers.run_cli(["--scale", "1000000000"])
+    assert code == 2 and out == ""
+    assert "will not fit in memory" in err and "8.0 GiB is available" in err
+    assert f"{8 * 2 ** 30 // scale.BYTES_PER_TOKEN:,} tokens fit" in err
+
+
+def test_without_torch_a_command_says_in_one_line_that_it_needs_it(monkeypatch):
+    import builtins
+    real = builtins.__import__
+
+    def no_torch(name, *args, **kw):
+        if name == "torch" or name.startswith("torch."):
+            raise ModuleNotFoundError("No module named 'torch'", name="torch")
+        return real(name, *args, **kw)
+    from crosscheck import __main__ as cli
+
+    def check_main(*a, **k):
+        import torch  # noqa: F401  (what the cross-check does first)
+    monkeypatch.setattr(cli, "check_main", check_main)
+    monkeypatch.setattr(builtins, "__import__", no_torch)
+    code, out, err = helpers.run_cli([])
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and "needs torch, which is not installed" in err

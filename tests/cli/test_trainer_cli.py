@@ -56,3 +56,15 @@ def test_json_and_markdown_carry_the_card(tmp_path):
     assert {r["verdict"] for r in card["rows"]} == {"CONFORMS", "KNOWN DEVIATION"}
     assert 0 < card["coverage"]["ratio"] < 1
     assert md.read_text().startswith("# Report card: openrlhf 0.11.2")
+
+
+@pytest.mark.parametrize("where, message", [
+    ("missing_dir/card.md", "does not exist"), ("{tmp}", "is a directory")])
+def test_an_unwritable_markdown_path_is_refused_before_the_card_is_computed(tmp_path, where,
+                                                                            message, monkeypatch):
+    from crosscheck.trainer import card
+    monkeypatch.setattr(card, "run", lambda *a, **k: pytest.fail("the card was computed"))
+    code, out, err = run_cli(["trainer", "openrlhf", "--markdown",
+                              where.format(tmp=tmp_path).replace("missing_dir",
+                                                                 str(tmp_path / "missing_dir"))])
+    assert code == 2 and message in err and out == ""
