@@ -379,15 +379,13 @@ def _accumulation(given, prof, rule, adapter):
                 f"run)" if given == "none" else
                 f"micro-batches: {given} of micro-batch gradients, as {prof.name} accumulates "
                 f"({source})")
-    elif given is None and named:
-        given, head = "sum", ("micro-batches: the sum of micro-batch gradients (assumed without "
-                              "a profile: your function names a global count, so it normalises "
-                              "each micro-batch by the whole batch's; pass accumulation='mean' "
-                              "if not)")
     elif given is None:
-        given, head = "mean", ("micro-batches: the mean of micro-batch gradients (assumed "
-                               "without a profile; pass accumulation='sum' if your trainer adds "
-                               "up losses normalised by global counts)")
+        given = "sum" if named else "mean"        # the global-count note below follows it
+        head = ("micro-batches: not declared (no accumulation= and no profile), so the "
+                "micro-batch check tries both ways a trainer accumulates: the sum of "
+                "micro-batch gradients, each normalised by the whole batch's counts, and their "
+                "mean, each normalised by its own; it fails only where neither gives the full "
+                "batch's gradient, and says which one fits")
     elif given == "none":
         head = "micro-batches: none (as given): the micro-batch check does not apply"
     else:

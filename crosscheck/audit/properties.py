@@ -53,6 +53,36 @@ def microbatch_check(aud: Auditor, case) -> List[Outcome]:
     data, _ = aud.inputs_for(case)
     if data is None:
         return []
+    if not aud.accumulation_assumed:
+        return _microbatch_under(aud, data, aud.accumulation)
+    # undeclared: no verdict on one assumed model. Try each way a trainer accumulates; a
+    # function that is split-dependent under all of them is wrong under any trainer
+    tried = {acc: _microbatch_under(aud, data, acc) for acc in ("sum", "mean")}
+    fits = [acc for acc, outs in tried.items() if all(o.ok for o in outs)]
+    if not any(tried.values()):
+        return []
+    if fits:
+        how = " or ".join(_ACCUMULATION_WORDS[a] for a in fits)
+        return [Outcome("microbatch", True, f"conforms if your trainer accumulates {how} "
+                                            f"(accumulation was not declared)", info=True)]
+    first = {acc: next(o for o in outs if not o.ok) for acc, outs in tried.items() if outs}
+    return [Outcome("microbatch", False,
+                    "split-dependent under every accumulation a trainer uses (none declared): "
+                    + "; ".join(f"{_ACCUMULATION_WORDS[a]}: {o.message}"
+                                for a, o in first.items())
+                    + "; if your trainer takes one optimizer step per batch, with no "
+                      "micro-batches, declare accumulation='none'",
+                    loose=all(o.loose for o in first.values()))]
+
+
+_ACCUMULATION_WORDS = {"sum": "by summing micro-batch gradients, each normalised by the "
+                              "whole batch's counts",
+                       "mean": "by averaging micro-batch gradients, each micro-batch "
+                               "normalised by its own counts"}
+
+
+def _microbatch_under(aud: Auditor, data, accumulation) -> List[Outcome]:
+    """The micro-batch check of one case's data under one accumulation model."""
     wrt = aud.entry.diff[0]
     B = data[wrt].shape[0]
     local = aud.variant.get("microbatch") == "local"    # each micro-batch normalised by its own
@@ -76,10 +106,10 @@ def microbatch_check(aud: Auditor, case) -> List[Outcome]:
                 part = {key: (v[rows] if isinstance(v, np.ndarray) and v.shape[:1] == (B,) else v)
                         for key, v in data.items()}
                 if local:
-                    hand[rows] = aud.reference_vjp(part, 1.0 / K if aud.accumulation == "mean"
+                    hand[rows] = aud.reference_vjp(part, 1.0 / K if accumulation == "mean"
                                                    else 1.0)[wrt]
                 raw, leaves = aud.call(part, grad_wrt=(wrt,),
-                                       extra=full if aud.accumulation == "sum" else None)
+                                       extra=full if accumulation == "sum" else None)
                 loss = aud.outputs_of(raw)[0]
                 value = bridge.to_numpy(loss)
                 if not np.isfinite(value).all():
@@ -89,7 +119,7 @@ def microbatch_check(aud: Auditor, case) -> List[Outcome]:
                         f"{plural(n, 'valid token')}) gives a loss of "
                         f"{value if value.ndim == 0 else value[~np.isfinite(value)][0]}: a "
                         f"trainer's loss is then non-finite")
-                weight = 1.0 / K if aud.accumulation == "mean" else 1.0
+                weight = 1.0 / K if accumulation == "mean" else 1.0
                 (gr,) = bridge.backprop(loss, weight, [leaves[wrt]])
                 if gr is not None:
                     total[rows] = gr
@@ -102,18 +132,14 @@ def microbatch_check(aud: Auditor, case) -> List[Outcome]:
         i = aud.mismatch(total, hand, m.astype(bool))
         if i is not None:
             ratio = total[i] / hand[i] if hand[i] else float("inf")
-            msg = (f"{K} micro-batches accumulated ({aud.accumulation} of micro-batch "
+            msg = (f"{K} micro-batches accumulated ({accumulation} of micro-batch "
                    f"gradients) give d/d{wrt}{list(i)} = {total[i]:.6g}, the full batch "
                    f"{hand[i]:.6g} (×{ratio:.3g})")
-            if aud.accumulation == "sum" and not any(aud.accepts(k) for k in GLOBAL_KW):
+            if accumulation == "sum" and not any(aud.accepts(k) for k in GLOBAL_KW):
                 msg += ("; your function takes no global count: a trainer that sums micro-batch "
                         "gradients normalises each by the whole batch's counts, which the audit "
                         f"passes to a function that names {' or '.join(GLOBAL_KW)}")
-            if aud.accumulation_assumed:      # no verdict on an assumption: a warning
-                msg += ("; the accumulation was assumed: declare accumulation= (or a profile) "
-                        "to make this a check")
-            out.append(Outcome("microbatch", aud.accumulation_assumed, msg,
-                               warn=aud.accumulation_assumed,
+            out.append(Outcome("microbatch", False, msg,
                                loose=aud.loose(total, hand, m.astype(bool))))
         else:
             out.append(Outcome("microbatch", True))

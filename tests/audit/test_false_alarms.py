@@ -256,27 +256,37 @@ def test_under_a_summing_trainer_a_function_without_global_counts_is_told_how_to
             ) in report.notes
 
 
-def test_without_a_profile_the_assumed_accumulation_is_stated_and_only_warns():
+def test_without_a_declared_accumulation_a_split_dependent_function_fails_under_every_model():
+    # a token mean over its own tokens: under the sum (each micro-batch given the whole
+    # batch's counts, which it cannot take) and under the mean of micro-batches, the gradient
+    # differs from the full batch's: wrong under any trainer that splits batches
     report = audit(lambda loss, mask: global_token_mean(loss, mask), "aggregate",
                    mode="token-mean", cases=N)
-    assert report.notes[0].startswith("micro-batches: the mean of micro-batch gradients "
-                                      "(assumed without a profile;")
+    assert report.notes[0].startswith("micro-batches: not declared")
     f = finding(report, "microbatch")
-    assert f.status == "warn" and f.message.endswith("the accumulation was assumed: declare "
-                                                     "accumulation= (or a profile) to make "
-                                                     "this a check")
-    assert report.ok
-    declared = audit(lambda loss, mask: global_token_mean(loss, mask), "aggregate",
-                     mode="token-mean", accumulation="mean", cases=N)
-    assert finding(declared, "microbatch").status == "fail"
+    assert f.status == "fail" and f.message.startswith(
+        "split-dependent under every accumulation a trainer uses (none declared)")
+    assert "by summing" in f.message and "by averaging" in f.message
+    assert f.message.endswith("declare accumulation='none'")
+    assert not report.ok
+    single = audit(lambda loss, mask: global_token_mean(loss, mask), "aggregate",
+                   mode="token-mean", accumulation="none", cases=N)
+    assert single.ok and all(f.check != "microbatch" for f in single.findings)
 
 
-def test_a_function_naming_a_global_count_is_assumed_to_sum():
+def test_a_loss_that_takes_the_global_count_but_divides_locally_fails_undeclared():
+    def local(loss, mask, n_tokens_global=None):
+        return global_token_mean(loss, mask)          # n_tokens_global ignored
+    report = audit(local, "aggregate", mode="token-mean", cases=N)
+    assert finding(report, "microbatch").status == "fail" and not report.ok
+
+
+def test_undeclared_a_function_that_fits_one_accumulation_conforms_and_says_which():
     report = audit(token_mean_global, "aggregate", mode="token-mean", cases=N)
-    assert report.ok and finding(report, "microbatch").status == "pass"
-    assert report.notes[0].startswith("micro-batches: the sum of micro-batch gradients "
-                                      "(assumed without a profile: your function names a "
-                                      "global count")
+    f = finding(report, "microbatch")
+    assert f.status == "info" and report.ok
+    assert f.message.startswith("conforms if your trainer accumulates by summing micro-batch "
+                                "gradients, each normalised by the whole batch's counts")
 
 
 def test_each_micro_batch_gets_its_own_counts_under_mean_accumulation():
