@@ -236,8 +236,10 @@ def audit_parser():
                    help="the precision your function computes in (default: its outputs' dtype)")
     p.add_argument("--accumulation", choices=("mean", "sum", "none"),
                    help="how your trainer combines micro-batch gradients; none: a step per "
-                        "batch (default: the profile's, else sum for a function naming a "
-                        "global count, else mean)")
+                        "batch (default: the profile's, else both sum and mean are tried)")
+    p.add_argument("--domain", action="append", choices=sorted(profiles.DOMAINS), metavar="TAG",
+                   help="the inputs your function ever sees, overriding the profile's "
+                        "(repeatable): " + ", ".join(sorted(profiles.DOMAINS)))
     p.add_argument("--kl-use", choices=("loss", "reward"),
                    help="how your trainer uses a KL term (default: the profile's, else loss)")
     p.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
@@ -274,6 +276,7 @@ def audit_main(argv) -> int:
         report = run_audit(fn, args.ref, backend=args.backend, profile=args.profile,
                            cases=args.cases, seed=args.seed, accumulation=args.accumulation,
                            precision=args.precision, kl_use=args.kl_use, rename=rename,
+                           domain=None if args.domain is None else tuple(args.domain),
                            timeout=args.timeout, **conventions)
     except (ValueError, TypeError) as exc:
         print(f"{_prog('audit')}: error: {exc}", file=sys.stderr)

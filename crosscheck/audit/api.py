@@ -164,6 +164,11 @@ def into_domain(rule, case):
         if tag == "per_sequence_advantages" and arrays.get("advantages") is not None and \
                 np.ndim(arrays["advantages"]) == 2:
             return None, profiles_mod.DOMAINS[tag]
+        if tag == "per_token_advantages" and m is not None and np.ndim(m) == 2 and \
+                arrays.get("advantages") is not None and np.ndim(arrays["advantages"]) == 1:
+            arrays["advantages"] = np.broadcast_to(
+                np.asarray(arrays["advantages"])[:, None], np.shape(m)).copy()
+            changed.append("advantages per token")
         if tag == "per_sequence_scores" and np.ndim(arrays.get("scores")) == 2:
             return None, profiles_mod.DOMAINS[tag]
         if tag == "groups_of_two":
@@ -218,7 +223,8 @@ def audit(fn, ref, *, backend="torch", profile=None, cases=200, seed=0, rtol=Non
       timeout: seconds each call of `fn` may take (None: no limit). A call past it fails the
         `raises` check and ends the audit; the call itself is abandoned, still running.
       domain: the inputs your function ever sees, overriding the profile's: a tuple of
-        "right_padded", "per_sequence_advantages", "groups_of_two", "per_sequence_scores"
+        "right_padded", "per_sequence_advantages", "per_token_advantages", "groups_of_two",
+        "per_sequence_scores"
         (crosscheck.audit.profiles DOMAINS); cases outside it are moved into it or skipped, and
         the report says so.
       padding_checks: False where the function never sees padding (an adapter that passes
@@ -425,7 +431,8 @@ def _run_audit(aud, profile, rule, n_cases, seed) -> AuditReport:
             moved[change] = moved.get(change, 0) + 1
         outcomes = [] if case is None else aud.run_case(case)
         if case is None or (outcomes and outcomes[0].check == "skip"):
-            why = f"outside the {profile} profile's domain: {change}" if case is None else \
+            whose = f"the {profile} profile's" if profile else "the declared"
+            why = f"outside {whose} domain: {change}" if case is None else \
                 outcomes[0].message
             skipped[why] = skipped.get(why, 0) + 1
             continue

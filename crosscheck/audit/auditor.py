@@ -266,7 +266,14 @@ class Auditor:
             return Outcome("raises", True, warn=True, exception=info,
                            message=f"your function refuses degenerate batches ({why}): "
                                    f"{exception_text(exc)}")
-        return Outcome("raises", False, f"{exception_text(exc)} at {info['where']}", exception=info)
+        hint = ""
+        adv, m = data.get("advantages"), data.get("mask")
+        if adv is not None and np.ndim(adv) == 1 and m is not None and np.ndim(m) == 2:
+            hint = (" (on per-sequence advantages [B]: if your function takes only per-token "
+                    "[B, T] ones, declare domain=('per_token_advantages',), on the command "
+                    "line --domain per_token_advantages)")
+        return Outcome("raises", False, f"{exception_text(exc)} at {info['where']}{hint}",
+                       exception=info)
 
     def run_case(self, case, only=None) -> List[Outcome]:
         """Every check of one case (`only`: the one check wanted, when shrinking or

@@ -132,8 +132,8 @@ class AuditReport:
         if self.skipped:
             lines.append(f"  coverage: ran {self.n_cases} of {plural(self.n_drawn, 'case')}")
         for how, n in self.moved.items():
-            lines.append(f"  note: {plural(n, 'case')} moved into the {self.profile} profile's "
-                         f"domain ({how})")
+            whose = f"the {self.profile} profile's" if self.profile else "the declared"
+            lines.append(f"  note: {plural(n, 'case')} moved into {whose} domain ({how})")
         for why, n in self.skipped.items():
             lines.append(f"  note: {plural(n, 'case')} skipped: {why}")
         lines.append(self.verdict_line())

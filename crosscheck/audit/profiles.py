@@ -25,6 +25,8 @@ DOMAINS = {
     "right_padded": "a mask with holes (this trainer's code only sees right-padded rows)",
     "per_sequence_advantages": "per-token advantages (this trainer's code takes one per "
                                "sequence)",
+    "per_token_advantages": "per-sequence advantages [B] (this code takes one per token, "
+                            "[B, T]: they are broadcast over the row's tokens)",
     "groups_of_two": "a group of one (this trainer requires at least two per group)",
     "per_sequence_scores": "per-token scores (this trainer's code takes one per sequence)",
 }

@@ -166,3 +166,23 @@ def test_a_complex_output_is_refused_and_an_integer_one_is_named():
 
     text = str(audit(int_ppo, "ppo_clip_loss", cases=6))
     assert "your function returns int64, compared as float64" in text
+
+
+def test_a_loss_taking_only_per_token_advantages_is_told_about_domain_and_conforms_with_it(
+        tmp_path):
+    target = tmp_path / "tok.py"
+    target.write_text("import torch\n"
+                      "def ppo(logp, old_logp, advantages, mask):\n"
+                      "    assert advantages.shape == logp.shape\n"
+                      "    r = torch.exp(logp - old_logp)\n"
+                      "    return -torch.min(r * advantages, torch.clamp(r, 0.8, 1.2) * "
+                      "advantages)\n")
+    code, out, _ = run_cli(["audit", f"{target}:ppo", "--ref", "ppo_clip_loss", "--cases", "30"])
+    assert code == 1 and "--domain per_token_advantages" in out
+    code, out, _ = run_cli(["audit", f"{target}:ppo", "--ref", "ppo_clip_loss", "--cases", "30",
+                            "--domain", "per_token_advantages"])
+    assert code == 0 and "verdict: CONFORMS" in out
+    assert "moved into the declared domain (advantages per token)" in out
+    code, _, err = run_cli(["audit", f"{target}:ppo", "--ref", "ppo_clip_loss",
+                            "--domain", "tokens"])
+    assert code == 2 and "invalid choice: 'tokens'" in err
