@@ -164,6 +164,17 @@ def _vanishes(g, scale, tol) -> bool:
     return g is None or float(np.abs(g).max()) <= tol.rtol * scale + tol.atol
 
 
+def _per_token_output(out, V):
+    """The output as a [1, V] tensor, or a phrase naming what it is instead."""
+    if not isinstance(out, torch.Tensor):
+        return f"a {type(out).__name__}, not a tensor"
+    if tuple(out.shape) != (1, V):
+        return f"a tensor of shape {tuple(out.shape)}"
+    if not out.dtype.is_floating_point:
+        return f"a {str(out.dtype).replace('torch.', '')} tensor"
+    return out
+
+
 def kl_direction_check(aud: Auditor, rng) -> Optional[Outcome]:
     """In exact expectation over a softmax policy, the KL term alone, used as the trainer uses
     it (a loss, differentiated; or a reward, detached, through the score function), pushes π
@@ -189,15 +200,29 @@ def kl_direction_check(aud: Auditor, rng) -> Optional[Outcome]:
         weights = logp.exp().detach()          # every category once, weighted by π: E_π exactly
         inputs = dict(logp=logp[None], ref_logp=ref_logp[None],
                       mask=torch.ones(1, V, dtype=torch.bool))
+        before = {k: v.detach().clone() for k, v in inputs.items()}
         try:
             raw = aud.invoke(**{k: v for k, v in inputs.items() if aud.accepts(k)})
-            per_token = aud.outputs_of(raw)[0][0]
-            g, scale = _expected_gradient(per_token, logp, theta, weights, use)
+            out = aud.outputs_of(raw)[0]
         except Exception as exc:              # the user's code, or what it returned: report it
+            return Outcome("kl_direction", False, exception_text(exc))
+        changed = [k for k, v in inputs.items() if not torch.equal(v.detach(), before[k])]
+        if changed:
+            return Outcome("kl_direction", False, f"your function changed its input "
+                                                  f"{', '.join(changed)} in place")
+        seen = _per_token_output(out, V)
+        if isinstance(seen, str):
+            return Outcome("kl_direction", False, f"your function returned {seen} for logp of "
+                                                  f"shape (1, {V}); expected a tensor of shape "
+                                                  f"(1, {V}), one KL term per token")
+        try:
+            g, scale = _expected_gradient(seen[0], logp, theta, weights, use)
+        except Exception as exc:              # e.g. an output that carries no gradient
             return Outcome("kl_direction", False, exception_text(exc))
         logp = torch.log_softmax(theta, -1)    # a fresh graph for the reference's gradient
         theirs = aud.entry.torch_fn(**dict(inputs, logp=logp[None]), **aud.params)[0]
         g_ref, scale_ref = _expected_gradient(theirs, logp, theta, weights, use)
+        negated = bridge.within(bridge.to_numpy(seen[0]), -bridge.to_numpy(theirs), aud.tol).all()
         if _vanishes(g_ref, scale_ref, aud.tol):
             if _vanishes(g, scale, aud.tol):
                 return none                    # as the reference: none (k1 as a loss)
@@ -207,7 +232,10 @@ def kl_direction_check(aud: Auditor, rng) -> Optional[Outcome]:
         cos = float(g @ g_ref / (np.linalg.norm(g) * np.linalg.norm(g_ref)))
         if cos < 0:
             worst = (f"your KL term alone, used as a {use}, pushes π against the reference "
-                     f"estimator's expected gradient (cosine {cos:.3f}): is its sign flipped?")
+                     f"estimator's expected gradient (cosine {cos:.3f}): " +
+                     ("its values are the reference's negated, a flipped sign" if negated else
+                      "its values differ from the reference's by more than a sign (see the "
+                      "value check)"))
     if worst:
         return Outcome("kl_direction", False, worst)
     return Outcome("kl_direction", True)

@@ -316,3 +316,30 @@ def test_a_registry_function_needing_a_convention_is_refused_by_name():
                                               r"kind=\.\.\. \(or --set kind=\.\.\.\) or a "
                                               "profile$"):
         audit(_moments("k3"), "kl_estimator_moments", cases=2)
+
+
+def _k3(logp, ref_logp, mask):
+    u = ref_logp - logp
+    return torch.exp(u) - 1 - u
+
+
+def _mutating(logp, ref_logp, mask):
+    ref_logp.add_(0.1)
+    return _k3(logp, ref_logp, mask)
+
+
+@pytest.mark.parametrize("fn, says", [
+    (lambda logp, ref_logp, mask: -_k3(logp, ref_logp, mask),
+     "its values are the reference's negated, a flipped sign"),
+    (lambda logp, ref_logp, mask: _k3(logp, ref_logp, mask).tolist(), "returned a list"),
+    (lambda logp, ref_logp, mask: float(_k3(logp, ref_logp, mask).sum()), "returned a float"),
+    (lambda logp, ref_logp, mask: _k3(logp, ref_logp, mask).T,
+     "returned a tensor of shape (6, 1) for logp of shape (1, 6)"),
+    (_mutating, "changed its input ref_logp in place"),
+])
+def test_the_kl_direction_check_names_what_it_saw(fn, says):
+    report = audit(fn, "kl_penalty", kind="k3", cases=6)
+    f = next(f for f in report.findings if f.check == "kl_direction")
+    assert f.status == "fail" and says in f.message, f.message
+    assert "AttributeError" not in f.message and "TypeError" not in f.message
+    assert "is its sign flipped" not in f.message
