@@ -154,7 +154,7 @@ def test_k2_and_k3_used_as_rewards_are_judged_against_the_same_use_of_the_refere
         return -openrlhf_style(logp, ref_logp, mask)
     report = audit(flipped, "kl_penalty", profile="openrlhf", kind=kind, cases=N)
     f = finding(report, "kl_direction")
-    assert f.status == "fail" and f.message.endswith("is its sign flipped?")
+    assert f.status == "fail" and f.message.endswith("a flipped sign")
 
 
 def test_a_float32_k3_loss_moves_toward_the_reference():
