@@ -243,8 +243,8 @@ def audit_parser():
     p.add_argument("--kl-use", choices=("loss", "reward"),
                    help="how your trainer uses a KL term (default: the profile's, else loss)")
     p.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
-                   help="per call of your function (default 60); a call past it fails the "
-                        "audit (exit 1)")
+                   help="per call of your function (default 60); a call past it ends the "
+                        "audit as inconclusive (exit 2)")
     p.add_argument("--json", action="store_true", help="the report (or the profiles) as JSON")
     p.add_argument("--list-profiles", action="store_true", help="show the trainer profiles")
     return p
@@ -257,6 +257,7 @@ def audit_main(argv) -> int:
     args = p.parse_args(argv)
     from .audit import audit as run_audit
     from .audit import profiles
+    from .audit.model import progress_stream
     if args.list_profiles:
         print(json.dumps(profiles.to_dict(), indent=2, ensure_ascii=False) if args.json else
               profiles.describe())
@@ -277,7 +278,9 @@ def audit_main(argv) -> int:
                            cases=args.cases, seed=args.seed, accumulation=args.accumulation,
                            precision=args.precision, kl_use=args.kl_use, rename=rename,
                            domain=None if args.domain is None else tuple(args.domain),
-                           timeout=args.timeout, **conventions)
+                           timeout=args.timeout,
+                           progress=progress_stream(args.json or not sys.stdout.isatty()),
+                           **conventions)
     except (ValueError, TypeError) as exc:
         print(f"{_prog('audit')}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -354,11 +357,12 @@ def trainer_main(argv) -> int:
         if problem:
             p.error(f"--markdown {args.markdown!r}: {problem}")
     from . import trainer as trainers
+    from .audit.model import progress_stream
     from .trainer import card, loading
     try:
         result = card.run(trainers.get(args.name), path=args.path, cases=args.cases,
                           seed=args.seed,
-                          progress=card.progress_stream(args.json or not sys.stdout.isatty()))
+                          progress=progress_stream(args.json or not sys.stdout.isatty()))
     except loading.TrainerNotFound as exc:
         print(f"{_prog('trainer')}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

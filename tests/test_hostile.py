@@ -131,8 +131,8 @@ def test_a_hanging_function_fails_the_audit_without_waiting_on_every_case():
     release.set()
     assert not report.ok and len(calls) == 1 and report.seed == 3
     assert report.ref == "kl_penalty" and str(report).startswith("audit against kl_penalty")
-    assert report.failures[0].check == "raises"
-    assert "did not return within 0.2 s" in report.failures[0].message
+    assert report.verdict == "INCONCLUSIVE" and not report.failures      # slow is not wrong
+    assert "did not return within 0.2 s" in report.inconclusive[0]
     assert time.perf_counter() - t0 < 10
     with pytest.raises(ValueError, match="timeout is -1"):
         audit(hangs, "kl_penalty", timeout=-1)
@@ -173,7 +173,8 @@ def test_user_functions_that_misbehave_are_reported_not_raised(tmp_path):
         assert code == 1 and check in out, (fn, out)
     t0 = time.perf_counter()
     code, out, _ = run_cli(["audit", f"{target}:hangs", "--ref", "kl_penalty", "--timeout", "0.5"])
-    assert code == 1 and "FAIL raises" in out and "did not return within 0.5 s" in out, out
+    assert code == 2 and "verdict: INCONCLUSIVE" in out and "did not return within 0.5 s" in out
+    assert "FAIL" not in out
     assert time.perf_counter() - t0 < 30                     # stopped at the first hang
     bad = tmp_path / "broken.py"
     bad.write_text("import nonexistent_module_xyz\n")

@@ -31,7 +31,7 @@ table's float64 or float32 row, chosen from the dtype of its outputs or declared
 `precision=`. A verdict is given only on what was checked (see crosscheck.audit.model).
 
 Every call of `fn` runs under a deadline (`timeout`, seconds): a function that does not return
-fails the `raises` check and stops the audit. Python cannot kill a thread, so that call is
+stops the audit, INCONCLUSIVE (slow is not wrong). Python cannot kill a thread, so that call is
 abandoned in a daemon thread (it ends with the process).
 
 This module imports torch only when an audit runs, so that `import crosscheck` and the command
@@ -197,7 +197,8 @@ def into_domain(rule, case):
 
 def audit(fn, ref, *, backend="torch", profile=None, cases=200, seed=0, rtol=None, atol=None,
           precision=None, rename=None, accumulation=None, kl_use=None, timeout=TIMEOUT,
-          domain=None, variant=None, padding_checks=True, **conventions) -> AuditReport:
+          domain=None, variant=None, padding_checks=True, progress=None,
+          **conventions) -> AuditReport:
     """Audit `fn` (a thin adapter around a trainer's function) against reference `ref`.
 
     Args:
@@ -220,13 +221,15 @@ def audit(fn, ref, *, backend="torch", profile=None, cases=200, seed=0, rtol=Non
         then a warning).
       kl_use: "loss" | "reward" | None (the profile's, else "loss"): how your trainer uses a KL
         term, which the kl_direction check judges.
-      timeout: seconds each call of `fn` may take (None: no limit). A call past it fails the
-        `raises` check and ends the audit; the call itself is abandoned, still running.
+      timeout: seconds each call of `fn` may take (None: no limit). A call past it ends the
+        audit as INCONCLUSIVE; the call itself is abandoned, still running.
       domain: the inputs your function ever sees, overriding the profile's: a tuple of
         "right_padded", "per_sequence_advantages", "per_token_advantages", "groups_of_two",
         "per_sequence_scores"
         (crosscheck.audit.profiles DOMAINS); cases outside it are moved into it or skipped, and
         the report says so.
+      progress: a stream for a one-line progress display (the command line passes stderr on
+        a terminal), or None: silent.
       padding_checks: False where the function never sees padding (an adapter that passes
         valid tokens only, one at a time): the mask and garbage checks would test the adapter,
         not the function, and are not run (the report says so).
@@ -243,6 +246,7 @@ def audit(fn, ref, *, backend="torch", profile=None, cases=200, seed=0, rtol=Non
     cases = _integer("cases", cases, 1)
     seed = _integer("seed", seed, 0)
     from .calls import AuditTimeout
+    from .model import end_progress
 
     aud, rule, notes = prepare(fn, ref, backend=backend, profile=profile, seed=seed, rtol=rtol,
                                atol=atol, precision=precision, rename=rename,
@@ -262,12 +266,14 @@ def audit(fn, ref, *, backend="torch", profile=None, cases=200, seed=0, rtol=Non
                      "function is given valid tokens only)")
     rule = _with_domain(rule, domain)
     try:
-        report = _run_audit(aud, profile, rule, cases, seed)
-    except AuditTimeout as exc:
-        stopped = Finding("raises", status="fail", cases=1,
-                          message=f"{exc}; the audit stopped there (the call was abandoned)")
-        report = AuditReport(aud.entry.name, profile, aud.params, backend, 0, seed,
-                             [stopped], {}, n_drawn=cases)
+        report = _run_audit(aud, profile, rule, cases, seed, progress)
+    except AuditTimeout as exc:         # slow is not wrong: no verdict either way
+        report = AuditReport(aud.entry.name, profile, aud.params, backend, 0, seed, [], {},
+                             n_drawn=cases)
+        report.inconclusive.append(f"{exc}; the audit stopped there (the call was abandoned): "
+                                   f"raise timeout= (--timeout) to audit a slower function")
+    finally:
+        end_progress(progress)
     report.notes = notes + report.notes
     return report
 
@@ -409,11 +415,14 @@ def _accumulation(given, prof, rule, adapter):
     return given, assumed, notes
 
 
-def _run_audit(aud, profile, rule, n_cases, seed) -> AuditReport:
+def _run_audit(aud, profile, rule, n_cases, seed, progress=None) -> AuditReport:
+    import time
+
     import numpy as np
 
     from .calls import audit_case
     from .diagnose import diagnose
+    from .model import show_progress
     from .properties import kl_direction_check, microbatch_check, permutation_check
     from .shrink import describe, shrink
 
@@ -424,7 +433,12 @@ def _run_audit(aud, profile, rule, n_cases, seed) -> AuditReport:
     moved: Dict[str, int] = {}                 # cases moved into the profile's domain, by how
     rng = np.random.default_rng([seed, 7])
     n_run = 0
+    t0 = last = time.perf_counter()
     for i in range(n_cases):
+        now = time.perf_counter()
+        if i == 0 or now - last > 0.5:     # at most twice a second
+            last = now
+            show_progress(progress, f"audit: case {i + 1}/{n_cases}, {now - t0:.0f} s")
         case = audit_case(entry, seed, i)
         case, change = into_domain(rule, case)
         if case is not None and change:
@@ -448,6 +462,7 @@ def _run_audit(aud, profile, rule, n_cases, seed) -> AuditReport:
             if (not o.ok or (o.warn and o.check == "garbage")) and o.check not in first_fail:
                 first_fail[o.check] = (case, o)
             _fold(f, o)
+    show_progress(progress, "audit: shrinking and diagnosing what failed")
     if aud.tol is None:                    # no call returned: judge at float64
         precision = aud.precision or "float64"
         aud.tol = tolerances.get("audit", precision)

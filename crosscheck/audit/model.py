@@ -9,6 +9,7 @@ A verdict is only ever given on something that was checked:
   domain, ...). `ok` is False, and the command line exits 2.
 """
 import dataclasses
+import sys
 from typing import Dict, List, Optional
 
 # The checks, in the order the report lists them.
@@ -148,3 +149,23 @@ class AuditReport:
                     inconclusive=self.inconclusive,
                     findings=[json_safe(dataclasses.asdict(f)) for f in self.findings],
                     skipped=self.skipped, moved=self.moved)
+
+
+# ---- a one-line progress display (cards, long audits) --------------------------------------
+def progress_stream(json_or_piped: bool):
+    """stderr when it is a terminal and the output is for a person, else None."""
+    return sys.stderr if not json_or_piped and sys.stderr.isatty() else None
+
+
+def show_progress(stream, text: str) -> None:
+    """Rewrite the progress line (nothing where `stream` is None)."""
+    if stream is not None:
+        stream.write(f"\r\033[K{text}")
+        stream.flush()
+
+
+def end_progress(stream) -> None:
+    """Clear the progress line, so the report starts on a clean line."""
+    if stream is not None:
+        stream.write("\r\033[K")
+        stream.flush()

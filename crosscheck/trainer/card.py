@@ -39,7 +39,7 @@ import types
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ..audit.model import GRADES
+from ..audit.model import GRADES, end_progress, show_progress
 from . import loading
 
 CASES = 48                     # cases per row: past the offset, extreme-ratio and empty-batch cases
@@ -507,9 +507,7 @@ def _resolve(module, qualname: str):
 # ---- running -------------------------------------------------------------------------------
 
 def _progress(stream, i, n, name):
-    if stream is not None:
-        stream.write(f"\r\033[K[{i}/{n}] {name}")
-        stream.flush()
+    show_progress(stream, f"[{i}/{n}] {name}")
 
 
 class DoesNotFit(Exception):
@@ -720,9 +718,7 @@ def run(trainer: Trainer, path: Optional[str] = None, cases: int = CASES, seed: 
                                    trainer.precision))
         described = loaded.describe()
         failed = dict(loaded.failed)
-    if progress is not None:
-        progress.write("\r\033[K")
-        progress.flush()
+    end_progress(progress)
     ran = {(r.module, r.qualname) for r in trainer.rows}
     not_covered = []
     for module, pattern in trainer.inventory:
@@ -734,6 +730,3 @@ def run(trainer: Trainer, path: Optional[str] = None, cases: int = CASES, seed: 
                 time.perf_counter() - t0, failed)
 
 
-def progress_stream(json_or_piped: bool):
-    """stderr when it is a terminal and the output is for a person, else None."""
-    return sys.stderr if not json_or_piped and sys.stderr.isatty() else None

@@ -8,6 +8,7 @@ import torch
 from crosscheck import assert_conforms, audit
 from crosscheck.audit import AuditUsageError
 from tests.audit.corpus import (N, failing, finding, gae_loop, grpo, kl, whiten)
+from tests.helpers import run_cli
 
 
 def test_the_reference_undefined_on_a_case_is_skipped_not_a_crash():
@@ -112,3 +113,17 @@ def test_raising_wrong_shape_and_nan_are_reported_not_raised():
     assert "shape" in failing(r) and "expected" in finding(r, "shape").message
     r = audit(lambda logp, ref_logp, mask: logp * float("nan"), "kl_penalty", cases=5)
     assert "finite" in failing(r)
+
+
+def test_a_long_audit_shows_progress_on_the_stream_it_is_given_and_is_silent_without():
+    import io
+    stream = io.StringIO()
+
+    def k1(logp, ref_logp, mask):
+        return logp - ref_logp
+    report = audit(k1, "kl_penalty", kind="k1", cases=5, progress=stream)
+    shown = stream.getvalue()
+    assert report.ok and "audit: case 1/5" in shown and shown.endswith("\r\033[K")
+    code, out, err = run_cli(["audit", "examples/buggy.py:kl_sign_flipped", "--ref",
+                              "kl_penalty", "--cases", "5"])
+    assert "\r" not in err and "audit: case" not in err + out       # piped: silent
