@@ -345,6 +345,19 @@ class Auditor:
             out.extend(found)
         return out
 
+    def plain_gradients(self, data, name):
+        """(yours, the reference's) gradient wrt input `name` of the sum of the outputs over
+        the valid positions: the cotangent a counterexample states, where the check itself
+        draws a random one (which catches more)."""
+        raw, leaves = self.call(data, grad_wrt=(name,))
+        outs = self.outputs_of(raw)
+        refs = self.reference_outputs(data)
+        gs = [self.valid_of(data, r.shape).astype(np.float64) if r.ndim else 1.0 for r in refs]
+        hand = self.reference_vjp(data, self.cotangent(gs))[name]
+        (gr,) = bridge.backprop(outs, gs, [leaves[name]])
+        return (np.zeros(np.shape(data[name])) if gr is None else gr,
+                np.asarray(hand, dtype=np.float64))
+
     def grad_check(self, data, raw, leaves, refs, kappas):
         """The autograd gradient through the function against the reference VJP. For a
         function trainers compute without gradients (advantages, returns, metrics) no gradient
@@ -400,8 +413,9 @@ class Auditor:
                 continue
             i = self.mismatch(auto, ref, valid, kappa)
             if i is not None:
-                results.append(Outcome("grad", False, f"d/d{n}{list(i)}: yours {auto[i]:.10g}, "
-                                                      f"reference {ref[i]:.10g}",
+                results.append(Outcome("grad", False, f"d/d{n}{list(i)} (random cotangent): "
+                                                      f"yours {auto[i]:.10g}, reference "
+                                                      f"{ref[i]:.10g}",
                                        yours=auto, reference=ref,
                                        loose=self.loose(auto, ref, valid, kappa),
                                        edge=_beyond_float32(ref, valid)))

@@ -150,3 +150,25 @@ def test_a_function_that_always_raises_shrinks_to_the_smallest_batch():
     ce = finding(report, "raises").counterexample
     assert np.asarray(ce["logp"]).shape == (1, 1)
     assert ce["your output"] == "raised RuntimeError: broken"
+
+
+def test_a_gradient_counterexample_shows_the_plain_gradient_of_the_sum_and_says_so():
+    # k3 with its sign flipped: d k3/d logp = 1 − e^u; at logp −3, ref −4 (u = −1): 0.632
+    def flipped(logp, ref_logp, mask):
+        u = ref_logp - logp
+        return -(torch.exp(u) - 1 - u)
+    report = audit(flipped, "kl_penalty", kind="k3", cases=20)
+    ce = finding(report, "grad").counterexample
+    assert ce["gradient of"] == "the sum of the valid outputs, wrt logp"
+    u = np.asarray(ce["ref_logp"]) - np.asarray(ce["logp"])
+    m = np.asarray(ce["mask"], dtype=bool)
+    np.testing.assert_allclose(np.asarray(ce["reference gradient"])[m], (1 - np.exp(u))[m],
+                               rtol=1e-12)
+    np.testing.assert_allclose(np.asarray(ce["your gradient"])[m], -(1 - np.exp(u))[m],
+                               rtol=1e-12)
+    assert "random cotangent" in finding(report, "grad").message
+    for f in report.findings:                 # a counterexample's log-probs are log-probs
+        for k in ("logp", "ref_logp"):
+            if f.counterexample and k in f.counterexample:
+                v = np.asarray(f.counterexample[k], dtype=float)
+                assert (v[np.asarray(f.counterexample["mask"], dtype=bool)] <= 0).all()
