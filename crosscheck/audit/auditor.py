@@ -285,6 +285,10 @@ class Auditor:
             refs = self.reference_outputs(data)
         except ValueError as exc:           # e.g. eps = 0 on an all-equal group: 0/0
             return [Outcome("skip", True, f"the reference is undefined there ({exc})")]
+        tie = None if self.entry.ambiguous is None else self.entry.ambiguous(
+            reference_args(self.reference_data(data)), self.params)
+        if tie:
+            return [Outcome("skip", True, tie)]
         diff_inputs = [d for d in self.entry.diff if d in data]
         want_grad = self.backend == "torch" and self.entry.numpy_vjp is not None and diff_inputs
         try:

@@ -63,6 +63,10 @@ class Entry:
     # the condition number κ ≥ 1 of each output on given data and conventions (None: 1); the
     # closeness rule widens its tolerance by κ (crosscheck.bridge)
     condition: Optional[Callable[[Mapping[str, object], Mapping[str, object]], list]] = None
+    # where the reference's output is one of several right ones on given data and conventions
+    # (a tie its definition leaves open): why, else None; an audit does not judge such a case
+    ambiguous: Optional[Callable[[Mapping[str, object], Mapping[str, object]],
+                                 Optional[str]]] = None
     # how finite differences evaluate many perturbed copies in one call (crosscheck/check/
     # stacking.py): "rows" (each output row depends on that row of the inputs only; its freeze
     # rule must keep that true), "groups" (rows interact within a group only), "many" (it
@@ -101,6 +105,32 @@ def _entry(name, diff, **facts):
                  numpy_vjp=getattr(ref_numpy, name + "_vjp", None),
                  torch_fn=getattr(ref_torch, name), diff=diff,
                  case=getattr(cases, name + "_case"), **facts)
+
+
+def _kl_cov_tie(args, params):
+    """KL-Cov penalises the k tokens of largest covariance; where the k-th and (k+1)-th are
+    equal (to rounding: the trainer forms them in its own arithmetic), any of the tied tokens
+    is a right choice. With one advantage per sequence and one non-empty row, every
+    covariance is 0."""
+    import numpy as np
+    lp = np.asarray(args["logp"], dtype=np.float64)
+    adv = np.asarray(args["advantages"], dtype=np.float64)
+    m = np.ones(lp.shape, bool) if args.get("mask") is None else \
+        np.asarray(args["mask"], dtype=bool)
+    if adv.shape != lp.shape:
+        adv = np.broadcast_to(adv.reshape(adv.shape + (1,) * (lp.ndim - adv.ndim)), lp.shape)
+    n = int(m.sum())
+    k = max(1, int(n * params.get("ratio", ref_numpy.kl_cov_loss.__kwdefaults__["ratio"])))
+    if n < 2 or k >= n:
+        return None
+    a, l = adv[m], lp[m]
+    cov = np.sort((a - a.mean()) * (l - l.mean()))[::-1]
+    scale = np.abs(a - a.mean()).max() * np.abs(l - l.mean()).max()
+    if cov[k - 1] - cov[k] <= 1e-12 * max(scale, 1e-300):
+        return ("the covariance terms tie at the selection's boundary (the k-th and "
+                "(k+1)-th largest are equal): any of the tied tokens is a right KL-Cov "
+                "selection, so the case is not judged")
+    return None
 
 
 def _gspo_undetached(params):
@@ -203,7 +233,7 @@ def build() -> Dict[str, Entry]:
         _entry("gmpo_loss", ("logp",), stack="many",
                grid=dict(clip_low=(0.2, 0.4, 0.1), clip_high=(None, 0.2, 0.4),
                          eps=(0.0, 1e-8))),
-        _entry("kl_cov_loss", ("logp",), stack="many",
+        _entry("kl_cov_loss", ("logp",), stack="many", ambiguous=_kl_cov_tie,
                grid=dict(ratio=(2e-4, 0.1, 0.2), coef=(1.0, 0.1, 0.5))),
         _entry("entropy", ("logits",), stack="rows"),
         _entry("kl_rewards", ("logp",), trainer_grad=False, stack="rows",

@@ -324,3 +324,38 @@ def test_numpy_arrays_stay_numpy():
         return np.where(m, (x - v.mean()) / np.sqrt(v.var() + 1e-8), 0.0)
     assert audit(fn, "whiten", profile="minimind", backend="numpy", cases=4).ok
     assert set(seen) == {np.ndarray}
+
+
+def _kl_cov_last_of_ties(logp, old_logp, advantages, mask, ratio=0.1, coef=0.1):
+    """KL-Cov choosing, among tied covariances, the last token (the reference takes the
+    first): both are right."""
+    import torch
+    adv = advantages if advantages.dim() == logp.dim() else advantages[:, None].expand_as(logp)
+    m = mask.bool()
+    n = int(m.sum())
+    cov = torch.where(m, (adv - adv[m].mean()) * (logp - logp[m].mean()),
+                      torch.tensor(-float("inf"), dtype=logp.dtype)).detach().reshape(-1)
+    k = max(1, int(n * ratio))
+    idx = torch.arange(cov.numel(), dtype=logp.dtype)
+    order = sorted(range(cov.numel()), key=lambda j: (-float(cov[j]), -float(idx[j])))[:k]
+    chosen = torch.zeros(cov.numel(), dtype=torch.bool)
+    chosen[order] = True
+    chosen = chosen.reshape(logp.shape) & m
+    log_r = logp - old_logp
+    loss = -adv * torch.exp(log_r) + coef * log_r.abs() * chosen
+    return torch.where(m, loss, torch.zeros_like(loss))
+
+
+def test_a_kl_cov_selection_that_breaks_ties_otherwise_is_not_flagged():
+    import numpy as np
+    from crosscheck.check.registry import REGISTRY
+    tie = REGISTRY["kl_cov_loss"].ambiguous
+    one_row = dict(logp=np.array([[-0.5, -1.0, -2.0]]), advantages=np.array([1.0]),
+                   mask=np.ones((1, 3), bool))
+    assert "tie at the selection's boundary" in tie(one_row, dict(ratio=0.4))
+    assert tie(dict(one_row, advantages=np.array([[1.0, -1.0, 0.5]])), dict(ratio=0.4)) is None
+    # one advantage per sequence: a case with one non-empty row ties every covariance at 0
+    report = audit(_kl_cov_last_of_ties, "kl_cov_loss", ratio=0.1, coef=0.1, cases=200,
+                   domain=("per_sequence_advantages",))
+    assert report.ok, str(report)
+    assert any("tie at the selection's boundary" in why for why in report.skipped)
