@@ -113,7 +113,7 @@ def diagnose(aud, case, check, profile=None) -> Tuple[str, bool]:
     """(explanation, whether it is a missing stop-gradient) for a failing check, or ("", False)."""
     if check not in ("value", "grad"):
         return "", False
-    probes = _probe_data(aud, case)
+    probes = _probe_data(aud, case, n=16)
     name = aud.entry.name
 
     def reference(p):
@@ -127,6 +127,12 @@ def diagnose(aud, case, check, profile=None) -> Tuple[str, bool]:
                           aud, user, lambda d, f=bug.value: f(d, aud.params))), None)
         convention = next((label for label, params in _variants(aud)
                            if _all_match(aud, user, reference(params))), None)
+        if not known and not convention:      # a known bug on top of a convention change
+            known, convention = next(
+                ((bug.label, label) for bug in aud.entry.known_bugs if bug.value is not None
+                 for label, params in _variants(aud)
+                 if _all_match(aud, user, lambda d, f=bug.value, q=params: f(d, q))),
+                (None, None))
         if known and convention:
             return (f"matches a known bug: {known} (it computes "
                     f"{_deviation(aud, profile, convention)})"), False
@@ -158,7 +164,35 @@ def diagnose(aud, case, check, profile=None) -> Tuple[str, bool]:
             continue
         if _all_grads_match(aud, user, lambda d, g, f=bug.grad: {wrt: f(d, aud.params, g)}):
             return f"matches a known bug: {bug.label}", bug.detach
+    if aud.entry.detached and _all_grads_match(
+            aud, user, lambda d, g: {wrt: _full_derivative(aud, d, g, wrt)}):
+        return (f"a stop-gradient is missing: your gradient is the full derivative of the "
+                f"loss's value, {aud.entry.detached} differentiated too"), True
     return "", False
+
+
+def _full_derivative(aud, data, g, wrt, h=1e-6):
+    """Σ_out g·∂(reference value)/∂wrt by central differences of the reference's *value*,
+    which every stop-gradient leaves unchanged: the gradient of a function that forgot to
+    detach its weight. Only valid positions move (padding gets 0). Every entry with a
+    `detached` factor is elementwise or small here (the shrunk case and the probes)."""
+    x = np.asarray(data[wrt], dtype=np.float64)
+    valid = aud.valid_of(data, x.shape)
+    gs = g if isinstance(g, (tuple, list)) else (g,)
+
+    def value(xv):
+        out = aud.entry.numpy_fn(**reference_args(dict(data, **{wrt: xv})), **aud.params)
+        return [np.asarray(o, dtype=np.float64) for o in (out if isinstance(out, tuple)
+                                                          else (out,))]
+    grad = np.zeros(x.shape)
+    for j in zip(*np.nonzero(valid)):
+        step = h * max(1.0, abs(x[j]))
+        up, down = x.copy(), x.copy()
+        up[j] += step
+        down[j] -= step
+        grad[j] = sum(float(np.sum(np.asarray(gi) * (a - b))) for gi, a, b in
+                      zip(gs, value(up), value(down))) / (2 * step)
+    return grad
 
 
 def _all_match(aud, user, fn, at_least=2, need=None):

@@ -209,7 +209,7 @@ def build() -> Dict[str, Entry]:
         _entry("clip_fraction", (), trainer_grad=False,             # a count: value stage only
                grid=dict(definition=vocab.CLIP_FRACTIONS)),
         _entry("sapo_loss", ("logp",), stack="rows",
-               grid=dict(tau_pos=(1.0, 0.5, 2.0), tau_neg=(1.05, 1.0, 1.5),
+               grid=dict(tau_pos=(1.0, 0.5, 2.0, 1.05), tau_neg=(1.05, 1.0, 1.5),
                          log_ratio_clamp=(None, 20.0), level=vocab.SAPO_LEVELS)),
         _entry("vespo_loss", ("logp",), stack="rows",
                detached="φ(w): the gamma weight of the sequence ratio",

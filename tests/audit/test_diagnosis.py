@@ -1,6 +1,7 @@
 """The diagnosis is sound: a variant is proposed only when the declared conventions fail and the
 variant reproduces the function on every probe (padding included); a deviation is named against
 the profile that declared the convention; NaN never 'changes' into NaN."""
+import pytest
 import torch
 
 from crosscheck import audit
@@ -77,3 +78,29 @@ def test_a_known_bug_and_the_convention_it_amounts_to_are_both_named():
     d = finding(report, "value").diagnosis
     assert d.startswith("matches a known bug: shift_mean=False adds the mean back")
     assert "whiten with restore_mean=True (the openrlhf profile declares restore_mean=False)" in d
+
+
+@pytest.mark.parametrize("fn, ref, conventions, says", [
+    ("dppo_undetached", "dppo_loss", {}, "min(r, C) and the trust-region indicator"),
+    ("vespo_undetached", "vespo_loss", {}, "φ(w): the gamma weight of the sequence ratio"),
+])
+def test_a_missing_stop_gradient_in_the_newer_losses_is_diagnosed_as_detach(fn, ref,
+                                                                             conventions, says):
+    from tests.audit import trust_region_bugs as bugs
+    report = audit(getattr(bugs, fn), ref, cases=40, **conventions)
+    f = finding(report, "detach")
+    assert f.status == "fail" and f.diagnosis.startswith("a stop-gradient is missing")
+    assert says in f.diagnosis
+
+
+def test_dppo_with_its_binary_kl_swapped_is_not_given_an_unsound_convention():
+    from tests.audit import trust_region_bugs as bugs
+    report = audit(bugs.dppo_kl_swapped, "dppo_loss", divergence="kl", cases=200)
+    assert not report.ok
+    assert all("divergence='tv'" not in f.diagnosis for f in report.findings)
+
+
+def test_sapo_with_its_temperatures_swapped_is_named():
+    from tests.audit import trust_region_bugs as bugs
+    report = audit(bugs.sapo_swapped, "sapo_loss", cases=60)
+    assert "tau_pos=1.05, tau_neg=1.0" in finding(report, "value").diagnosis
