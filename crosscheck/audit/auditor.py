@@ -19,6 +19,22 @@ NO_GRADIENT = ("not checked: your output carries no gradient, as trainers comput
                "reference is not differentiated by trainers)")
 
 
+def _ratio_beyond_float32(data) -> bool:
+    """Whether a valid log-ratio between two log-prob inputs exceeds log(float32 max) = 88.7:
+    exp of it, the importance ratio every loss forms, overflows in float32."""
+    from .calls import LOGPROBS
+    lps = [np.asarray(data[k], dtype=np.float64) for k in LOGPROBS
+           if isinstance(data.get(k), np.ndarray)]
+    if len(lps) < 2:
+        return False
+    m = data.get("mask")
+    valid = np.ones(lps[0].shape, bool) if m is None or np.shape(m) != lps[0].shape else \
+        np.asarray(m, dtype=bool)
+    top = float(np.log(np.finfo(np.float32).max))
+    return any(bool((np.abs(a - b)[valid] > top).any()) for i, a in enumerate(lps)
+               for b in lps[i + 1:] if a.shape == b.shape)
+
+
 def _beyond_float32(x, valid) -> bool:
     """Whether a reference value or gradient at a valid position lies beyond float32's range:
     the edge of the float range, where trainers' float32 code overflows by construction."""
@@ -310,7 +326,8 @@ class Auditor:
         out.append(Outcome("shape", True))
         finite_ok, value_ok = True, True
         kappas = self.condition(data)
-        edge = any(_beyond_float32(r, self.valid_of(data, r.shape)) for r in refs)
+        edge = any(_beyond_float32(r, self.valid_of(data, r.shape)) for r in refs) or \
+            _ratio_beyond_float32(data)
         for k, (y, r) in enumerate(zip(yours, refs)):
             valid = self.valid_of(data, r.shape)
             bad = valid & np.isfinite(r) & ~np.isfinite(y)
@@ -422,7 +439,10 @@ class Auditor:
                                                       f"{ref[i]:.10g}",
                                        yours=auto, reference=ref,
                                        loose=self.loose(auto, ref, valid, kappa),
-                                       edge=_beyond_float32(ref, valid)))
+                                       # the gradient, or the outputs it comes from
+                                       edge=_beyond_float32(ref, valid) or any(
+                                           _beyond_float32(r, self.valid_of(data, r.shape))
+                                           for r in refs) or _ratio_beyond_float32(data)))
             else:
                 results.append(Outcome("grad", True))
         return results

@@ -458,8 +458,6 @@ BUGS = [
     ("whiten-one-pass-float32", "whiten", whiten_one_pass_float32, dict(profile="minimind"),
      {"value"}),
     ("gae-ignores-dones", "gae", gae_ignores_dones, dict(profile="cleanrl"), {"value"}),
-    ("ppo-float32-overflow", "ppo_clip_loss", ppo_float32_overflow, dict(profile="trl"),
-     {"finite"}),
     ("ppo-advantages-clipped", "ppo_clip_loss", ppo_advantages_clipped, dict(profile="cleanrl"),
      {"value"}),
     ("objective-kl-unmasked", "policy_objective", objective_kl_unmasked,

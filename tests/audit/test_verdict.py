@@ -343,3 +343,22 @@ def test_the_kl_direction_check_names_what_it_saw(fn, says):
     assert f.status == "fail" and says in f.message, f.message
     assert "AttributeError" not in f.message and "TypeError" not in f.message
     assert "is its sign flipped" not in f.message
+
+
+def _ppo_in_float32(logp, old_logp, advantages, mask):
+    """PPO computed in float32 and cast back to float64, as mixed-precision code does."""
+    a = advantages if advantages.dim() == 2 else advantages[:, None]
+    r = torch.exp(logp.float() - old_logp.float())
+    a = a.float()
+    return (-torch.min(r * a, torch.clamp(r, 0.8, 1.2) * a)).double()
+
+
+def test_float32_code_cast_back_gets_the_hint_and_conforms_at_float32():
+    report = audit(_ppo_in_float32, "ppo_clip_loss", cases=60)
+    assert not report.ok
+    for f in report.failures:               # rounding, or overflow beyond float32's range
+        assert "pass precision='float32'" in f.message, (f.check, f.message)
+    at32 = audit(_ppo_in_float32, "ppo_clip_loss", cases=60, precision="float32")
+    assert at32.ok, str(at32)
+    assert all(f.grade == "robustness" for f in at32.findings if f.status == "warn")
+    assert "carries no gradient" not in str(at32)
