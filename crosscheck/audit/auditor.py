@@ -22,7 +22,6 @@ NO_GRADIENT = ("not checked: your output carries no gradient, as trainers comput
 def _ratio_beyond_float32(data) -> bool:
     """Whether a valid log-ratio between two log-prob inputs exceeds log(float32 max) = 88.7:
     exp of it, the importance ratio every loss forms, overflows in float32."""
-    from .calls import LOGPROBS
     lps = [np.asarray(data[k], dtype=np.float64) for k in LOGPROBS
            if isinstance(data.get(k), np.ndarray)]
     if len(lps) < 2:

@@ -432,15 +432,19 @@ def kl_cov_loss_case(rng, i):
         lp, adv, m = (case.arrays[k] for k in ("logp", "advantages", "mask"))
         if adv.shape != lp.shape:                   # one advantage per sequence
             adv = np.repeat(adv[:, None], lp.shape[1], axis=1)
-        n = int(m.sum())
-        if n < 2:
+        if m.sum() < 2:
             break
-        a, l = adv[m], lp[m]
-        cov = np.sort((a - a.mean()) * (l - l.mean()))[::-1]
-        k = max(1, int(n * params["ratio"]))
-        if k >= n or cov[k - 1] - cov[k] > 0.05 * (1 + abs(cov[k - 1])):
+        cov, k = kl_cov_ranking(lp, adv, m, params["ratio"])
+        if k >= len(cov) or cov[k - 1] - cov[k] > 0.05 * (1 + abs(cov[k - 1])):
             break
     return case
+
+
+def kl_cov_ranking(lp, adv, m, ratio):
+    """KL-Cov's covariance terms (A − Ā)(logp − mean logp) over the valid tokens, largest
+    first, and the number k = max(1, ⌊N·ratio⌋) it penalises (adv already [B, T])."""
+    a, l = adv[m], lp[m]
+    return np.sort((a - a.mean()) * (l - l.mean()))[::-1], max(1, int(len(a) * ratio))
 
 
 def entropy_case(rng, i):

@@ -119,12 +119,13 @@ def _kl_cov_tie(args, params):
         np.asarray(args["mask"], dtype=bool)
     if adv.shape != lp.shape:
         adv = np.broadcast_to(adv.reshape(adv.shape + (1,) * (lp.ndim - adv.ndim)), lp.shape)
-    n = int(m.sum())
-    k = max(1, int(n * params.get("ratio", ref_numpy.kl_cov_loss.__kwdefaults__["ratio"])))
-    if n < 2 or k >= n:
+    if m.sum() < 2:
+        return None
+    cov, k = cases.kl_cov_ranking(lp, adv, m, params.get(
+        "ratio", ref_numpy.kl_cov_loss.__kwdefaults__["ratio"]))
+    if k >= len(cov):
         return None
     a, l = adv[m], lp[m]
-    cov = np.sort((a - a.mean()) * (l - l.mean()))[::-1]
     scale = np.abs(a - a.mean()).max() * np.abs(l - l.mean()).max()
     if cov[k - 1] - cov[k] <= 1e-12 * max(scale, 1e-300):
         return ("the covariance terms tie at the selection's boundary (the k-th and "
