@@ -1,0 +1,41 @@
+"""The live audit: rides along a real training run and checks, at each sampled optimizer step,
+on that step's own tensors, that the gradient the optimizer receives is the gradient of the
+objective the trainer documents (docs/live.md).
+
+    with crosscheck.live.watch(trainer, every=10) as w:
+        trainer.train()
+    print(w.report.text())
+"""
+import sys
+
+from .objective import MicroBatch, Objective
+from .report import Finding, LiveDeviation, Report, StepResult
+
+__all__ = ["watch", "Finding", "LiveDeviation", "MicroBatch", "Objective", "Report",
+           "StepResult"]
+
+
+def watch(trainer, every: int = 10, strict: bool = False, verbose=None):
+    """Audit `trainer` while it trains, every `every`-th optimizer step (the first included).
+
+    strict: raise LiveDeviation at the first deviation. verbose: print a line per checked step
+    and the final report on stderr (default: when stderr is a terminal).
+    Returns a context manager; its `.report` is filled as the run goes.
+    """
+    if isinstance(every, bool) or not isinstance(every, int):
+        raise TypeError(f"every is {type(every).__name__} {every!r}; expected an int ≥ 1 "
+                        f"(check every n-th optimizer step)")
+    if every < 1:
+        raise ValueError(f"every is {every}; expected an int ≥ 1 (check every n-th optimizer "
+                         f"step)")
+    if not isinstance(strict, bool):
+        raise TypeError(f"strict is {type(strict).__name__} {strict!r}; expected True or False")
+    if verbose is None:
+        verbose = sys.stderr.isatty()
+    stream = sys.stderr if verbose else None
+    from . import trl
+    if trl.is_trl_grpo(trainer):
+        return trl.TRLWatch(trainer, every, strict, stream)
+    raise TypeError(f"trainer is a {type(trainer).__module__}.{type(trainer).__qualname__}; "
+                    f"expected a TRL GRPOTrainer (verl and OpenRLHF: crosscheck.live.verl, "
+                    f"crosscheck.live.openrlhf)")

@@ -1,0 +1,171 @@
+"""What a live audit found: graded findings, one summary per checked step, the final report.
+
+The grades are the cards' (crosscheck.audit.model.GRADES). In a live run every input is one the
+trainer really produced, so a difference beyond the run's precision is a deviation; a
+difference the trainer documents (with its citation) is a documented choice and never fails
+the run.
+"""
+import dataclasses
+import json
+import math
+from typing import Dict, List, Optional, Tuple
+
+from ..audit.model import GRADES, plural
+
+CHECKS = ("advantages", "micro-batch loss", "gradient", "metrics")
+
+
+class LiveDeviation(AssertionError):
+    """Raised by `watch(..., strict=True)` at the first deviation."""
+
+    def __init__(self, finding: "Finding"):
+        super().__init__(finding.text())
+        self.finding = finding
+
+
+@dataclasses.dataclass
+class Finding:
+    step: int
+    check: str                              # CHECKS
+    grade: str                              # GRADES
+    message: str
+    rank: Optional[int] = None
+    micro_batch: Optional[int] = None
+    token: Optional[Tuple[int, ...]] = None  # (row, position) in that micro-batch
+    got: Optional[float] = None
+    expected: Optional[float] = None
+    source: str = ""                         # the trainer's code or docs a choice cites
+
+    def __post_init__(self):
+        if self.grade not in GRADES:
+            raise ValueError(f"grade is {self.grade!r}; expected one of {GRADES}")
+
+    def where(self) -> str:
+        parts = [f"step {self.step}"]
+        if self.rank is not None:
+            parts.append(f"rank {self.rank}")
+        if self.micro_batch is not None:
+            parts.append(f"micro-batch {self.micro_batch}")
+        if self.token is not None:
+            parts.append("token " + ", ".join(str(i) for i in self.token))
+        return ", ".join(parts)
+
+    def text(self) -> str:
+        vals = ""
+        if self.got is not None:
+            vals = f" (trainer {self.got:.9g}, reference {self.expected:.9g})"
+        cite = f" [{self.source}]" if self.source else ""
+        return f"{self.grade}: {self.check}, {self.where()}: {self.message}{vals}{cite}"
+
+    def as_json(self) -> dict:
+        d = dataclasses.asdict(self)
+        for k in ("got", "expected"):
+            if d[k] is not None and not math.isfinite(d[k]):
+                d[k] = str(d[k])
+        return d
+
+
+@dataclasses.dataclass
+class StepResult:
+    """One checked optimizer step: per check, how many comparisons ran and how many failed."""
+    step: int
+    counts: Dict[str, List[int]] = dataclasses.field(default_factory=dict)  # check: [n, fails]
+    max_rel_err: float = 0.0
+    findings: List[Finding] = dataclasses.field(default_factory=list)
+    skipped: Dict[str, str] = dataclasses.field(default_factory=dict)     # check: why not run
+
+    def count(self, check: str, n: int, fails: int, rel: float = 0.0) -> None:
+        c = self.counts.setdefault(check, [0, 0])
+        c[0] += n
+        c[1] += fails
+        if math.isfinite(rel):
+            self.max_rel_err = max(self.max_rel_err, rel)
+        else:
+            self.max_rel_err = math.inf
+
+    @property
+    def deviations(self) -> List[Finding]:
+        return [f for f in self.findings if f.grade == "deviation"]
+
+    def line(self) -> str:
+        parts = []
+        for check in CHECKS:
+            if check in self.counts:
+                n, bad = self.counts[check]
+                parts.append(f"{check} {'ok' if not bad else f'{bad} FAILED'} ({n})")
+            elif check in self.skipped:
+                parts.append(f"{check} not checked")
+        verdict = "DEVIATES" if self.deviations else "conforms"
+        notes = len(self.findings) - len(self.deviations)
+        tail = f", {plural(notes, 'note')}" if notes else ""
+        return (f"crosscheck step {self.step}: {verdict}: " + "; ".join(parts)
+                + f"; max rel err {self.max_rel_err:.2g}{tail}")
+
+
+@dataclasses.dataclass
+class Report:
+    trainer: str
+    config: List[Tuple[str, object, str]]           # (setting, value, where it is read)
+    objective: str                                  # the documented objective, in words
+    precision: str                                  # the tolerance row the run is judged at
+    every: int
+    world: int
+    not_expressed: List[str] = dataclasses.field(default_factory=list)
+    steps: List[StepResult] = dataclasses.field(default_factory=list)
+
+    @property
+    def findings(self) -> List[Finding]:
+        return [f for s in self.steps for f in s.findings]
+
+    @property
+    def deviations(self) -> List[Finding]:
+        return [f for f in self.findings if f.grade == "deviation"]
+
+    @property
+    def ok(self) -> Optional[bool]:
+        """True: every checked step conforms; False: a deviation; None: nothing was checked."""
+        if self.deviations:
+            return False
+        return True if any(s.counts for s in self.steps) else None
+
+    def verdict(self) -> str:
+        return {True: "CONFORMS", False: "DEVIATES", None: "NOTHING CHECKED"}[self.ok]
+
+    def text(self) -> str:
+        lines = [f"crosscheck live audit: {self.trainer}: {self.verdict()}",
+                 f"  {plural(len(self.steps), 'step')} checked (every {self.every}), "
+                 f"{plural(self.world, 'process')}; judged at the {self.precision} row of the "
+                 f"tolerance table",
+                 f"  objective: {self.objective}"]
+        lines += ["  config:"] + [f"    {k} = {v!r}  ({src})" for k, v, src in self.config]
+        if self.not_expressed:
+            lines += ["  not checked (the reference cannot express it):"]
+            lines += [f"    {w}" for w in self.not_expressed]
+        lines += ["  steps:"] + [f"    {s.line()}" for s in self.steps]
+        by_grade = {g: [f for f in self.findings if f.grade == g] for g in GRADES}
+        for g in GRADES:
+            if by_grade[g]:
+                lines += [f"  {g} ({len(by_grade[g])}):"]
+                lines += [f"    {f.text()}" for f in by_grade[g][:20]]
+                if len(by_grade[g]) > 20:
+                    lines += [f"    ... and {len(by_grade[g]) - 20} more"]
+        return "\n".join(lines)
+
+    def as_json(self) -> dict:
+        return {
+            "trainer": self.trainer, "verdict": self.verdict(), "ok": self.ok,
+            "every": self.every, "world": self.world, "precision": self.precision,
+            "objective": self.objective,
+            "config": [{"setting": k, "value": v if isinstance(v, (int, float, str, bool,
+                                                                    type(None))) else repr(v),
+                        "source": s} for k, v, s in self.config],
+            "not_expressed": list(self.not_expressed),
+            "steps": [{"step": s.step, "counts": {k: {"checked": n, "failed": b}
+                                                  for k, (n, b) in s.counts.items()},
+                       "skipped": dict(s.skipped),
+                       "max_rel_err": s.max_rel_err if math.isfinite(s.max_rel_err) else "inf",
+                       "findings": [f.as_json() for f in s.findings]} for s in self.steps],
+        }
+
+    def json(self) -> str:
+        return json.dumps(self.as_json(), indent=2)

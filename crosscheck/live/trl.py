@@ -1,0 +1,434 @@
+"""The live audit of TRL's GRPOTrainer (trl/trainer/grpo_trainer.py, read at TRL 1.16.0).
+
+What it wraps, on the trainer instance only (restored on exit):
+- `training_step`: counts the micro-steps of each accumulation window; the window's step is
+  `state.global_step + 1`, and a sampled window is checked once its last micro-step returned;
+- `_calculate_rewards`: the rewards of every process (TRL gathers them before normalising);
+- `_generate_and_score_completions`: the advantages it returns (this process's slice);
+- `_compute_loss`: its inputs and the loss it returns, and what it logs in `_metrics`;
+- `_get_per_token_logps_and_entropies`, while `_compute_loss` runs with gradients on: the
+  log-probs the loss receives, with a tensor hook that records ∂(what is back-propagated)/∂logp
+  during the trainer's own backward (no extra pass through the model).
+
+TRL's conventions, read from `trainer.args` and the trainer:
+- the policy loss: `loss_type` with `importance_sampling_level`, `epsilon_low`/`epsilon_high`,
+  `delta`, the SAPO temperatures and the VESPO shape; the fixed constants (VESPO's clamps)
+  from the TRL profile (crosscheck.audit.profiles);
+- the KL term: `beta` · k3(ref, logp), added to the per-token loss before aggregation;
+- the aggregation (GRPOConfig.loss_type's help and _compute_loss):
+    grpo, sapo   each sequence's token mean, averaged over all sequences of the step
+                 (per micro-batch: its mean ÷ the accumulation steps);
+    bnpo         each micro-batch's token mean, averaged over the step's micro-batches
+                 ("the local batch");
+    dr_grpo      Σ over the step's tokens ÷ (its sequences · max_completion_length);
+    luspo        each sequence's token sum, averaged over the step's sequences;
+    dapo, cispo, vespo   Σ over the step's tokens ÷ its token count ("the global accumulated
+                 batch"). Per micro-batch TRL divides by num_items_in_batch (the generation
+                 batch's tokens on all processes) ÷ processes · accumulation steps ÷
+                 steps_per_generation: the same count only when steps_per_generation equals
+                 the accumulation steps, else the generation batch's mean count per window (a
+                 documented choice: "rescale it to one accumulation window");
+- the advantages: `group_advantages` with the profile's conventions (nanstd, + 1e-4) at
+  `scale_rewards`, groups of `num_generations`, unscorable rows (every reward NaN) set to 0.
+"""
+import math
+import sys
+from typing import Dict, List, Optional
+
+import numpy as np
+import torch
+
+import ref_numpy
+
+from .. import bridge
+from ..audit.profiles import PROFILES
+from . import checks
+from .objective import MicroBatch, Objective, formula_gradient, stacked
+from .report import LiveDeviation, Report, StepResult
+
+C = "trl/trainer/grpo_trainer.py::_compute_loss"
+G = "trl/trainer/grpo_trainer.py::_generate_and_score_completions"
+PPO_FAMILY = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
+BY_TOKEN_COUNT = ("dapo", "cispo", "vespo")
+# the documented aggregation of each loss type: (scope, aggregate keywords, in words)
+AGGREGATION = {
+    "grpo": ("step", dict(agg="seq-mean-token-mean", empty_rows="include"),
+             "each sequence's token mean, averaged over the step's sequences"),
+    "sapo": ("step", dict(agg="seq-mean-token-mean", empty_rows="include"),
+             "each sequence's token mean, averaged over the step's sequences"),
+    "bnpo": ("micro-batch", dict(agg="token-mean"),
+             "each micro-batch's token mean, averaged over the step's micro-batches"),
+    "dr_grpo": ("step", dict(agg="seq-mean-token-sum", empty_rows="include"),
+                "the step's token sum ÷ (its sequences · max_completion_length)"),
+    "luspo": ("step", dict(agg="seq-mean-token-sum", empty_rows="include"),
+              "each sequence's token sum, averaged over the step's sequences"),
+    **{k: ("step", dict(agg="token-mean"), "the step's token sum ÷ its token count, on all "
+                                           "processes") for k in BY_TOKEN_COUNT},
+}
+METRICS = ("entropy", "kl", "clip_ratio/region_mean")
+
+
+def _profile(name):
+    return dict(PROFILES["trl"].objective[name].conventions)
+
+
+class TRLWatch:
+    """`crosscheck.live.watch` for a TRL GRPOTrainer (see the module docstring)."""
+
+    def __init__(self, trainer, every: int, strict: bool, stream):
+        self.t, self.every, self.strict, self.stream = trainer, every, strict, stream
+        self.world = int(trainer.accelerator.num_processes)
+        self.rank = int(trainer.accelerator.process_index)
+        self._saved: list = []
+        self._k = 0                          # micro-steps done in the current window
+        self._sampled = False
+        self._step = 0
+        self._mbs: List[MicroBatch] = []
+        self._holders: List[dict] = []
+        self._adv: list = []
+        self._rewards = None
+        self._capture: Optional[dict] = None
+        self.report = self._read_config()
+
+    # ------------------------------------------------------------------ configuration
+    def _read_config(self) -> Report:
+        t, a = self.t, self.t.args
+        lt, level = t.loss_type, t.importance_sampling_level
+        beta = float(t.beta)
+        lo, hi = float(t.epsilon_low), float(t.epsilon_high)
+        gas, spg = int(a.gradient_accumulation_steps), int(a.steps_per_generation)
+        config = [
+            ("loss_type", lt, "GRPOConfig.loss_type → " + C),
+            ("importance_sampling_level", level, "GRPOConfig → " + C),
+            ("epsilon_low", lo, "GRPOConfig.epsilon → trainer.epsilon_low"),
+            ("epsilon_high", hi, "GRPOConfig.epsilon_high → trainer.epsilon_high"),
+            ("delta", a.delta, "GRPOConfig.delta: two-sided clipping, " + C),
+            ("beta", beta, "GRPOConfig.beta: β·k3 added per token, " + C),
+            ("scale_rewards", t.scale_rewards, "GRPOConfig.scale_rewards → " + G),
+            ("num_generations", int(t.num_generations), "GRPOConfig → " + G),
+            ("gradient_accumulation_steps", gas, "TrainingArguments"),
+            ("steps_per_generation", spg, "GRPOConfig → _prepare_inputs"),
+            ("num_iterations", int(t.num_iterations), "GRPOConfig → _prepare_inputs"),
+            ("use_vllm", bool(t.use_vllm), "GRPOConfig"),
+            ("world size", self.world, "accelerator.num_processes"),
+        ]
+        if lt == "dr_grpo":
+            config.append(("max_completion_length", t.max_completion_length,
+                           "GRPOConfig → " + C + " (loss_type 'dr_grpo')"))
+        no: List[str] = []
+        kw = self._policy(lt, level, lo, hi, a, no)
+        if beta and getattr(a, "use_bias_correction_kl", False):
+            no.append("use_bias_correction_kl=True (the KL term times the ratio)")
+        if t.top_entropy_quantile < 1.0:
+            no.append(f"top_entropy_quantile={t.top_entropy_quantile} (the entropy mask)")
+        if t.off_policy_mask_threshold is not None:
+            no.append("off_policy_mask_threshold (the off-policy sequence mask)")
+        if t.use_vllm and t.vllm_importance_sampling_correction:
+            no.append("vLLM importance-sampling correction folded into the loss")
+        if getattr(t, "_entropy_bonus_enabled", False):
+            no.append("the entropy bonus (entropy_coef): its term is not a function of logp; "
+                      "the micro-batch loss check would include it")
+        if getattr(t, "aux_loss_enabled", False):
+            no.append("the MoE router auxiliary loss in the micro-batch loss")
+        self._kw = None if kw is None else {**kw, "beta": beta, "kl_kind": "k3"}
+        scope, agg, words = AGGREGATION.get(lt, ("step", {}, f"loss_type {lt!r}"))
+        if lt == "dr_grpo":
+            agg = {**agg, "norm": float(t.max_completion_length)}
+        self._scope, self._agg = scope, agg
+        self._spg, self._lt = spg, lt
+        self._metrics_ok = lt in PPO_FAMILY and level == "token"
+        return Report("trl " + _version(), config, f"loss_type {lt!r}: {words}",
+                      "float32 (float64 for float64 runs)", self.every, self.world,
+                      not_expressed=no)
+
+    @staticmethod
+    def _policy(lt, level, lo, hi, a, no):
+        if lt in PPO_FAMILY:
+            if level == "token":
+                return dict(loss="ppo", clip_low=lo, clip_high=hi, delta=a.delta)
+            if a.delta is not None:
+                no.append("delta with importance_sampling_level='sequence'")
+                return None
+            return dict(loss="gspo", form=_profile("gspo")["form"], clip_low=lo, clip_high=hi)
+        if lt == "cispo":
+            if level != "token":
+                no.append("loss_type 'cispo' with importance_sampling_level='sequence'")
+                return None
+            return dict(loss="cispo", clip_high=hi, bound=_profile("cispo")["bound"])
+        if lt == "sapo":
+            return dict(loss="sapo", tau_pos=float(a.sapo_temperature_pos),
+                        tau_neg=float(a.sapo_temperature_neg), level=level)
+        if lt == "vespo":
+            base = _profile("vespo")
+            return dict(loss="vespo", k_pos=float(a.vespo_k_pos), k_neg=float(a.vespo_k_neg),
+                        lambda_pos=float(a.vespo_lambda_pos),
+                        lambda_neg=float(a.vespo_lambda_neg),
+                        **{k: base[k] for k in ("log_ratio_clamp", "log_w_min", "log_w_max")})
+        no.append(f"loss_type {lt!r}")
+        return None
+
+    def _documented(self) -> Objective:
+        return Objective({**self._kw, **self._agg}, self._scope,
+                         f"GRPOConfig.loss_type={self._lt!r} help; {C}")
+
+    def _formula(self, mb: MicroBatch):
+        """TRL's loss for one micro-batch: (aggregate keywords, factor, source)."""
+        gas = mb.meta["gas"]
+        if self._lt in BY_TOKEN_COUNT:
+            norm = max(mb.meta["num_items_in_batch"], 1.0) / self.world * gas / self._spg
+            return ({**self._kw, "agg": "seq-mean-token-sum-norm", "norm": norm}, 1.0,
+                    C + ": num_items_in_batch / num_processes · accumulation / "
+                        "steps_per_generation")
+        return {**self._kw, **self._agg}, 1.0 / gas, C + ": ÷ current_gradient_accumulation_steps"
+
+    def _alternatives(self):
+        if self._lt in BY_TOKEN_COUNT and self._spg != self.t.args.gradient_accumulation_steps:
+            return [(lambda mbs: formula_gradient(self._formula, mbs, self.world),
+                     "documented choice",
+                     f"steps_per_generation ({self._spg}) ≠ gradient_accumulation_steps: TRL "
+                     f"divides by the generation batch's mean token count per window, not "
+                     f"this window's", C + ": '`num_items_in_batch` spans the generation "
+                                           "batch, so rescale it to one accumulation window'")]
+        return []
+
+    # ------------------------------------------------------------------ wrapping
+    def __enter__(self):
+        self._wrap("training_step", self._training_step)
+        self._wrap("_calculate_rewards", self._calculate_rewards)
+        self._wrap("_generate_and_score_completions", self._generate)
+        self._wrap("_compute_loss", self._compute_loss)
+        self._wrap("_get_per_token_logps_and_entropies", self._logps)
+        if self.stream is not None and self.rank == 0 and self.report.not_expressed:
+            self.stream.write("crosscheck live: not checked: "
+                              + "; ".join(self.report.not_expressed) + "\n")
+        return self
+
+    def __exit__(self, *exc):
+        for name, had, value in reversed(self._saved):
+            if had:
+                setattr(self.t, name, value)
+            else:
+                self.t.__dict__.pop(name, None)
+        self._saved.clear()
+        if self.stream is not None and self.rank == 0 and exc[0] is None:
+            self.stream.write(self.report.text() + "\n")
+        return False
+
+    def _wrap(self, name, make):
+        had = name in self.t.__dict__
+        self._saved.append((name, had, self.t.__dict__.get(name)))
+        setattr(self.t, name, make(getattr(self.t, name)))
+
+    def _training_step(self, orig):
+        def training_step(*args, **kwargs):
+            if self._k == 0:
+                self._step = int(self.t.state.global_step) + 1
+                self._sampled = (self._step - 1) % self.every == 0
+                self._mbs, self._holders, self._adv = [], [], []
+            out = orig(*args, **kwargs)
+            self._k += 1
+            if self._k >= int(self.t.current_gradient_accumulation_steps):
+                self._k = 0
+                if self._sampled:
+                    self._close_window()
+            return out
+        return training_step
+
+    def _calculate_rewards(self, orig):
+        def calculate_rewards(*args, **kwargs):
+            out = orig(*args, **kwargs)
+            if self._sampled and self.t.model.training:
+                self._rewards = out
+            return out
+        return calculate_rewards
+
+    def _generate(self, orig):
+        def generate(*args, **kwargs):
+            self._rewards = None
+            out = orig(*args, **kwargs)
+            if self._sampled and self.t.model.training and self._rewards is not None:
+                self._adv.append((self.rank, bridge.to_numpy(out["advantages"]),
+                                  bridge.to_numpy(self._rewards)))
+            return out
+        return generate
+
+    def _logps(self, orig):
+        def logps(*args, **kwargs):
+            out = orig(*args, **kwargs)
+            cap = self._capture
+            if cap is not None and "logp" not in cap and torch.is_grad_enabled():
+                lp = out[0] if isinstance(out, tuple) else out
+                cap["logp"] = bridge.to_numpy(lp)
+                cap["dtype"] = str(lp.dtype).replace("torch.", "")
+                if isinstance(out, tuple) and len(out) > 1 and out[1] is not None:
+                    cap["entropy"] = bridge.to_numpy(out[1])
+                if lp.requires_grad:
+                    scaler = getattr(self.t.accelerator, "scaler", None)
+
+                    def hook(g, cap=cap, scaler=scaler):
+                        s = float(scaler.get_scale()) if scaler is not None else 1.0
+                        cap["grad"] = bridge.to_numpy(g) / s
+                    lp.register_hook(hook)
+            return out
+        return logps
+
+    def _compute_loss(self, orig):
+        def compute_loss(model, inputs, *args, **kwargs):
+            if not (self._sampled and self.t.model.training and self._kw is not None):
+                return orig(model, inputs, *args, **kwargs)
+            metrics = self.t._metrics["train"]
+            before = {k: len(v) for k, v in metrics.items()}
+            self._capture = cap = {}
+            try:
+                loss = orig(model, inputs, *args, **kwargs)
+            finally:
+                self._capture = None
+            if "logp" in cap:
+                cap["logged"] = {k: float(v[-1]) for k, v in metrics.items()
+                                 if k in METRICS and len(v) > before.get(k, 0)}
+                self._record(inputs, loss, cap)
+            return loss
+        return compute_loss
+
+    def _record(self, inputs, loss, cap):
+        mask = inputs["completion_mask"]
+        if "tool_mask" in inputs:
+            mask = mask * inputs["tool_mask"]
+        old = inputs.get("old_per_token_logps")
+        ref = inputs.get("ref_per_token_logps") if self._kw.get("beta") else None
+        mb = MicroBatch(
+            rank=self.rank, index=len(self._mbs), logp=cap["logp"],
+            old_logp=cap["logp"] if old is None else bridge.to_numpy(old),
+            advantages=bridge.to_numpy(inputs["advantages"]),
+            mask=bridge.to_numpy(mask) != 0,
+            ref_logp=None if ref is None else bridge.to_numpy(ref),
+            loss=float(loss.detach()), dtype=cap["dtype"],
+            meta=dict(gas=int(self.t.current_gradient_accumulation_steps),
+                      num_items_in_batch=float(inputs["num_items_in_batch"]),
+                      logged=cap.get("logged", {}), entropy=cap.get("entropy")))
+        self._mbs.append(mb)
+        self._holders.append(cap)
+
+    # ------------------------------------------------------------------ the checks
+    def _close_window(self):
+        for mb, cap in zip(self._mbs, self._holders):
+            mb.grad = cap.get("grad")
+        payload = dict(mbs=self._mbs, adv=self._adv)
+        gathered = _all_gather(payload, self.world)
+        res = self._check(gathered) if self.rank == 0 else None
+        res = _broadcast(res, self.world)
+        self._mbs, self._holders, self._adv = [], [], []
+        self.report.steps.append(res)
+        metrics = self.t._metrics["train"]
+        metrics["crosscheck/max_rel_err"].append(res.max_rel_err)
+        metrics["crosscheck/deviations"].append(float(len(res.deviations)))
+        if self.stream is not None and self.rank == 0:
+            self.stream.write(res.line() + "\n")
+            self.stream.flush()
+        if self.strict and res.deviations:
+            raise LiveDeviation(res.deviations[0])
+
+    def _check(self, gathered) -> StepResult:
+        res = StepResult(self._step)
+        mbs = [mb for p in gathered for mb in p["mbs"]]
+        dtypes = sorted({mb.dtype for mb in mbs})
+        unjudged = [d for d in dtypes if d not in checks.JUDGED]
+        _, tol = checks.tolerance_row(dtypes or ["float32"])
+        self._check_advantages(res, gathered, tol)
+        if self._kw is None:
+            for c in ("micro-batch loss", "gradient", "metrics"):
+                res.skipped[c] = "; ".join(self.report.not_expressed)
+            return res
+        if unjudged:
+            for c in ("micro-batch loss", "gradient", "metrics"):
+                res.skipped[c] = f"log-probs in {', '.join(unjudged)}: no tolerance row"
+            return res
+        if not mbs:
+            res.skipped["gradient"] = "no micro-batch was recorded"
+            return res
+        if not self.report.not_expressed:
+            checks.micro_batch_losses(res, mbs, self._formula, tol)
+        else:
+            res.skipped["micro-batch loss"] = "; ".join(self.report.not_expressed)
+        checks.gradient(res, mbs, self.world, self._documented(), tol, self._alternatives())
+        self._check_metrics(res, mbs, tol)
+        return res
+
+    def _check_advantages(self, res, gathered, tol):
+        t = self.t
+        if t.multi_objective_aggregation != "sum_then_normalize":
+            res.skipped["advantages"] = (f"multi_objective_aggregation "
+                                         f"{t.multi_objective_aggregation!r}")
+            return
+        conv = dict(PROFILES["trl"].rules["group_advantages"].conventions)
+        conv.update(scale=t.scale_rewards, group_size=int(t.num_generations))
+        weights = bridge.to_numpy(t.reward_weights)
+        for p in gathered:
+            for rank, got, per_func in p["adv"]:
+                with np.errstate(invalid="ignore"):
+                    rewards = np.nansum(per_func * weights[None, :], axis=1)
+                valid = ~np.isnan(per_func).all(axis=1)
+                n = got.shape[0]
+                checks.advantages(res, got, np.where(valid, rewards, np.nan),
+                                  slice(rank * n, (rank + 1) * n), conv, G + " ("
+                                  f"scale_rewards={t.scale_rewards!r})", tol, rank,
+                                  valid=valid)
+
+    def _check_metrics(self, res, mbs, tol):
+        """The logged values of each micro-step, over that micro-step's rows on every rank."""
+        if not self._metrics_ok:
+            res.skipped["metrics"] = "logged metrics are checked for token-level clipped losses"
+            return
+        for k in sorted({mb.index for mb in mbs}):
+            step_mbs = [mb for mb in mbs if mb.index == k]
+            logged = step_mbs[0].meta["logged"]
+            (logp, old, adv, mask, ref), _ = stacked(step_mbs)
+            n = mask.sum()
+            expected = {}
+            if all(mb.meta["entropy"] is not None for mb in step_mbs):
+                ent, _ = stacked([MicroBatch(**{**mb.__dict__, "logp": mb.meta["entropy"]})
+                                  for mb in step_mbs])
+                expected["entropy"] = float(np.where(mask, ent[0], 0.0).sum() / max(n, 1))
+            if self._kw.get("beta") and ref is not None:
+                kl = ref_numpy.kl_penalty(logp, ref, mask, kind="k3")
+                expected["kl"] = float(np.where(mask, kl, 0.0).sum() / max(n, 1))
+            expected["clip_ratio/region_mean"] = float(ref_numpy.clip_fraction(
+                logp, old, adv, mask, clip_low=self._kw["clip_low"],
+                clip_high=self._kw["clip_high"], definition="sign"))
+            for name, value in expected.items():
+                if name in logged:
+                    checks.metric(res, name, logged[name], value, tol,
+                                  f"{C}: _metrics['train'][{name!r}]", k)
+
+
+def _version() -> str:
+    try:
+        import trl
+        return trl.__version__
+    except Exception:                                    # pragma: no cover
+        return "?"
+
+
+def _dist():
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def _all_gather(payload, world):
+    if world == 1 or not _dist():
+        return [payload]
+    out = [None] * world
+    torch.distributed.all_gather_object(out, payload)
+    return out
+
+
+def _broadcast(obj, world):
+    if world == 1 or not _dist():
+        return obj
+    box = [obj]
+    torch.distributed.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def is_trl_grpo(trainer) -> bool:
+    return any(c.__name__ == "GRPOTrainer" and c.__module__.startswith("trl")
+               for c in type(trainer).__mro__)
