@@ -689,9 +689,11 @@ class Objective(NamedTuple):
     beta: float
     kl_kind: str
     kl_clamp: Any
+    kl_weight: Optional[str] = None
 
 
-def policy_objective(mask_, ref_logp, loss, beta, kl_kind, kl_clamp, agg) -> Objective:
+def policy_objective(mask_, ref_logp, loss, beta, kl_kind, kl_clamp, agg,
+                     kl_weight=None) -> Objective:
     """policy_objective's own keywords; its parts validate their inputs themselves. The KL term's
     and the aggregation's conventions are checked here under policy_objective's names
     (kl_penalty calls them kind and clamp, aggregate calls agg mode), so a wrong value is
@@ -704,7 +706,8 @@ def policy_objective(mask_, ref_logp, loss, beta, kl_kind, kl_clamp, agg) -> Obj
         raise ValueError(f"beta is {beta} but ref_logp is None; a KL term needs ref_logp")
     checks.choice("kl_kind", kl_kind, vocab.KL_KINDS)
     checks.clamp_pair("kl_clamp", kl_clamp)
-    return Objective(loss, beta, kl_kind, kl_clamp)
+    checks.choice("kl_weight", kl_weight, vocab.KL_WEIGHTS)
+    return Objective(loss, beta, kl_kind, kl_clamp, kl_weight)
 
 
 # ====================================================================== exact estimator analysis

@@ -18,6 +18,8 @@ KL_KINDS = ("k1", "k2", "k3", "abs")          # kl_penalty (abs: |log ratio|)
 ESTIMATOR_KINDS = ("k1", "k2", "k3")          # approx_kl and the exact estimator analysis
 CISPO_BOUNDS = ("absolute", "relative")
 POLICY_LOSSES = ("ppo", "cispo", "gspo", "sapo", "vespo")
+KL_WEIGHTS = (None, "ratio")   # policy_objective's KL term as it is, or times the attached token
+                               # ratio exp(logp − old_logp) (TRL's use_bias_correction_kl)
 GSPO_FORMS = ("token", "sequence")
 SAPO_LEVELS = ("token", "sequence")     # SAPO's ratio: per token, or the sequence's geometric mean
 CLIP_FRACTIONS = ("loss", "sign", "ratio")

@@ -212,18 +212,22 @@ PROFILES: Dict[str, Profile] = {p.name: p for p in (
                                    "low/high", definition="sign", clip_low=0.2),
         },
         objective={
-            "ppo": _rule("trl/trainer/grpo_trainer.py::_compute_loss (loss_type='dapo')",
-                         loss="ppo", agg="token-mean", kl_kind="k3", clip_low=0.2),
-            "cispo": _rule("trl/trainer/grpo_trainer.py::_compute_loss (loss_type='cispo')",
-                           loss="cispo", agg="token-mean", kl_kind="k3", bound="absolute",
-                           clip_high=5.0),
+            "ppo": _rule("trl/trainer/grpo_trainer.py::_compute_loss (loss_type='dapo'; "
+                         "use_bias_correction_kl, default True since 1.10: per_token_kl * coef_1)",
+                         loss="ppo", agg="token-mean", kl_kind="k3", kl_weight="ratio",
+                         clip_low=0.2),
+            "cispo": _rule("trl/trainer/grpo_trainer.py::_compute_loss (loss_type='cispo'; "
+                           "use_bias_correction_kl)", loss="cispo", agg="token-mean",
+                           kl_kind="k3", kl_weight="ratio", bound="absolute", clip_high=5.0),
             "vespo": _rule("trl/trainer/grpo_trainer.py::_compute_loss (loss_type='vespo', "
                            "get_gamma_weights; aggregated as 'dapo')", loss="vespo",
-                           agg="token-mean", kl_kind="k3", k_pos=2.0, lambda_pos=3.0,
-                           k_neg=3.0, lambda_neg=2.0, log_ratio_clamp=20.0,
+                           agg="token-mean", kl_kind="k3", kl_weight="ratio", k_pos=2.0,
+                           lambda_pos=3.0, k_neg=3.0, lambda_neg=2.0, log_ratio_clamp=20.0,
                            log_w_min=math.log(1e-8), log_w_max=20.0),
             "gspo": _rule("trl/trainer/grpo_trainer.py::_compute_loss (loss_type='grpo', "
-                          "importance_sampling_level='sequence')", loss="gspo",
+                          "importance_sampling_level='sequence'; with beta > 0 its default "
+                          "use_bias_correction_kl weights the KL by the sequence ratio, which "
+                          "the reference does not express)", loss="gspo",
                           agg="seq-mean-token-mean", empty_rows="include", kl_kind="k3",
                           form="sequence", clip_low=3e-4, clip_high=4e-4,
                           accumulation=("mean", "trl/trainer/grpo_trainer.py::_compute_loss: "
@@ -231,7 +235,8 @@ PROFILES: Dict[str, Profile] = {p.name: p for p in (
                                                 "accumulation steps")),
             "sapo": _rule("trl/trainer/grpo_trainer.py::_compute_loss (loss_type='sapo', "
                           "aggregated as 'grpo')", loss="sapo", agg="seq-mean-token-mean",
-                          empty_rows="include", kl_kind="k3", tau_pos=1.0, tau_neg=1.05,
+                          empty_rows="include", kl_kind="k3", kl_weight="ratio", tau_pos=1.0,
+                          tau_neg=1.05,
                           accumulation=("mean", "trl/trainer/grpo_trainer.py::_compute_loss: "
                                                 "loss_type 'sapo' divides by the gradient "
                                                 "accumulation steps")),

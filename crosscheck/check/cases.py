@@ -682,11 +682,14 @@ def policy_objective_case(rng, i):
         ref = lp + away(ref - lp, [0.0])
     arrays = dict(base.arrays, ref_logp=_garbage(ref, m, rng), mask=m)
     params = dict(base.params, loss=loss, agg=agg, beta=beta, kl_kind=kl_kind)
+    if beta and i % 2:                  # TRL's use_bias_correction_kl: the KL term times r
+        params["kl_weight"] = "ratio"
     # An extreme token's loss (up to |A|·e^30) sums into the same scalar as every other token's,
     # so the objective's round-off swamps small gradients: finite differences cannot judge such
     # a case (the per-token losses, whose Jacobian is diagonal, are checked on extremes instead).
     stages = ("value", "vjp") if "extreme" in base.label else ALL_STAGES
-    return Case(f"loss={loss}, agg={agg}, beta={beta}, kl_kind={kl_kind}; " + base.label +
+    weight = ", kl_weight=ratio" if params.get("kl_weight") else ""
+    return Case(f"loss={loss}, agg={agg}, beta={beta}, kl_kind={kl_kind}{weight}; " + base.label +
                 (", first half of the rows empty" if empty else ""),
                 arrays, params, stages=stages)
 

@@ -42,8 +42,8 @@ class _Accelerator:
 
 
 def _stand_in(logp, loss_type, level="token", beta=0.0, epsilon_low=0.2, epsilon_high=0.2,
-              returns=3):
-    args = StandInSelf(use_bias_correction_kl=False, delta=None, steps_per_generation=1,
+              returns=3, bias_kl=False):
+    args = StandInSelf(use_bias_correction_kl=bias_kl, delta=None, steps_per_generation=1,
                        sapo_temperature_pos=1.0, sapo_temperature_neg=1.05, vespo_k_pos=2.0,
                        vespo_lambda_pos=3.0, vespo_k_neg=3.0, vespo_lambda_neg=2.0)
     me = StandInSelf(
@@ -92,12 +92,13 @@ def _inputs(logp, old_logp, advantages, mask, ref_logp=None, n_tokens_global=Non
     return inputs
 
 
-def _loss(loss_type, level="token", beta=0.0, **eps):
+def _loss(loss_type, level="token", beta=0.0, bias_kl=False, **eps):
     def make(fn):
         returns = _arity(fn)
 
         def adapter(logp, old_logp, advantages, mask, ref_logp=None, n_tokens_global=None):
-            me = _stand_in(logp, loss_type, level, beta, returns=returns, **eps)
+            me = _stand_in(logp, loss_type, level, beta, returns=returns, bias_kl=bias_kl,
+                           **eps)
             _static_helpers(me, fn)
             return fn(me, None, _inputs(logp, old_logp, advantages, mask,
                                         ref_logp if beta else None, n_tokens_global))
@@ -129,6 +130,14 @@ def _fits_loss(fn, loss_type, level):
     if level != "token" and "importance_sampling_level" not in source:
         raise NotInVersion("_compute_loss has no importance_sampling_level in this version")
     return _ONE_PER_SEQUENCE
+
+
+def _fits_bias_kl(fn):
+    """The bias-corrected KL row: NOT IN THIS VERSION where _compute_loss has no
+    use_bias_correction_kl."""
+    if "use_bias_correction_kl" not in source_of(fn):
+        raise NotInVersion("_compute_loss has no use_bias_correction_kl in this version")
+    return _fits_loss(fn, "dapo", "token")
 
 
 # GRPOTrainer computes one advantage per completion (and releases before 0.26 multiply by
@@ -194,9 +203,17 @@ ROWS = (
         conventions=dict(loss="ppo", beta=0.0, clip_high=0.2), params=_PARAMS, fits=_fits("dapo"),
         known=(_PADDING,)),
     Row(ROW, "policy_objective", _loss("dapo", beta=0.04), label="dapo, β = 0.04",
-        choices=_STAND_IN + _GLOBAL + ("beta = 0.04: the k3 term added to the per-token loss",),
-        conventions=dict(loss="ppo", beta=0.04, clip_high=0.2), params=_PARAMS, fits=_fits("dapo"),
-        known=(_PADDING,)),
+        choices=_STAND_IN + _GLOBAL + ("beta = 0.04: the k3 term added to the per-token loss",
+                                       "use_bias_correction_kl = False"),
+        conventions=dict(loss="ppo", beta=0.04, clip_high=0.2, kl_weight=None), params=_PARAMS,
+        fits=_fits("dapo"), known=(_PADDING,)),
+    Row(ROW, "policy_objective", _loss("dapo", beta=0.04, bias_kl=True),
+        label="dapo, β = 0.04, bias-corrected KL",
+        choices=_STAND_IN + _GLOBAL + ("beta = 0.04, use_bias_correction_kl = True (GRPOConfig's "
+                                       "default since 1.10): per_token_kl * coef_1, the ratio "
+                                       "attached",),
+        conventions=dict(loss="ppo", beta=0.04, clip_high=0.2, kl_weight="ratio"),
+        params=_PARAMS, fits=_fits_bias_kl, known=(_PADDING,)),
     Row(ROW, "policy_objective", _loss("dapo", epsilon_high=0.28), label="dapo, ε 0.2/0.28",
         choices=_STAND_IN + _GLOBAL + ("epsilon 0.2, epsilon_high 0.28 (DAPO's clip-higher): "
                                        "the two bounds apart, so a swap shows",),
@@ -272,13 +289,15 @@ TRAINER = Trainer(
                       r"get_high_entropy_mask)"),),
     runs=("loss types dapo, grpo, bnpo, dr_grpo, luspo, cispo, sapo, vespo at token level; "
           "GSPO and SAPO at sequence level", "clip symmetric (0.2/0.2) and clip-higher "
-          "(0.2/0.28)", "β 0 and 0.04 (the k3 term)", "the vLLM importance-sampling ratio in its "
-          "four modes", "one process, steps_per_generation = gradient accumulation = 1"),
+          "(0.2/0.28)", "β 0 and 0.04 (the k3 term), use_bias_correction_kl off and on",
+          "the vLLM importance-sampling ratio in its four modes",
+          "one process, steps_per_generation = gradient accumulation = 1"),
     does_not_run=("delta (two-sided clipping)", "the entropy mask and bonus",
-                  "the off-policy mask", "use_bias_correction_kl", "several processes",
+                  "the off-policy mask", "several processes",
                   "luspo at sequence level", "vLLM correction folded into the loss"),
     notes=("the off-policy sequence mask (get_off_policy_mask) has no reference yet",
            "TRL's group advantages (mean and nanstd over each prompt's completions, + 1e-4) are "
            "statements inside _generate_and_score_completions, which generates text; they are "
-           "not reached as a function"),
+           "not reached as a function here: crosscheck.live checks them, with accumulation and "
+           "several processes, in a real run (docs/live.md)"),
 )

@@ -366,6 +366,40 @@ class TestPolicyObjective:
         close(hand["logp"], [[0.05, 0.05]])
         close(auto, [[0.05, 0.05]])
 
+    def test_kl_weight_ratio_multiplies_the_kl_term_by_the_attached_ratio(self):
+        # r = e^(logp − old) = 2 and x = ref − logp = ln 2: k3 = e^x − 1 − x = 1 − ln 2, and
+        # ∂k3/∂logp = −(e^x − 1) = −1. With A = 0, β = 0.5, one token:
+        #   J = β·r·k3 = 1 − ln 2;  ∂J/∂logp = β·(r·(−1) + r·k3) = −ln 2
+        logp = np.array([[-1.0, 0.0]])
+        old, ref = logp - math.log(2.0), logp + math.log(2.0)
+        m = np.array([[True, False]])
+        kw = dict(agg="token-mean", beta=0.5, kl_weight="ratio")
+        for v in both("policy_objective", logp, old, np.zeros(1), m, ref, **kw):
+            close(v, 1.0 - math.log(2.0), atol=1e-15)
+        hand, auto, _ = grads("policy_objective", 0, 1.0, logp, old, np.zeros(1), m, ref, **kw)
+        close(hand["logp"], [[-math.log(2.0), 0.0]])
+        close(auto, [[-math.log(2.0), 0.0]])
+        # without the weight: J = β·k3, ∂J/∂logp = β·(−1)
+        hand, _, _ = grads("policy_objective", 0, 1.0, logp, old, np.zeros(1), m, ref,
+                           agg="token-mean", beta=0.5)
+        close(hand["logp"], [[-0.5, 0.0]])
+
+    def test_kl_weight_ratio_keeps_an_overflowing_padded_ratio_out(self):
+        logp = np.array([[-1.0, 900.0]])                  # padding: e^(900 − 0) overflows
+        m = np.array([[True, False]])
+        hand, auto, _ = grads("policy_objective", 0, 1.0, logp, np.zeros((1, 2)), np.zeros(1),
+                              m, np.zeros((1, 2)), agg="token-mean", beta=0.1, kl_weight="ratio")
+        close(hand["logp"], auto)
+        assert np.isfinite(auto).all() and auto[0, 1] == 0.0
+
+    def test_refuses_an_unknown_kl_weight_by_name(self):
+        logp, m = np.zeros((1, 2)), np.ones((1, 2), bool)
+        for ref in (ref_numpy, ref_torch):
+            x = logp if ref is ref_numpy else torch.zeros((1, 2), dtype=torch.float64)
+            mm = m if ref is ref_numpy else torch.ones((1, 2), dtype=torch.bool)
+            with pytest.raises(ValueError, match="kl_weight is 'sequence'; expected one of"):
+                ref.policy_objective(x, x, x[:, 0], mm, x, beta=0.1, kl_weight="sequence")
+
     def test_is_aggregate_of_its_parts(self, rng):
         logp = np.log(rng.uniform(0.1, 0.9, size=(3, 6)))
         old = logp - rng.normal(0, 0.2, size=(3, 6))
