@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 import ref_numpy
+from ref_numpy.policy_losses import kl_term
 
 from .. import bridge
 from ..audit.profiles import PROFILES
@@ -117,20 +118,33 @@ class TRLWatch:
                            "GRPOConfig → " + C + " (loss_type 'dr_grpo')"))
         no: List[str] = []
         kw = self._policy(lt, level, lo, hi, a, no)
-        if beta and getattr(a, "use_bias_correction_kl", False):
-            no.append("use_bias_correction_kl=True (the KL term times the ratio)")
+        # what else the reference cannot express, and the checks it would falsify
+        LOSS, GRAD = "micro-batch loss", "gradient"
+        blocks = {LOSS: list(no), GRAD: list(no), "metrics": list(no)}
+
+        def cannot(what, *affected):
+            no.append(what)
+            for c in affected:
+                blocks[c].append(what)
+        if beta and getattr(a, "use_bias_correction_kl", False) and level != "token":
+            cannot("use_bias_correction_kl with importance_sampling_level='sequence' (the KL "
+                   "term times the sequence ratio)", LOSS, GRAD)
         if t.top_entropy_quantile < 1.0:
-            no.append(f"top_entropy_quantile={t.top_entropy_quantile} (the entropy mask)")
+            cannot(f"top_entropy_quantile={t.top_entropy_quantile} (the entropy mask)", LOSS,
+                   GRAD)
         if t.off_policy_mask_threshold is not None:
-            no.append("off_policy_mask_threshold (the off-policy sequence mask)")
+            cannot("off_policy_mask_threshold (the off-policy sequence mask)", LOSS, GRAD)
         if t.use_vllm and t.vllm_importance_sampling_correction:
-            no.append("vLLM importance-sampling correction folded into the loss")
+            cannot("vLLM importance-sampling correction folded into the loss", LOSS, GRAD)
         if getattr(t, "_entropy_bonus_enabled", False):
-            no.append("the entropy bonus (entropy_coef): its term is not a function of logp; "
-                      "the micro-batch loss check would include it")
+            cannot("the entropy bonus (entropy_coef) in the micro-batch loss; its gradient "
+                   "reaches the logits, not logp, so the gradient check stands", LOSS)
         if getattr(t, "aux_loss_enabled", False):
-            no.append("the MoE router auxiliary loss in the micro-batch loss")
+            cannot("the MoE router auxiliary loss in the micro-batch loss", LOSS)
+        self._blocks = {c: w for c, w in blocks.items() if w}
         self._kw = None if kw is None else {**kw, "beta": beta, "kl_kind": "k3"}
+        if kw is not None and beta and getattr(a, "use_bias_correction_kl", False):
+            self._kw["kl_weight"] = "ratio"           # per_token_kl * coef_1, attached
         scope, agg, words = AGGREGATION.get(lt, ("step", {}, f"loss_type {lt!r}"))
         if lt == "dr_grpo":
             agg = {**agg, "norm": float(t.max_completion_length)}
@@ -335,23 +349,21 @@ class TRLWatch:
         unjudged = [d for d in dtypes if d not in checks.JUDGED]
         _, tol = checks.tolerance_row(dtypes or ["float32"])
         self._check_advantages(res, gathered, tol)
-        if self._kw is None:
-            for c in ("micro-batch loss", "gradient", "metrics"):
-                res.skipped[c] = "; ".join(self.report.not_expressed)
-            return res
         if unjudged:
             for c in ("micro-batch loss", "gradient", "metrics"):
                 res.skipped[c] = f"log-probs in {', '.join(unjudged)}: no tolerance row"
             return res
+        for c, why in self._blocks.items():
+            res.skipped[c] = "; ".join(why)
         if not mbs:
-            res.skipped["gradient"] = "no micro-batch was recorded"
+            res.skipped.setdefault("gradient", "no micro-batch was recorded")
             return res
-        if not self.report.not_expressed:
+        if "micro-batch loss" not in self._blocks:
             checks.micro_batch_losses(res, mbs, self._formula, tol)
-        else:
-            res.skipped["micro-batch loss"] = "; ".join(self.report.not_expressed)
-        checks.gradient(res, mbs, self.world, self._documented(), tol, self._alternatives())
-        self._check_metrics(res, mbs, tol)
+        if "gradient" not in self._blocks:
+            checks.gradient(res, mbs, self.world, self._documented(), tol, self._alternatives())
+        if "metrics" not in self._blocks:
+            self._check_metrics(res, mbs, tol)
         return res
 
     def _check_advantages(self, res, gathered, tol):
@@ -390,7 +402,8 @@ class TRLWatch:
                                   for mb in step_mbs])
                 expected["entropy"] = float(np.where(mask, ent[0], 0.0).sum() / max(n, 1))
             if self._kw.get("beta") and ref is not None:
-                kl = ref_numpy.kl_penalty(logp, ref, mask, kind="k3")
+                # the per-token KL term of the objective, ratio-weighted where TRL corrects it
+                kl = kl_term(logp, old, ref, mask, "k3", None, self._kw.get("kl_weight"))
                 expected["kl"] = float(np.where(mask, kl, 0.0).sum() / max(n, 1))
             expected["clip_ratio/region_mean"] = float(ref_numpy.clip_fraction(
                 logp, old, adv, mask, clip_low=self._kw["clip_low"],

@@ -6,7 +6,6 @@ Several token ids end a completion (the digits as well as <eos>), so completions
 different lengths and the batches carry right padding.
 """
 import os
-import tempfile
 
 import torch
 
@@ -71,9 +70,31 @@ def trainer(root, cls=None, **overrides):
                train_dataset=ds, processing_class=tokenizer())
 
 
-if __name__ == "__main__":                                       # a quick look by hand
-    import crosscheck.live
-    root = tempfile.mkdtemp()
-    tr = trainer(root, gradient_accumulation_steps=2)
-    with crosscheck.live.watch(tr, every=1, verbose=True) as w:
-        tr.train()
+def patched(cls, method, old, new):
+    """A subclass of `cls` whose `method` is its own source with one piece `old` replaced by
+    `new` (a planted bug in a temporary copy, in memory; the installed package is untouched)."""
+    import inspect
+    import sys
+    import textwrap
+    src = textwrap.dedent(inspect.getsource(getattr(cls, method)))
+    if src.count(old) != 1:
+        raise AssertionError(f"{old!r} occurs {src.count(old)} times in {method}")
+    ns: dict = {}
+    module = sys.modules[getattr(cls, method).__module__]
+    exec(compile(src.replace(old, new), f"<planted {method}>", "exec"), vars(module), ns)
+    return type(f"Planted{cls.__name__}", (cls,), {method: ns[method]})
+
+
+# the planted bugs of the live-audit tests: (method, TRL's code, the bug)
+LOCAL_COUNT = ("_compute_loss", 'inputs["num_items_in_batch"].clamp(min=1.0)',
+               "mask.sum().clamp(min=1.0)")
+WRONG_MASK = ("_compute_loss", 'mask = completion_mask if "tool_mask" not in inputs',
+              'mask = torch.ones_like(completion_mask) if "tool_mask" not in inputs')
+WIDE_EPS = ("_generate_and_score_completions", "advantages / (std_rewards + 1e-4)",
+            "advantages / (std_rewards + 1e-2)")
+
+
+def double_accumulation(cls):
+    """TRL's loss already divides by the accumulation steps; this subclass lets the HF Trainer
+    divide again (loss_is_scaled_for_ga = False)."""
+    return type(f"Twice{cls.__name__}", (cls,), {"loss_is_scaled_for_ga": False})

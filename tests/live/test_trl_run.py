@@ -1,0 +1,191 @@
+"""crosscheck.live.watch on real TRL GRPOTrainer runs (one process, CPU, a tiny model built in
+the test): clean runs conform, planted bugs are caught at their first sampled step, the run is
+not disturbed."""
+import json
+import math
+
+import pytest
+
+pytest.importorskip("trl")
+pytest.importorskip("transformers")
+pytest.importorskip("datasets")
+
+import torch  # noqa: E402
+from trl import GRPOTrainer  # noqa: E402
+
+import crosscheck.live as live  # noqa: E402
+from tests.live import tiny_trl  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("trl-live"))
+
+
+def run(root, cls=None, every=1, strict=False, **config):
+    tr = tiny_trl.trainer(root, cls=cls, **config)
+    with live.watch(tr, every=every, strict=strict, verbose=False) as w:
+        tr.train()
+    return tr, w.report
+
+
+CLEAN = [
+    dict(loss_type="dapo"),
+    dict(loss_type="dapo", gradient_accumulation_steps=2),
+    dict(loss_type="dapo", beta=0.04),
+    dict(loss_type="grpo", gradient_accumulation_steps=2, beta=0.04),
+    dict(loss_type="dr_grpo", gradient_accumulation_steps=2),
+    dict(loss_type="bnpo", gradient_accumulation_steps=2),
+    dict(loss_type="cispo", gradient_accumulation_steps=2, epsilon_high=5.0),
+    dict(loss_type="sapo", gradient_accumulation_steps=2),
+    dict(loss_type="grpo", importance_sampling_level="sequence", epsilon=3e-4,
+         epsilon_high=4e-4, gradient_accumulation_steps=2),
+    dict(loss_type="grpo", steps_per_generation=4, gradient_accumulation_steps=2, epsilon=1e-3,
+         max_steps=3),
+    dict(loss_type="dapo", num_iterations=2, epsilon=1e-3, beta=0.04, max_steps=3),
+]
+
+
+@pytest.mark.parametrize("config", CLEAN, ids=lambda c: ",".join(f"{k}={v}"
+                                                                 for k, v in c.items()))
+def test_an_unmodified_trl_run_conforms_at_every_checked_step(root, config):
+    tr, report = run(root, **config)
+    assert report.ok is True, report.text()
+    assert len(report.steps) == config.get("max_steps", 2)
+    for s in report.steps:
+        assert s.counts["gradient"][0] > 0 and s.counts["gradient"][1] == 0
+        assert s.counts["micro-batch loss"] == [config.get("gradient_accumulation_steps", 1), 0]
+        assert not s.deviations
+    assert sum(s.counts.get("advantages", [0])[0] for s in report.steps) > 0
+    # the premise: completions of different lengths, so the batches carry padding
+    lengths = [h["completions/min_length"] for h in tr.state.log_history if
+               "completions/min_length" in h]
+    assert min(lengths) < 12
+
+
+def test_metrics_are_checked_where_clipping_happens(root):
+    # a tiny epsilon with a reused generation: the second window's ratios leave the clip range
+    _, report = run(root, loss_type="dapo", steps_per_generation=2, gradient_accumulation_steps=1,
+                    epsilon=1e-4, max_steps=2)
+    assert report.ok is True, report.text()
+    assert all(s.counts["metrics"][0] >= 2 for s in report.steps)
+
+
+def test_a_loss_normalised_by_the_local_token_count_is_caught_at_the_first_step(root):
+    cls = tiny_trl.patched(GRPOTrainer, *tiny_trl.LOCAL_COUNT)
+    _, report = run(root, cls=cls, every=5, max_steps=6, loss_type="dapo",
+                    gradient_accumulation_steps=2)
+    assert [s.step for s in report.steps] == [1, 6]
+    first = report.steps[0]
+    grads = [f for f in first.deviations if f.check == "gradient"]
+    assert grads and all("× the documented objective's at every token" in f.message
+                         for f in grads)
+    assert {f.micro_batch for f in grads} == {0, 1}
+    assert any(f.check == "micro-batch loss" for f in first.deviations)
+    assert report.ok is False and "DEVIATES" in report.text()
+
+
+def test_dividing_by_the_accumulation_steps_twice_is_caught_as_a_factor_of_one_half(root):
+    _, report = run(root, cls=tiny_trl.double_accumulation(GRPOTrainer), loss_type="grpo",
+                    gradient_accumulation_steps=2)
+    first = report.steps[0]
+    grads = [f for f in first.deviations if f.check == "gradient"]
+    assert grads and all("is 0.5× the documented objective's" in f.message for f in grads)
+    # the loss _compute_loss returns is TRL's own: only the gradient shows the second division
+    assert first.counts["micro-batch loss"][1] == 0
+
+
+def test_a_loss_that_counts_padded_tokens_is_caught_at_the_first_step(root):
+    cls = tiny_trl.patched(GRPOTrainer, *tiny_trl.WRONG_MASK)
+    _, report = run(root, cls=cls, loss_type="dapo", gradient_accumulation_steps=2)
+    grads = [f for f in report.steps[0].deviations if f.check == "gradient"]
+    assert grads and any("the objective does not count (mask = 0)" in f.message
+                         for f in grads)
+    f = grads[0]
+    assert f.token is not None and f.rank == 0 and math.isfinite(f.got)
+
+
+def test_advantages_with_the_wrong_epsilon_are_caught_and_the_gradient_still_conforms(root):
+    cls = tiny_trl.patched(GRPOTrainer, *tiny_trl.WIDE_EPS)
+    _, report = run(root, cls=cls, loss_type="dapo")
+    first = report.steps[0]
+    assert [f.check for f in first.deviations] == ["advantages"]
+    assert first.counts["gradient"][1] == 0
+
+
+def test_strict_stops_at_the_first_deviation_and_restores_the_trainer(root):
+    cls = tiny_trl.double_accumulation(GRPOTrainer)
+    tr = tiny_trl.trainer(root, cls=cls, loss_type="dapo", gradient_accumulation_steps=2,
+                          max_steps=4)
+    with pytest.raises(live.LiveDeviation, match="step 1"):
+        with live.watch(tr, every=1, strict=True, verbose=False):
+            tr.train()
+    assert tr.state.global_step <= 1
+    for name in ("training_step", "_compute_loss", "_calculate_rewards",
+                 "_generate_and_score_completions", "_get_per_token_logps_and_entropies"):
+        assert name not in vars(tr)
+
+
+def _final_parameters_and_losses(root, watched):
+    torch.manual_seed(1)
+    tr = tiny_trl.trainer(root, loss_type="dapo", gradient_accumulation_steps=2, beta=0.04)
+    if watched:
+        with live.watch(tr, every=1, verbose=False):
+            tr.train()
+    else:
+        tr.train()
+    params = [p.detach().clone() for p in tr.model.parameters()]
+    losses = [h["loss"] for h in tr.state.log_history if "loss" in h]
+    return params, losses, torch.rand(3)
+
+
+def test_the_watched_run_trains_exactly_as_the_unwatched_one(root):
+    p0, l0, r0 = _final_parameters_and_losses(root, watched=False)
+    p1, l1, r1 = _final_parameters_and_losses(root, watched=True)
+    assert l0 == l1
+    assert all(torch.equal(a, b) for a, b in zip(p0, p1))
+    assert torch.equal(r0, r1)                               # the random state too
+
+
+def test_every_n_checks_the_first_step_and_every_nth_after(root):
+    tr, report = run(root, every=2, max_steps=3, loss_type="dapo")
+    assert [s.step for s in report.steps] == [1, 3]
+    logged = [h["crosscheck/max_rel_err"] for h in tr.state.log_history
+              if "crosscheck/max_rel_err" in h]
+    assert len(logged) == 2 and all(0 <= v < 1e-4 for v in logged)
+
+
+def test_steps_per_generation_above_accumulation_is_a_documented_choice_for_dapo(root):
+    _, report = run(root, loss_type="dapo", steps_per_generation=4, gradient_accumulation_steps=2,
+                    max_steps=2)
+    assert report.ok is True, report.text()
+    notes = [f for f in report.findings if f.grade == "documented choice"]
+    # two windows share one generation batch; their token counts differ, and TRL divides both
+    # by the mean, as its code documents
+    assert notes and "rescale it to one accumulation window" in notes[0].source
+
+
+def test_a_configuration_the_reference_cannot_express_is_reported_not_guessed(root):
+    _, report = run(root, loss_type="dapo", top_entropy_quantile=0.5, max_steps=1)
+    assert any("top_entropy_quantile" in w for w in report.not_expressed)
+    s = report.steps[0]
+    assert "micro-batch loss" in s.skipped and "micro-batch loss" not in s.counts
+    assert "not checked" in s.line()
+
+
+def test_the_report_is_json_with_the_verdict_and_every_finding(root):
+    cls = tiny_trl.double_accumulation(GRPOTrainer)
+    _, report = run(root, cls=cls, loss_type="grpo", gradient_accumulation_steps=2, max_steps=1)
+    d = json.loads(report.json())
+    assert d["verdict"] == "DEVIATES" and d["ok"] is False
+    f = d["steps"][0]["findings"][0]
+    assert {"step", "check", "grade", "rank", "micro_batch", "token", "got", "expected"} <= set(f)
+
+
+def test_watch_refuses_bad_arguments_by_name(root):
+    with pytest.raises(ValueError, match="every is 0"):
+        live.watch(object(), every=0)
+    with pytest.raises(TypeError, match="every is str"):
+        live.watch(object(), every="10")
+    with pytest.raises(TypeError, match="expected a TRL GRPOTrainer"):
+        live.watch(object())
