@@ -3,6 +3,7 @@
     python benchmarks/run.py                 # CPU, everything (about 6 minutes here)
     python benchmarks/run.py --quick         # smaller sizes only
     python benchmarks/run.py --device cuda   # the torch rows on a GPU
+    python benchmarks/run.py --live          # the live audit's cost on real TRL steps
 
 Every figure is a median over rounds; every comparison is a ratio of times taken in the same
 rounds: the callables of one comparison are each called once per round, in an order shuffled
@@ -18,6 +19,8 @@ float64 recursion. No timing is asserted anywhere: this prints, the reader judge
 """
 import argparse
 import collections
+import contextlib
+import io
 import cProfile
 import os
 import pstats
@@ -379,6 +382,66 @@ def card_table(repeats):
           f"{ctrl:.2f}×" + ("" if ok else " — WARNING: the machine is noisy"))
 
 
+def live_table(repeats, steps=10, B=64, T=512):
+    """The live audit's cost on real TRL GRPOTrainer steps (tests/live/tiny_trl.py's model, a
+    generation batch of B completions of exactly T tokens): unwatched, watched with every=1 and
+    every=10, and the unwatched run again as the control pair. Each round trains a fresh
+    trainer for `steps` optimizer steps per variant, in shuffled order; the figure is the
+    median time per step, and the audit's own time (Report.seconds) per step beside it."""
+    import importlib.util
+    import tempfile
+    if any(importlib.util.find_spec(n) is None for n in ("trl", "transformers", "datasets")):
+        print("\nlive audit: trl, transformers or datasets not installed (pip install -e '.[live]')")
+        return
+    from transformers import GenerationConfig
+    import crosscheck.live as live
+    from tests.live import tiny_trl
+    root = tempfile.mkdtemp()
+    path = tiny_trl.model_dir(root)
+    gc = GenerationConfig.from_pretrained(path)
+    gc.eos_token_id = [tiny_trl.VOCAB["<eos>"]]
+    gc.save_pretrained(path)
+    own = collections.defaultdict(list)
+
+    def variant(every):
+        def run():
+            tr = tiny_trl.trainer(root, per_device_train_batch_size=B, num_generations=8,
+                                  max_completion_length=T, max_steps=steps, logging_steps=10 ** 6,
+                                  generation_kwargs={"min_new_tokens": T})
+            t0 = time.perf_counter()
+            with contextlib.redirect_stdout(io.StringIO()):    # the trainer's own log lines
+                if every is None:
+                    tr.train()
+                else:
+                    with live.watch(tr, every=every, verbose=False) as w:
+                        tr.train()
+                    own[every].append(w.report.seconds / steps)
+            return (time.perf_counter() - t0) / steps
+        return run
+
+    labels = ["unwatched", "watch(every=1)", "watch(every=10)", "(control) unwatched again"]
+    fs = [variant(None), variant(1), variant(10), variant(None)]
+    per_step = collections.defaultdict(list)
+    rng = random.Random(3)
+    for _ in range(repeats):
+        order = list(range(len(fs)))
+        rng.shuffle(order)
+        for k in order:
+            per_step[k].append(fs[k]())
+    med = [statistics.median(per_step[k]) for k in range(len(fs))]
+    print(f"\nlive audit on TRL GRPOTrainer, {B} × {T} tokens a step, {steps} steps a run, "
+          f"{repeats} rounds")
+    print(f"{'variant':<28}{'s / step':>10}{'ratio':>9}{'own s / step':>14}")
+    for k, label in enumerate(labels):
+        every = {1: 1, 2: 10}.get(k)
+        mine = f"{statistics.median(own[every]):.4f}" if every else ""
+        print(f"{label:<28}{med[k]:>10.3f}{med[k] / med[0]:>8.3f}×{mine:>14}")
+    ctrl, ok = control_ratio(med[0], med[3])
+    print(f"control pair {ctrl:.2f}×" + ("" if ok else " — WARNING: the machine is noisy")
+          + f"; every=1 costs {100 * statistics.median(own[1]) / med[0]:.2f} % of a step in "
+            f"the audit's own code (target ≤ 10 %)")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
@@ -386,6 +449,8 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--no-harness", action="store_true")
     p.add_argument("--cards", action="store_true", help="only the report cards' wall times")
+    p.add_argument("--live", action="store_true",
+                   help="only the live audit's overhead on real TRL steps")
     p.add_argument("--child-mem", nargs=5, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child_mem:
@@ -398,6 +463,10 @@ def main(argv=None):
     print(f"load average before: {load_average()}")
     if args.cards:
         card_table(max(3, args.repeats))
+        print(f"\nload average after: {load_average()}")
+        return
+    if args.live:
+        live_table(args.repeats)
         print(f"\nload average after: {load_average()}")
         return
     sizes = [(64, 1024)] if args.quick else [(64, 1024), (64, 8192), (512, 1024), (512, 8192)]

@@ -59,7 +59,6 @@ EXAMPLES: Dict[str, Example] = {
     "check-planted": Example(run=_planted_cispo, shown="(a planted bug: CISPO's weight not "
                                                        "detached in the torch twin)"),
     "audit-profiles": Example(("audit", "--list-profiles")),
-    "explain-ppo-head": Example(("explain", "--topic", "ppo"), head=8),
     "explain-ppo": Example(("explain", "--topic", "ppo"), head=18),
     "explain-kl-zh": Example(("explain", "--topic", "kl", "--lang", "zh"), tail=17),
     "explain-beyond": Example(("explain", "--topic", "beyond")),

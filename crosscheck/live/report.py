@@ -112,6 +112,7 @@ class Report:
     world: int
     not_expressed: List[str] = dataclasses.field(default_factory=list)
     steps: List[StepResult] = dataclasses.field(default_factory=list)
+    seconds: float = 0.0                            # time spent in the audit's own code
 
     @property
     def findings(self) -> List[Finding]:
@@ -135,7 +136,7 @@ class Report:
         lines = [f"crosscheck live audit: {self.trainer}: {self.verdict()}",
                  f"  {plural(len(self.steps), 'step')} checked (every {self.every}), "
                  f"{plural(self.world, 'process')}; judged at the {self.precision} row of the "
-                 f"tolerance table",
+                 f"tolerance table; the audit's own time {self.seconds:.3g} s",
                  f"  objective: {self.objective}"]
         lines += ["  config:"] + [f"    {k} = {v!r}  ({src})" for k, v, src in self.config]
         if self.not_expressed:
@@ -155,7 +156,7 @@ class Report:
         return {
             "trainer": self.trainer, "verdict": self.verdict(), "ok": self.ok,
             "every": self.every, "world": self.world, "precision": self.precision,
-            "objective": self.objective,
+            "objective": self.objective, "seconds": self.seconds,
             "config": [{"setting": k, "value": v if isinstance(v, (int, float, str, bool,
                                                                     type(None))) else repr(v),
                         "source": s} for k, v, s in self.config],

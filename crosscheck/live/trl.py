@@ -31,8 +31,8 @@ TRL's conventions, read from `trainer.args` and the trainer:
 - the advantages: `group_advantages` with the profile's conventions (nanstd, + 1e-4) at
   `scale_rewards`, groups of `num_generations`, unscorable rows (every reward NaN) set to 0.
 """
-import math
-import sys
+import contextlib
+import time
 from typing import Dict, List, Optional
 
 import numpy as np
@@ -228,6 +228,15 @@ class TRLWatch:
             self.stream.write(self.report.text() + "\n")
         return False
 
+    @contextlib.contextmanager
+    def _own(self):
+        """Count the time spent in the audit's own code (Report.seconds)."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.report.seconds += time.perf_counter() - t0
+
     def _wrap(self, name, make):
         had = name in self.t.__dict__
         self._saved.append((name, had, self.t.__dict__.get(name)))
@@ -244,7 +253,8 @@ class TRLWatch:
             if self._k >= int(self.t.current_gradient_accumulation_steps):
                 self._k = 0
                 if self._sampled:
-                    self._close_window()
+                    with self._own():
+                        self._close_window()
             return out
         return training_step
 
@@ -261,8 +271,9 @@ class TRLWatch:
             self._rewards = None
             out = orig(*args, **kwargs)
             if self._sampled and self.t.model.training and self._rewards is not None:
-                self._adv.append((self.rank, bridge.to_numpy(out["advantages"]),
-                                  bridge.to_numpy(self._rewards)))
+                with self._own():
+                    self._adv.append((self.rank, bridge.to_numpy(out["advantages"]),
+                                      bridge.to_numpy(self._rewards)))
             return out
         return generate
 
@@ -271,20 +282,26 @@ class TRLWatch:
             out = orig(*args, **kwargs)
             cap = self._capture
             if cap is not None and "logp" not in cap and torch.is_grad_enabled():
-                lp = out[0] if isinstance(out, tuple) else out
-                cap["logp"] = bridge.to_numpy(lp)
-                cap["dtype"] = str(lp.dtype).replace("torch.", "")
-                if isinstance(out, tuple) and len(out) > 1 and out[1] is not None:
-                    cap["entropy"] = bridge.to_numpy(out[1])
-                if lp.requires_grad:
-                    scaler = getattr(self.t.accelerator, "scaler", None)
-
-                    def hook(g, cap=cap, scaler=scaler):
-                        s = float(scaler.get_scale()) if scaler is not None else 1.0
-                        cap["grad"] = bridge.to_numpy(g) / s
-                    lp.register_hook(hook)
+                with self._own():
+                    self._capture_logps(out, cap)
             return out
         return logps
+
+    def _capture_logps(self, out, cap):
+        """Copy the log-probs (and entropies) the loss receives, and hook their gradient."""
+        lp = out[0] if isinstance(out, tuple) else out
+        cap["logp"] = bridge.to_numpy(lp)
+        cap["dtype"] = str(lp.dtype).replace("torch.", "")
+        if isinstance(out, tuple) and len(out) > 1 and out[1] is not None:
+            cap["entropy"] = bridge.to_numpy(out[1])
+        if lp.requires_grad:
+            scaler = getattr(self.t.accelerator, "scaler", None)
+
+            def hook(g, cap=cap, scaler=scaler):
+                with self._own():
+                    s = float(scaler.get_scale()) if scaler is not None else 1.0
+                    cap["grad"] = bridge.to_numpy(g) / s
+            lp.register_hook(hook)
 
     def _compute_loss(self, orig):
         def compute_loss(model, inputs, *args, **kwargs):
@@ -298,9 +315,10 @@ class TRLWatch:
             finally:
                 self._capture = None
             if "logp" in cap:
-                cap["logged"] = {k: float(v[-1]) for k, v in metrics.items()
-                                 if k in METRICS and len(v) > before.get(k, 0)}
-                self._record(inputs, loss, cap)
+                with self._own():
+                    cap["logged"] = {k: float(v[-1]) for k, v in metrics.items()
+                                     if k in METRICS and len(v) > before.get(k, 0)}
+                    self._record(inputs, loss, cap)
             return loss
         return compute_loss
 

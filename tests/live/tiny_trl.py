@@ -34,7 +34,7 @@ def model_dir(root, seed=0):
     torch.manual_seed(seed)
     cfg = Qwen2Config(vocab_size=len(VOCAB), hidden_size=32, num_hidden_layers=2,
                       num_attention_heads=2, num_key_value_heads=1, intermediate_size=64,
-                      max_position_embeddings=128, eos_token_id=1, pad_token_id=0,
+                      max_position_embeddings=1024, eos_token_id=1, pad_token_id=0,
                       bos_token_id=None, tie_word_embeddings=True)
     model = Qwen2ForCausalLM(cfg)
     model.generation_config.eos_token_id = ENDS
