@@ -15,13 +15,8 @@ __all__ = ["watch", "Finding", "LiveDeviation", "MicroBatch", "Objective", "Repo
            "StepResult"]
 
 
-def watch(trainer, every: int = 10, strict: bool = False, verbose=None):
-    """Audit `trainer` while it trains, every `every`-th optimizer step (the first included).
-
-    strict: raise LiveDeviation at the first deviation. verbose: print a line per checked step
-    and the final report on stderr (default: when stderr is a terminal).
-    Returns a context manager; its `.report` is filled as the run goes.
-    """
+def _arguments(every, strict, verbose):
+    """watch's and the recorders' shared arguments, checked by name: (every, strict, stream)."""
     if isinstance(every, bool) or not isinstance(every, int):
         raise TypeError(f"every is {type(every).__name__} {every!r}; expected an int ≥ 1 "
                         f"(check every n-th optimizer step)")
@@ -32,10 +27,20 @@ def watch(trainer, every: int = 10, strict: bool = False, verbose=None):
         raise TypeError(f"strict is {type(strict).__name__} {strict!r}; expected True or False")
     if verbose is None:
         verbose = sys.stderr.isatty()
-    stream = sys.stderr if verbose else None
+    return every, strict, (sys.stderr if verbose else None)
+
+
+def watch(trainer, every: int = 10, strict: bool = False, verbose=None):
+    """Audit `trainer` while it trains, every `every`-th optimizer step (the first included).
+
+    strict: raise LiveDeviation at the first deviation. verbose: print a line per checked step
+    and the final report on stderr (default: when stderr is a terminal).
+    Returns a context manager; its `.report` is filled as the run goes.
+    """
+    every, strict, stream = _arguments(every, strict, verbose)
     from . import trl
     if trl.is_trl_grpo(trainer):
         return trl.TRLWatch(trainer, every, strict, stream)
     raise TypeError(f"trainer is a {type(trainer).__module__}.{type(trainer).__qualname__}; "
-                    f"expected a TRL GRPOTrainer (verl and OpenRLHF: crosscheck.live.verl, "
-                    f"crosscheck.live.openrlhf)")
+                    f"expected a TRL GRPOTrainer (for verl and OpenRLHF: "
+                    f"crosscheck.live.verl.record(), crosscheck.live.openrlhf.record())")

@@ -12,7 +12,7 @@ from typing import Dict, List, Optional, Tuple
 
 from ..audit.model import GRADES, plural
 
-CHECKS = ("advantages", "micro-batch loss", "gradient", "metrics")
+CHECKS = ("advantages", "micro-batch loss", "global counts", "gradient", "metrics")
 
 
 class LiveDeviation(AssertionError):
