@@ -43,6 +43,15 @@ CLEAN = [
     dict(loss_type="grpo", steps_per_generation=4, gradient_accumulation_steps=2, epsilon=1e-3,
          max_steps=3),
     dict(loss_type="dapo", num_iterations=2, epsilon=1e-3, beta=0.04, max_steps=3),
+    dict(loss_type="dapo", num_iterations=2, epsilon=1e-3, delta=1.002, max_steps=3),
+    dict(loss_type="vespo", gradient_accumulation_steps=2),
+    dict(loss_type="luspo", importance_sampling_level="sequence", epsilon=3e-4,
+         epsilon_high=4e-4),
+    dict(loss_type="sapo", importance_sampling_level="sequence", beta=0.04,
+         use_bias_correction_kl=False),
+    dict(loss_type="grpo", mask_truncated_completions=True, gradient_accumulation_steps=2),
+    dict(loss_type="dapo", scale_rewards="batch"),
+    dict(loss_type="bnpo", scale_rewards="none", beta=0.04),
 ]
 
 
@@ -180,6 +189,20 @@ def test_the_report_is_json_with_the_verdict_and_every_finding(root):
     assert d["verdict"] == "DEVIATES" and d["ok"] is False
     f = d["steps"][0]["findings"][0]
     assert {"step", "check", "grade", "rank", "micro_batch", "token", "got", "expected"} <= set(f)
+
+
+def test_a_method_the_user_set_on_the_instance_is_restored_as_it_was(root):
+    tr = tiny_trl.trainer(root, loss_type="dapo", max_steps=1)
+    calls = []
+    own = tr._compute_loss
+
+    def mine(model, inputs):
+        calls.append(1)
+        return own(model, inputs)
+    tr._compute_loss = mine
+    with live.watch(tr, every=1, verbose=False) as w:
+        tr.train()
+    assert tr._compute_loss is mine and calls and w.report.ok is True
 
 
 def test_watch_refuses_bad_arguments_by_name(root):
