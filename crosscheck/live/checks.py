@@ -23,6 +23,12 @@ def tolerance_row(dtypes: Sequence[str]) -> Tuple[str, object]:
     return dtype, tolerances.get("audit", dtype)
 
 
+def row_words(row: str, dtypes: Sequence[str]) -> str:
+    """The tolerance row a run is judged at, and why, for the report."""
+    seen = ", ".join(dtypes) if dtypes else "none recorded"
+    return f"the {row} audit row of the tolerance table (log-probs: {seen})"
+
+
 def _uniform_factor(got, expected) -> Optional[float]:
     """got/expected when one factor relates them at every token where the reference is not
     zero (to 1e-3), else None: the sign of a normalisation or scaling bug."""

@@ -78,8 +78,7 @@ class Recorder:
         self.every, self.strict, self.stream, self.source = every, strict, stream, source
         self.explicit = explicit_steps
         self.report = Report(trainer, [], "each step's rows under the loss_agg_mode, normalised "
-                             "by the global counts the trainer passes", "float32 (float64 for "
-                             "float64 runs)", every, 1)
+                             "by the global counts the trainer passes", "", every, 1)
         self._group: Optional[dict] = None
         self._steps = 0
         self._touched: Dict[int, str] = {}      # log-prob tensors a further term was computed on
@@ -150,7 +149,8 @@ class Recorder:
         res = self._loose(self._steps)
         counts, mbs = g["counts"], g["mbs"]
         dtypes = sorted({mb.dtype for mb in mbs})
-        _, tol = checks.tolerance_row(dtypes)
+        row, tol = checks.tolerance_row(dtypes)
+        self.report.precision = checks.row_words(row, dtypes)
         if g["kwargs"] is None or any(d not in checks.JUDGED for d in dtypes):
             why = g["why_not"] or f"log-probs in {', '.join(dtypes)}: no tolerance row"
             res.skipped.update({"micro-batch loss": why, "gradient": why})

@@ -135,8 +135,9 @@ class Report:
     def text(self) -> str:
         lines = [f"crosscheck live audit: {self.trainer}: {self.verdict()}",
                  f"  {plural(len(self.steps), 'step')} checked (every {self.every}), "
-                 f"{plural(self.world, 'process')}; judged at the {self.precision} row of the "
-                 f"tolerance table; the audit's own time {self.seconds:.3g} s",
+                 f"{plural(self.world, 'process')}; judged at "
+                 f"{self.precision or 'no tolerance row (nothing compared)'}; the audit's own "
+                 f"time {self.seconds:.3g} s",
                  f"  objective: {self.objective}"]
         lines += ["  config:"] + [f"    {k} = {v!r}  ({src})" for k, v, src in self.config]
         if self.not_expressed:

@@ -105,6 +105,8 @@ class TRLWatch:
             ("epsilon_high", hi, "GRPOConfig.epsilon_high → trainer.epsilon_high"),
             ("delta", a.delta, "GRPOConfig.delta: two-sided clipping, " + C),
             ("beta", beta, "GRPOConfig.beta: β·k3 added per token, " + C),
+            ("use_bias_correction_kl", bool(getattr(a, "use_bias_correction_kl", False)),
+             "GRPOConfig: the KL term times the attached ratio coef_1, " + C),
             ("scale_rewards", t.scale_rewards, "GRPOConfig.scale_rewards → " + G),
             ("num_generations", int(t.num_generations), "GRPOConfig → " + G),
             ("gradient_accumulation_steps", gas, "TrainingArguments"),
@@ -151,9 +153,15 @@ class TRLWatch:
         self._scope, self._agg = scope, agg
         self._spg, self._lt = spg, lt
         self._metrics_ok = lt in PPO_FAMILY and level == "token"
+        if lt == "sapo":
+            config.append(("sapo_temperature_pos/neg", (a.sapo_temperature_pos,
+                                                        a.sapo_temperature_neg), "GRPOConfig"))
+        if lt == "vespo":
+            config.append(("vespo_k_pos/lambda_pos/k_neg/lambda_neg",
+                           (a.vespo_k_pos, a.vespo_lambda_pos, a.vespo_k_neg,
+                            a.vespo_lambda_neg), "GRPOConfig → get_gamma_weights"))
         return Report("trl " + _version(), config, f"loss_type {lt!r}: {words}",
-                      "float32 (float64 for float64 runs)", self.every, self.world,
-                      not_expressed=no)
+                      "", self.every, self.world, not_expressed=no)
 
     @staticmethod
     def _policy(lt, level, lo, hi, a, no):
@@ -365,7 +373,8 @@ class TRLWatch:
         mbs = [mb for p in gathered for mb in p["mbs"]]
         dtypes = sorted({mb.dtype for mb in mbs})
         unjudged = [d for d in dtypes if d not in checks.JUDGED]
-        _, tol = checks.tolerance_row(dtypes or ["float32"])
+        row, tol = checks.tolerance_row(dtypes or ["float32"])
+        self.report.precision = checks.row_words(row, dtypes)
         self._check_advantages(res, gathered, tol)
         if unjudged:
             for c in ("micro-batch loss", "gradient", "metrics"):
