@@ -36,9 +36,12 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
 # GPU kernels and cluster runtimes: the math never needs them, and importing them without a GPU
-# fails or takes long, so they are stood in even when installed.
+# fails or takes long, so they are stood in even when installed. transformers too: the losses
+# never call it, and importing it (with the configs that pull it in) costs seconds a card, so a
+# card reads the same whether or not it is installed.
 ALWAYS_STAND_IN = ("flash_attn", "vllm", "deepspeed", "ray", "megatron", "apex",
-                   "transformer_engine", "liger_kernel", "sglang", "flashinfer", "bitsandbytes")
+                   "transformer_engine", "liger_kernel", "sglang", "flashinfer", "bitsandbytes",
+                   "transformers")
 REAL = ("torch", "numpy", "scipy")      # never stood in: the math runs on them
 
 
