@@ -163,3 +163,12 @@ def test_importing_crosscheck_does_not_import_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                          timeout=120)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_the_package_exposes_the_registry_lazily_by_name():
+    import crosscheck
+    from crosscheck.check import registry
+    assert crosscheck.REGISTRY is registry.REGISTRY
+    assert crosscheck.build is registry.build and crosscheck.Entry is registry.Entry
+    with pytest.raises(AttributeError, match="no attribute 'nonsense'"):
+        crosscheck.nonsense

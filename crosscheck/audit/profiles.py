@@ -394,11 +394,6 @@ def rule(profile: str, ref: str, loss: Optional[str] = None) -> Rule:
     return p.rules[ref]
 
 
-def conventions(profile: str, ref: str, loss: Optional[str] = None) -> Dict[str, object]:
-    """The reference conventions `profile` sets for `ref` (a copy)."""
-    return dict(rule(profile, ref, loss).conventions)
-
-
 def _line(ref, r, note=""):
     dom = f" (domain: {', '.join(r.domain)})" if r.domain else ""
     return [f"    {ref:<20} " + ", ".join(f"{k}={v!r}" for k, v in r.conventions.items()) + dom

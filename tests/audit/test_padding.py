@@ -102,3 +102,9 @@ def test_an_unmasked_term_fails_the_mask_check_with_in_domain_padding():
     padded = np.array(ce["logp"], dtype=np.float64)[~mask]
     assert np.isfinite(padded).all() and (padded <= 0).all()
     assert report.verdict == "DOES NOT CONFORM"
+
+
+def test_the_second_padding_scales_the_first_except_for_log_probs():
+    for name in ("advantages", "values", "returns", "rewards"):
+        assert pad_value(name, 3.0) == 3.0 * pad_value(name)
+    assert pad_value("logp", 3.0) == pad_value("logp") == LOGP_PAD

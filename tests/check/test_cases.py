@@ -277,3 +277,12 @@ def test_from_case_12_some_cases_draw_advantages_well_beyond_five(name):
         elif adv.ndim == 2 and m.any():
             assert np.abs(adv[m]).max() < 8, c.label
     assert found >= 2
+
+
+def test_only_gspo_token_form_has_an_undetached_variant_the_sequence_form():
+    undetached = registry.REGISTRY["gspo_loss"].undetached
+    assert undetached({"form": "token"}) == {"form": "sequence"}
+    assert undetached({"form": "sequence"}) is None
+    objective = registry.REGISTRY["policy_objective"].undetached
+    assert objective({"loss": "gspo", "form": "sequence"}) is None
+    assert objective({"loss": "ppo"}) is None

@@ -144,9 +144,17 @@ def test_the_scale_command_reports_its_verdict_and_the_cost_of_each_part():
     assert code == 0
     assert re.fullmatch(r"--scale 2000: 39 stage checks, all passed in \d+\.\d s", lines[-1])
     for part, evals in (("fd diagonal (ppo)", 4), ("gae value", 2), ("gae vjp", 1),
-                        ("gae fd", 4)):
+                        ("gae fd", 4), ("value (12 configurations)", 24),
+                        ("vjp (12 configurations)", 24)):
         assert any(re.fullmatch(rf"  {re.escape(part)} +\d+\.\d\d s \({evals} evaluations\)",
                                 line) for line in lines), part
+
+
+def test_the_smallest_scale_runs_and_zero_is_refused():
+    code, text = run_cli(["--scale", "1"])
+    assert code == 0 and "--scale 1: 39 stage checks, all passed" in text
+    code, out, err = helpers.run_cli(["--scale", "0"])
+    assert code == 2 and "--scale is 0; expected a positive number of tokens" in err
 
 
 def test_a_closed_pipe_ends_the_run_quietly():

@@ -139,3 +139,11 @@ def test_usage_says_crosscheck_when_run_as_the_console_script(monkeypatch, sub):
     code, out, _ = run_cli(([sub] if sub else []) + ["--help"])
     assert code == 0 and out.startswith("usage: " + " ".join(["crosscheck"] +
                                                               ([sub] if sub else [])) + " ")
+
+
+def test_the_audit_help_states_its_exit_codes():
+    code, out, _ = run_cli(["audit", "--help"])
+    text = " ".join(out.split())
+    assert code == 0
+    assert ("Exit 0 when it conforms, 1 when it does not, 2 on a usage error or an inconclusive "
+            "audit.") in text

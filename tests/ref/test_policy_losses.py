@@ -465,3 +465,18 @@ def test_sapo_at_sequence_level_gates_the_geometric_mean_ratio():
     np.testing.assert_array_equal(
         ref_numpy.sapo_loss(one, np.zeros_like(one), np.array([1.0, -1.0]), level="sequence"),
         ref_numpy.sapo_loss(one, np.zeros_like(one), np.array([1.0, -1.0])))
+
+
+def test_sapo_at_sequence_level_caps_the_mean_log_ratio_from_above_and_below():
+    # one row of two tokens, log-ratios ±0.8 (mean ±0.8): under log_ratio_clamp 0.5 the
+    # sequence's mean is clamped to ±0.5, where SAPO's gate σ(τ(r − 1)) is far from saturated,
+    # so the value is the one at a mean of exactly ±0.5, and differs from the unclamped one
+    m = np.ones((1, 2), dtype=bool)
+    for sign in (1.0, -1.0):
+        for A in (1.0, -1.0):
+            def value(x, clamp=0.5):
+                return ref_numpy.sapo_loss(np.full((1, 2), sign * x), np.zeros((1, 2)),
+                                           np.array([A]), m, level="sequence",
+                                           log_ratio_clamp=clamp)
+            close(value(0.8), value(0.5))
+            assert abs(value(0.8, None)[0, 0] - value(0.5)[0, 0]) > 1e-3

@@ -31,7 +31,7 @@ EXPECTED = {
 # into a product): garbage at padding leaks into them, a robustness note only
 MULTIPLY_MASKED = {
     "trl": {"GRPOTrainer._compute_loss [" + t + "]" for t in
-            ("dapo", "dapo, β = 0.04", "grpo", "bnpo", "dr_grpo", "luspo", "cispo", "gspo",
+            ("dapo", "dapo, β = 0.04", "dapo, β = 0.04, bias-corrected KL", "grpo", "bnpo", "dr_grpo", "luspo", "cispo", "gspo",
              "sapo", "vespo", "sapo, sequence")},
 }
 INSTALLED = [n for n in EXPECTED if importlib.util.find_spec(n) is not None]
@@ -73,6 +73,18 @@ def test_every_row_of_a_pinned_trainer_runs_and_gives_the_expected_verdict(name,
     assert c.not_covered                          # verl's SAPO & co., TRL's vespo, ...
     ran, listed = c.functions()
     assert 0 < ran < listed
+
+
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_a_card_names_its_trainer_first_and_each_row_by_function_and_time(name, cards):
+    if name not in cards:
+        pytest.skip(f"{name} is not installed (.ci/run installs it with --no-deps)")
+    c = cards[name]
+    assert c.text().splitlines()[0].startswith(f"report card: {name} {c.source.version}")
+    d = c.to_dict()
+    assert [r["function"] for r in d["rows"]] == [r.row.qualname for r in c.rows]
+    assert all(0.0 <= r.seconds <= c.seconds for r in c.rows)
+    assert sum(r.seconds for r in c.rows) <= c.seconds
 
 
 @pytest.mark.parametrize("name", list(EXPECTED))

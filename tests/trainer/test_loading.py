@@ -150,3 +150,26 @@ def test_a_release_lacking_one_module_loads_the_others(tmp_path):
         assert "not in this version" in loaded.failed["partial.b"]
     with pytest.raises(loading.TrainerNotFound):
         loading.locate("partial", "partial", str(tmp_path), needs=("partial.c",))
+
+
+def test_a_git_checkout_reports_its_commit_and_whether_it_was_edited(fake):
+    import shutil
+    import subprocess
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    git = ["git", "-C", str(fake), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(git + ["init", "-q"], check=True)
+    subprocess.run(git + ["add", "-A"], check=True)
+    subprocess.run(git + ["commit", "-qm", "x"], check=True)
+    head = subprocess.run(git + ["rev-parse", "--short=12", "HEAD"], check=True,
+                          capture_output=True, text=True).stdout.strip()
+    src = loading.locate("faketrainer", "faketrainer", str(fake))
+    assert src.version == f"commit {head}"
+    (fake / "faketrainer" / "algos.py").write_text("# edited\n")
+    src = loading.locate("faketrainer", "faketrainer", str(fake))
+    assert src.version == f"commit {head} with uncommitted edits"
+
+
+def test_a_folder_that_is_not_a_git_checkout_says_so(fake):
+    assert loading.locate("faketrainer", "faketrainer", str(fake)).version.startswith(
+        "not a git checkout")
