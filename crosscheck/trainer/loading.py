@@ -331,10 +331,13 @@ class _Finder(importlib.abc.MetaPathFinder):
         return True
 
     def _importer(self):
-        """The frame of the code whose import is being resolved (past importlib's frames)."""
-        frame = sys._getframe(2)
+        """The frame of the code whose import is being resolved: the first frame outside this
+        module and importlib (walked, not a fixed depth, so a wrapper such as a mutation
+        tester's trampoline does not shift it)."""
+        frame = sys._getframe(1)
         while frame is not None:
-            if not frame.f_globals.get("__name__", "").startswith("importlib"):
+            name = frame.f_globals.get("__name__", "")
+            if name != __name__ and not name.startswith("importlib"):
                 return frame
             frame = frame.f_back
         return None
