@@ -59,8 +59,7 @@ def _list(entries) -> str:
 def check_main(argv, workers: int = 1) -> int:
     parser = check_parser()
     args = parser.parse_args(argv)
-    from .check import registry, report
-    from .check.stages import run
+    from .check import registry                  # facts only: --list needs no torch
 
     entries = registry.build()
     if args.cases < 1:
@@ -77,6 +76,8 @@ def check_main(argv, workers: int = 1) -> int:
     if args.list:
         print(_list(entries))
         return EXIT_PASS
+    from .check import report
+    from .check.stages import run
     t0 = time.perf_counter()
     timings = None
     if args.scale is not None:

@@ -158,6 +158,14 @@ def test_help_and_version_are_printed_without_importing_torch(argv, says):
                                                                    ("torch", "numpy"))
 
 
+@pytest.mark.parametrize("argv, says", [(["--list"], "optimal_token_baseline_advantages"),
+                                        (["audit", "--list-profiles"], "verl (volcengine/verl")])
+def test_listing_the_registry_and_the_profiles_needs_numpy_but_not_torch(argv, says):
+    text, loaded = _modules_loaded_by(argv)
+    assert says in text
+    assert "torch" not in loaded and "ref_torch" not in loaded
+
+
 def test_importing_crosscheck_does_not_import_torch():
     code = "import sys, crosscheck; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,

@@ -17,7 +17,6 @@ import inspect
 from typing import Callable, Dict, Mapping, Optional, Tuple
 
 import ref_numpy
-import ref_torch
 from ref_common import vocab
 
 from . import cases, oracles, variants
@@ -100,10 +99,21 @@ class Entry:
                    for p in inspect.signature(self.numpy_fn).parameters.values())
 
 
+def _twin(name):
+    """ref_torch.<name>, imported at its first call: what reads only the registry's facts
+    (`--list`, the walkthrough's NumPy side) runs without torch."""
+    def twin(*args, **kwargs):
+        import ref_torch
+        return getattr(ref_torch, name)(*args, **kwargs)
+    twin.__name__ = twin.__qualname__ = name
+    twin.__module__ = "ref_torch"
+    return twin
+
+
 def _entry(name, diff, **facts):
     return Entry(name=name, numpy_fn=getattr(ref_numpy, name),
                  numpy_vjp=getattr(ref_numpy, name + "_vjp", None),
-                 torch_fn=getattr(ref_torch, name), diff=diff,
+                 torch_fn=_twin(name), diff=diff,
                  case=getattr(cases, name + "_case"), **facts)
 
 
