@@ -70,6 +70,21 @@ def step_objective(counts: Counts, kwargs, source: str) -> Objective:
     return Objective(kw, "step", source)
 
 
+def _guarded(method):
+    """An error in the recorder's own code never stops the run (only strict's LiveDeviation
+    does): it is reported in Report.errors and the open step is dropped unchecked."""
+    def run(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except LiveDeviation:
+            raise
+        except Exception as exc:
+            self.report.errors.append(f"step {self._steps}: {type(exc).__name__}: {exc}")
+            self._group = None
+    run.__name__, run.__doc__ = method.__name__, method.__doc__
+    return run
+
+
 class Recorder:
     """Records micro-batch policy-loss calls; checks each step when its rows are complete."""
 
@@ -84,6 +99,7 @@ class Recorder:
         self._touched: Dict[int, str] = {}      # log-prob tensors a further term was computed on
 
     # ------------------------------------------------------------------ recording
+    @_guarded
     def policy_call(self, logp, old, adv, mask, value, counts: Counts, kwargs: Optional[dict],
                     why_not: str = ""):
         """One call of the policy loss, before its backward: `logp` is the tensor the loss
@@ -123,6 +139,7 @@ class Recorder:
                     else rows >= counts.global_batch_size)
             g["complete"] = bool(full)
 
+    @_guarded
     def other_term(self, logp, what: str):
         """Another term of the loss computed on the same log-probs (a KL loss): its gradient
         reaches them too, so the step's gradient check cannot judge the policy loss alone."""
@@ -138,6 +155,7 @@ class Recorder:
         self.close()
 
     # ------------------------------------------------------------------ checking
+    @_guarded
     def close(self):
         """Check the open step (called when the next step starts, and on exit)."""
         g, self._group = self._group, None
@@ -228,6 +246,7 @@ class Recorder:
         if self.strict and res.deviations:
             raise LiveDeviation(res.deviations[0])
 
+    @_guarded
     def value(self, check: str, got, expected, what: str, source: str):
         """A value the trainer computed, against the reference's (advantages, aggregation, a
         KL estimate), checked on the spot and reported in the step that is open."""

@@ -113,6 +113,7 @@ class Report:
     not_expressed: List[str] = dataclasses.field(default_factory=list)
     steps: List[StepResult] = dataclasses.field(default_factory=list)
     seconds: float = 0.0                            # time spent in the audit's own code
+    errors: List[str] = dataclasses.field(default_factory=list)   # the audit's own, run went on
 
     @property
     def findings(self) -> List[Finding]:
@@ -144,6 +145,9 @@ class Report:
             lines += ["  not checked (the reference cannot express it):"]
             lines += [f"    {w}" for w in self.not_expressed]
         lines += ["  steps:"] + [f"    {s.line()}" for s in self.steps]
+        if self.errors:
+            lines += ["  audit errors (those steps are unchecked; the run went on):"]
+            lines += [f"    {e}" for e in self.errors]
         by_grade = {g: [f for f in self.findings if f.grade == g] for g in GRADES}
         for g in GRADES:
             if by_grade[g]:
@@ -161,7 +165,7 @@ class Report:
             "config": [{"setting": k, "value": v if isinstance(v, (int, float, str, bool,
                                                                     type(None))) else repr(v),
                         "source": s} for k, v, s in self.config],
-            "not_expressed": list(self.not_expressed),
+            "not_expressed": list(self.not_expressed), "errors": list(self.errors),
             "steps": [{"step": s.step, "counts": {k: {"checked": n, "failed": b}
                                                   for k, (n, b) in s.counts.items()},
                        "skipped": dict(s.skipped),

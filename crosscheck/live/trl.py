@@ -238,10 +238,18 @@ class TRLWatch:
 
     @contextlib.contextmanager
     def _own(self):
-        """Count the time spent in the audit's own code (Report.seconds)."""
+        """The audit's own code: its time is counted (Report.seconds), and an error in it never
+        stops the run (only strict's LiveDeviation does): it is reported, and the window it
+        happened in is left unchecked."""
         t0 = time.perf_counter()
         try:
             yield
+        except LiveDeviation:
+            raise
+        except Exception as exc:
+            self.report.errors.append(f"step {self._step}: {type(exc).__name__}: {exc}")
+            self._sampled = False
+            self._mbs, self._holders, self._adv = [], [], []
         finally:
             self.report.seconds += time.perf_counter() - t0
 

@@ -158,3 +158,15 @@ def test_the_recorders_refuse_a_module_that_is_not_the_trainers():
         lo.record(np, np)
     with pytest.raises(ValueError, match="every is 0"):
         lv.record(np, every=0)
+
+
+def test_an_error_inside_a_recorder_is_reported_and_the_trainers_call_goes_on():
+    from crosscheck.live.recorder import Counts, Recorder
+    rec = Recorder("test", 1, False, None, "src")
+    lp = torch.zeros(2, 3, dtype=torch.float64, requires_grad=True)
+    # a mask whose shape is not the log-probs': the reference refuses it when the step closes
+    rec.policy_call(lp, lp.detach(), torch.zeros(2, dtype=torch.float64), torch.ones(2, 4),
+                    torch.tensor(0.0), Counts("token-mean", 1, None, None), dict(loss="ppo"))
+    rec.close()
+    assert rec.report.errors and "ValueError" in rec.report.errors[0]
+    assert rec.report.ok is not False

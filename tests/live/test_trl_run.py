@@ -205,6 +205,20 @@ def test_a_method_the_user_set_on_the_instance_is_restored_as_it_was(root):
     assert tr._compute_loss is mine and calls and w.report.ok is True
 
 
+def test_an_error_inside_the_audit_is_reported_and_the_run_goes_on(root):
+    tr = tiny_trl.trainer(root, loss_type="dapo", max_steps=2)
+    w = live.watch(tr, every=1, verbose=False)
+
+    def broken(gathered):
+        raise RuntimeError("planted")
+    w._check = broken
+    with w:
+        tr.train()
+    assert tr.state.global_step == 2
+    assert len(w.report.errors) == 2 and "RuntimeError: planted" in w.report.errors[0]
+    assert w.report.ok is None and "audit errors" in w.report.text()
+
+
 def test_watch_refuses_bad_arguments_by_name(root):
     with pytest.raises(ValueError, match="every is 0"):
         live.watch(object(), every=0)
