@@ -67,6 +67,9 @@ AGGREGATION = {
                                            "processes") for k in BY_TOKEN_COUNT},
 }
 METRICS = ("entropy", "kl", "clip_ratio/region_mean")
+# the methods wrapped: the first three are needed for the loss and gradient checks
+REQUIRED = ("training_step", "_compute_loss", "_get_per_token_logps_and_entropies")
+OPTIONAL = ("_calculate_rewards", "_generate_and_score_completions")
 
 
 def _profile(name):
@@ -89,7 +92,15 @@ class TRLWatch:
         self._adv: list = []
         self._rewards = None
         self._capture: Optional[dict] = None
-        self.report = self._read_config()
+        missing = [m for m in REQUIRED if not callable(getattr(trainer, m, None))]
+        if missing:
+            raise TypeError(f"this GRPOTrainer (trl {_version()}) has no "
+                            f"{', '.join(missing)}; the live audit reads TRL 1.16's")
+        try:
+            self.report = self._read_config()
+        except AttributeError as exc:
+            raise TypeError(f"this GRPOTrainer (trl {_version()}) lacks a setting the live "
+                            f"audit reads ({exc}); it reads TRL 1.16's") from None
 
     # ------------------------------------------------------------------ configuration
     def _read_config(self) -> Report:
@@ -216,8 +227,13 @@ class TRLWatch:
     # ------------------------------------------------------------------ wrapping
     def __enter__(self):
         self._wrap("training_step", self._training_step)
-        self._wrap("_calculate_rewards", self._calculate_rewards)
-        self._wrap("_generate_and_score_completions", self._generate)
+        if all(callable(getattr(self.t, m, None)) for m in OPTIONAL):
+            self._wrap("_calculate_rewards", self._calculate_rewards)
+            self._wrap("_generate_and_score_completions", self._generate)
+        else:
+            self.report.not_expressed.append("advantages: this trainer has no "
+                                             "_calculate_rewards / "
+                                             "_generate_and_score_completions")
         self._wrap("_compute_loss", self._compute_loss)
         self._wrap("_get_per_token_logps_and_entropies", self._logps)
         if self.stream is not None and self.rank == 0 and self.report.not_expressed:

@@ -219,6 +219,13 @@ def test_an_error_inside_the_audit_is_reported_and_the_run_goes_on(root):
     assert w.report.ok is None and "audit errors" in w.report.text()
 
 
+def test_a_trainer_without_the_methods_it_wraps_is_refused_by_name(root):
+    tr = tiny_trl.trainer(root, loss_type="dapo", max_steps=1)
+    tr._get_per_token_logps_and_entropies = None          # as a release that renamed it
+    with pytest.raises(TypeError, match="has no _get_per_token_logps_and_entropies"):
+        live.watch(tr)
+
+
 def test_watch_refuses_bad_arguments_by_name(root):
     with pytest.raises(ValueError, match="every is 0"):
         live.watch(object(), every=0)
