@@ -173,3 +173,38 @@ def test_a_git_checkout_reports_its_commit_and_whether_it_was_edited(fake):
 def test_a_folder_that_is_not_a_git_checkout_says_so(fake):
     assert loading.locate("faketrainer", "faketrainer", str(fake)).version.startswith(
         "not a git checkout")
+
+
+def test_a_failed_normal_import_keeps_the_whole_modules_it_imported(tmp_path, monkeypatch):
+    # an installed release whose normal import fails after a dependency imported cleanly; that
+    # dependency cannot run twice in one process (as datasets registers its Arrow types once),
+    # so the by-file load must reuse it rather than import it again
+    _write(tmp_path, {
+        "oncelib_xyz.py": """
+            import sys
+            if getattr(sys, "_oncelib_xyz_ran", False):
+                raise RuntimeError("oncelib_xyz registered twice")
+            sys._oncelib_xyz_ran = True
+            VALUE = 3
+            """,
+        "oldrelease_xyz/__init__.py": "",
+        "oldrelease_xyz/algos.py": """
+            import oncelib_xyz
+            from not_installed_dep_xyz import Thing
+
+            def value():
+                return oncelib_xyz.VALUE
+            """,
+    })
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delattr(sys, "_oncelib_xyz_ran", raising=False)
+    source = loading.locate("oldrelease_xyz", "oldrelease_xyz")
+    assert source.origin == "installed"
+    try:
+        with loading.Loaded(source, ["oldrelease_xyz.algos"]) as loaded:
+            assert loaded.failed == {}
+            assert loaded.how.startswith("loaded by file")
+            assert loaded.module("oldrelease_xyz.algos").value() == 3
+            assert loaded.stood_in == {"not_installed_dep_xyz": "not installed"}
+    finally:
+        sys.modules.pop("oncelib_xyz", None)
