@@ -14,7 +14,12 @@ import torch
 
 
 class BlockNotFound(LookupError):
-    pass
+    """No such block. `absent`: the function never assigns the block's first variable (the
+    block is not in this version), as opposed to a block whose shape changed."""
+
+    def __init__(self, message, absent=False):
+        super().__init__(message)
+        self.absent = absent
 
 
 def _assigns(stmt, name: str, nested: bool = False) -> bool:
@@ -50,8 +55,10 @@ def find(path: str, function: str, first: str, last: str,
                 if ends:
                     stmts = body[i:ends[-1] + 1]
                     return stmts, stmts[0].lineno, stmts[-1].end_lineno
+    absent = not any(_assigns(s, first) for s in ast.walk(fn) if isinstance(s, ast.stmt))
     raise BlockNotFound(f"no statement block from {first} = ... to {last} = ... in {function} "
-                        f"({path})")
+                        f"({path})" + (f": {function} never assigns {first}" if absent else ""),
+                        absent=absent)
 
 
 def compile_block(path: str, function: str, first: str, last: str,

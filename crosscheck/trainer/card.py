@@ -93,6 +93,9 @@ class Row:
     known: Tuple[Known, ...] = ()
     block: Optional[tuple] = None      # (first, last, outputs[, nested]): a statement block of
     # the function, run by crosscheck.trainer.blocks, not the function
+    # the same block as earlier releases wrote it, tried in order where `block` is not found:
+    # ((first, last, outputs[, nested]), the adapter's choice for those releases, in words), ...
+    older_blocks: Tuple[Tuple[tuple, str], ...] = ()
     fits: Optional[Callable] = None    # fits(function): raises DoesNotFit / NotInVersion when an
     # assumption of the adapter does not hold in this version (a mode the version lacks); or
     # returns what this version needs: {"conventions": {...} (a hard-coded aggregation),
@@ -531,12 +534,23 @@ def run_row(row: Row, loaded: loading.Loaded, source: loading.Source, profile: s
     if not os.path.exists(path):
         result.verdict, result.reason = "NOT IN THIS VERSION", f"{rel} does not exist"
         return result
+    older = ""
     if row.block is not None:
         from .blocks import BlockNotFound, compile_block
-        try:
-            fn, result.line, result.end_line = compile_block(path, row.qualname, *row.block)
-        except (OSError, SyntaxError, BlockNotFound) as exc:
-            result.reason = str(exc)
+        absent, first_error = True, None
+        for block, note in ((row.block, ""),) + tuple(row.older_blocks):
+            try:
+                fn, result.line, result.end_line = compile_block(path, row.qualname, *block)
+            except (OSError, SyntaxError, BlockNotFound) as exc:
+                absent = absent and getattr(exc, "absent", False)
+                first_error = first_error or exc
+                continue
+            older = note
+            break
+        else:
+            result.reason = str(first_error)
+            if absent:         # no release's form of the block: this version lacks it
+                result.verdict = "NOT IN THIS VERSION"
             return result
     else:
         try:
@@ -569,7 +583,7 @@ def run_row(row: Row, loaded: loading.Loaded, source: loading.Source, profile: s
         except DoesNotFit as exc:
             result.reason = str(exc)
             return result
-    result.adapted = fit.get("choice", "")
+    result.adapted = "; ".join(c for c in (older, fit.get("choice", "")) if c)
     base = dict(row.conventions, **fit.get("conventions", {}))
     try:
         _, result.conventions, rule = resolve_conventions(row.ref, profile, dict(base))

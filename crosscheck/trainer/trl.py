@@ -190,13 +190,22 @@ def _vllm_is(mode):
     def make(block):
         def adapter(logp, rollout_logp, mask):
             me = StandInSelf(vllm_importance_sampling_mode=mode,
-                                       vllm_importance_sampling_clip_min=None,
-                                       vllm_importance_sampling_clip_max=CLIP_MAX)
+                             vllm_importance_sampling_clip_min=None,
+                             vllm_importance_sampling_clip_max=CLIP_MAX,
+                             vllm_importance_sampling_cap=CLIP_MAX)          # (before 1.6)
             ratio = block(old_per_token_logps=logp, sampling_per_token_logps=rollout_logp,
                           mask=mask.to(logp.dtype), math=math, self=me)
             return torch.where(mask.bool(), ratio.expand(logp.shape), logp.new_zeros(()))
         return adapter
     return make
+
+# TRL 0.23-0.25 wrote the correction as one token-level truncation, before the modes existed:
+# importance_sampling_ratio = clamp(exp(old − sampling), max=vllm_importance_sampling_cap)
+_OLDER_IS = ((("importance_sampling_ratio", "importance_sampling_ratio",
+               ("importance_sampling_ratio",)),
+              "this release's form (before 0.26): importance_sampling_ratio = exp(old − sampling) "
+              f"clamped at vllm_importance_sampling_cap = {CLIP_MAX:g}, token truncation being "
+              "its only mode"),)
 
 ROWS = (
     Row(ROW, "policy_objective", _loss("dapo"), label="dapo", choices=_STAND_IN + _GLOBAL,
@@ -259,12 +268,14 @@ ROWS = (
     *(Row(GENERATE, "rollout_is_weights", _vllm_is(mode), label=mode,
           block=("per_token_logps_diff", "vllm_importance_sampling_ratio",
                  ("vllm_importance_sampling_ratio",), True),
+          older_blocks=_OLDER_IS if mode == "token_truncate" else (),
           choices=("the statements from per_token_logps_diff to the last assignment of "
                    "vllm_importance_sampling_ratio, run with the train-engine log-probs as "
                    "old_per_token_logps, the sampler's as sampling_per_token_logps and a "
-                   f"stand-in self: mode {mode!r}, clip_max {CLIP_MAX:g}, clip_min None "
-                   "(GRPOConfig's defaults)", "the ratio read at valid tokens (a sequence's "
-                   "[B, 1] ratio broadcast over its tokens)"),
+                   f"stand-in self: mode {mode!r}, clip_max {CLIP_MAX:g} (named "
+                   "vllm_importance_sampling_cap before 1.6), clip_min None (GRPOConfig's "
+                   "defaults)", "the ratio read at valid tokens (a sequence's [B, 1] ratio "
+                   "broadcast over its tokens)"),
           conventions=dict(level=mode.split("_")[0], mode=mode.split("_")[1], lower=None,
                            upper=CLIP_MAX),
           params=())
