@@ -99,7 +99,8 @@ class Row:
     fits: Optional[Callable] = None    # fits(function): raises DoesNotFit / NotInVersion when an
     # assumption of the adapter does not hold in this version (a mode the version lacks); or
     # returns what this version needs: {"conventions": {...} (a hard-coded aggregation),
-    # "domain": (...) (inputs it cannot take), "choice": the adapter's choice in words}
+    # "domain": (...) (inputs it cannot take), "audit": {...} (audit keywords, e.g. the
+    # accumulation this version's trainer applies), "choice": the adapter's choice in words}
 
     @property
     def module(self) -> str:
@@ -590,7 +591,7 @@ def run_row(row: Row, loaded: loading.Loaded, source: loading.Source, profile: s
     except AuditUsageError as exc:
         result.reason = f"the reference refuses the row's conventions: {exc}"
         return result
-    keywords_fit = {}
+    keywords_fit = dict(fit.get("audit", {}))
     if fit.get("domain"):
         keywords_fit["domain"] = tuple(dict.fromkeys(
             tuple(row.audit.get("domain", rule.domain if rule is not None else ())) +

@@ -11,12 +11,14 @@ Facts read in OpenRLHF 0.11.2; each adapter only renames and reshapes:
   `RemoteExperienceMaker.compute_advantages_and_returns`, which the card calls with a stand-in
   `self` (strategy.args, kl_ctl) on Experience-like batches of one-token responses.
 """
+import inspect
 import types
 
 import numpy as np
 import torch
 
-from .card import Known, Row, Trainer, owner_class, per_sequence, per_token, source_of
+from .card import (DoesNotFit, Known, NotInVersion, Row, StandInSelf, Trainer, owner_class,
+                   per_sequence, per_token, source_of)
 
 LOSS = "openrlhf.models.loss"
 UTILS = "openrlhf.models.utils"
@@ -48,24 +50,50 @@ def _grouped(estimator):
     that token is the shaped reward."""
     def make(fn):
         cls = owner_class(fn)
+        flat = _flat_config(fn)
 
         def adapter(rewards, group_size):
             B = rewards.shape[0]
-            args = _ns(rollout=_ns(n_samples_per_prompt=int(group_size)),
-                       algo=_ns(advantage=_ns(estimator=estimator, gamma=1.0, lambd=1.0,
-                                              no_std_norm=False)),
-                       reward=_ns(clip_range=None, overlong_buffer_len=None,
-                                  stop_properly_penalty_coef=None))
-            me = _ns(strategy=_ns(args=args), kl_ctl=_ns(value=0.0),
-                     advantage_estimator=estimator)
+            if flat:
+                args = StandInSelf(n_samples_per_prompt=int(group_size), advantage_estimator=estimator,
+                                   gamma=1.0, lambd=1.0, no_advantage_std_norm=False,
+                                   reward_clip_range=None, overlong_buffer_len=None)
+            else:
+                args = _ns(rollout=_ns(n_samples_per_prompt=int(group_size)),
+                           algo=_ns(advantage=_ns(estimator=estimator, gamma=1.0, lambd=1.0,
+                                                  no_std_norm=False)),
+                           reward=_ns(clip_range=None, overlong_buffer_len=None,
+                                      stop_properly_penalty_coef=None))
+            me = StandInSelf(strategy=_ns(args=args), args=args, kl_ctl=_ns(value=0.0),
+                             advantage_estimator=estimator)
             me.get_cumulative_returns = types.MethodType(cls.get_cumulative_returns, me)
             exps = [_ns(rewards=rewards[i:i + 1], index=[i], info={},
                         kl=rewards.new_zeros((1, 1)), action_mask=rewards.new_ones((1, 1)),
                         values=None) for i in range(B)]
             out = fn(me, exps)
+            if isinstance(out, tuple):                    # (experiences, rewards) before 0.9
+                out = out[0]
             return torch.cat([e.advantages[:, 0] for e in out])
         return adapter
     return make
+
+
+def _flat_config(fn) -> bool:
+    """Whether this release reads a flat strategy.args (args.n_samples_per_prompt, before
+    0.10.2) rather than the nested one (args.rollout.n_samples_per_prompt)."""
+    return "args.rollout." not in source_of(fn)
+
+
+def _fits_grouped(fn):
+    source = source_of(fn)
+    if "n_samples_per_prompt" not in source:
+        raise DoesNotFit("compute_advantages_and_returns does not read n_samples_per_prompt in "
+                         "this version")
+    if _flat_config(fn):
+        return dict(choice="this release's flat strategy.args (before 0.10.2): "
+                           "n_samples_per_prompt, advantage_estimator, gamma, lambd, "
+                           "reward_clip_range")
+    return {}
 
 
 _GROUPED = ("RemoteExperienceMaker.compute_advantages_and_returns called with a stand-in self "
@@ -78,21 +106,72 @@ _GROUPED = ("RemoteExperienceMaker.compute_advantages_and_returns called with a 
 
 # ---- losses ---------------------------------------------------------------------------------
 
+def _takes_counts(forward) -> bool:
+    """Whether this release's PolicyLoss.forward takes the global counts (0.10.3 on); before,
+    it normalises each micro-batch by its own tokens (masked_mean)."""
+    return "batch_num_tokens" in inspect.signature(forward).parameters
+
+
 def _policy(kind, output=0, **keywords):
     keywords = dict(dict(clip_eps_low=0.2, clip_eps_high=0.2), **keywords)
 
     def make(forward):
         cls = owner_class(forward)
 
+        typed = dict(policy_loss_type=kind) if _init_takes(cls, "policy_loss_type") else {}
+
         def adapter(logp, old_logp, advantages, mask, n_tokens_global=None,
                     n_sequences_global=None):
-            loss = cls(policy_loss_type=kind, **keywords)
+            loss = cls(**typed, **keywords)
             out = loss(logp, old_logp, per_sequence(advantages, logp),
                        action_mask=mask.to(logp.dtype), batch_num_tokens=n_tokens_global,
                        global_batch_size=n_sequences_global)
             return out[output]
-        return adapter
+
+        def local(logp, old_logp, advantages, mask):          # before 0.10.3: no counts
+            loss = cls(**typed, **keywords)
+            return loss(logp, old_logp, per_sequence(advantages, logp),
+                        action_mask=mask.to(logp.dtype))[output]
+        return adapter if _takes_counts(forward) else local
     return make
+
+
+def _init_takes(cls, name) -> bool:
+    return name in inspect.signature(cls.__init__).parameters
+
+
+def _fits_policy(kind, output=0, keywords=()):
+    """What this release's PolicyLoss computes, where it differs from 0.11.2's:
+    - before 0.10.3 forward takes no global counts: each micro-batch is normalised by its own
+      tokens (masked_mean) and DeepSpeed averages the micro-batches' gradients (its backward
+      divides the loss by the accumulation steps), so the row is judged under mean
+      accumulation;
+    - before 0.11 the ppo log-ratio is not clamped to ±20: judged unclamped."""
+    def fits(forward):
+        cls = owner_class(forward)
+        if kind != "ppo" and not _init_takes(cls, "policy_loss_type"):
+            raise NotInVersion(f"PolicyLoss has no policy_loss_type {kind!r} in this version "
+                               f"(PPO only; policy_loss_type from 0.8.8)")
+        for k in keywords:
+            if not _init_takes(cls, k):
+                raise NotInVersion(f"PolicyLoss has no {k} in this version")
+        if output == 2 and "ppo_kl" not in source_of(forward):
+            raise NotInVersion("PolicyLoss.forward returns no ppo_kl in this version")
+        out, said = {}, []
+        if output != 0:           # a metric: one micro-batch's, whatever the counts
+            return out
+        if not _takes_counts(forward):
+            out["audit"] = dict(accumulation="mean")
+            said.append("this release's PolicyLoss.forward takes no global counts (added in "
+                        "0.10.3): each micro-batch is normalised by its own tokens and the "
+                        "micro-batches' gradients are averaged (DeepSpeed's accumulation)")
+        if kind == "ppo" and "clamp(min=-20.0, max=20.0)" not in source_of(forward):
+            out["conventions"] = dict(log_ratio_clamp=None)
+            said.append("this release does not clamp the ppo log-ratio: judged unclamped")
+        if said:
+            out["choice"] = "; ".join(said)
+        return out
+    return fits
 
 
 def _metric(output):
@@ -150,6 +229,9 @@ def _is_weights(level, mode):
     def make(forward):
         cls = owner_class(forward)
 
+        keywords = _is_form(forward, level, mode)[0]
+        counts = dict(batch_num_tokens=None) if _takes_counts(forward) else {}
+
         def adapter(logp, rollout_logp, mask):
             B, T = mask.shape
             zero = logp.new_zeros(())
@@ -157,9 +239,7 @@ def _is_weights(level, mode):
             rollout = torch.where(mask.bool(), rollout_logp, zero)
             m = mask.to(logp.dtype)
             n = int(mask.sum())
-            loss = cls(clip_eps_low=0.2, clip_eps_high=0.2, policy_loss_type="ppo",
-                       is_correction_level=level, is_correction_mode=mode,
-                       is_correction_threshold=(0.5, 5.0))
+            loss = cls(clip_eps_low=0.2, clip_eps_high=0.2, policy_loss_type="ppo", **keywords)
             out = logp.new_zeros((B, T))
             for b in range(B):
                 for t in range(T):
@@ -167,10 +247,63 @@ def _is_weights(level, mode):
                         adv = logp.new_zeros((B, T))
                         adv[b, t] = -1.0
                         out[b, t] = loss(old, old, adv, action_mask=m, rollout_log_probs=rollout,
-                                         batch_num_tokens=n)[0] * n
+                                         **{k: n for k in counts})[0] * n
             return out
         return adapter
     return make
+
+
+# How each release range configures the correction; _is_form gives, for one row, the
+# constructor keywords, the conventions that differ from the row's and the choice in words.
+# - 0.11.2 on: is_correction_level / _mode / _threshold;
+# - 0.9.3-0.11.1: vllm_is_correction_type 'icepop' (token mask), 'tis' (token clamp) or
+#   'seq-mask-tis' ('mis' in 0.9.3: the sequence's geometric-mean ratio gates, survivors keep their token
+#   ratio), [low, high] as vllm_is_truncated_threshold;
+# - 0.9.2: use_icepop (token mask) or not (token clamp), [low, high];
+# - 0.8.10-0.9.1: vllm_is_truncated_threshold, an upper bound of the token truncation only.
+_OLD_IS_TYPE = {("token", "mask"): "icepop", ("token", "clip"): "tis", ("seq", "mask"): "seq-mask-tis"}
+
+
+def _is_form(forward, level, mode):
+    cls = owner_class(forward)
+    if "rollout_log_probs" not in inspect.signature(forward).parameters:
+        raise NotInVersion("PolicyLoss has no rollout importance-sampling correction in this "
+                           "version (forward takes no rollout_log_probs)")
+    if _init_takes(cls, "is_correction_level"):
+        return dict(is_correction_level=level, is_correction_mode=mode,
+                    is_correction_threshold=(0.5, 5.0)), {}, ""
+    old = dict(enable_vllm_is_correction=True, vllm_is_truncated_threshold=[0.5, 5.0])
+    if _init_takes(cls, "vllm_is_correction_type"):
+        kind = _OLD_IS_TYPE[level, mode]
+        if kind == "seq-mask-tis" and '"seq-mask-tis"' not in source_of(cls):
+            kind = "mis"                                     # its name in 0.9.3
+        return dict(old, vllm_is_correction_type=kind), {}, \
+            (f"this release's form (0.9.3-0.11.1): enable_vllm_is_correction, "
+             f"vllm_is_correction_type={kind!r}, vllm_is_truncated_threshold [0.5, 5.0]")
+    if _init_takes(cls, "use_icepop"):
+        if level != "token":
+            raise NotInVersion("this release's correction is token-level only (use_icepop or "
+                               "the token clamp)")
+        return dict(old, use_icepop=mode == "mask"), {}, \
+            (f"this release's form (0.9.2): enable_vllm_is_correction, use_icepop="
+             f"{mode == 'mask'}, vllm_is_truncated_threshold [0.5, 5.0]")
+    if not _init_takes(cls, "vllm_is_truncated_threshold"):
+        raise DoesNotFit("PolicyLoss.__init__ takes none of is_correction_level, "
+                         "vllm_is_correction_type, use_icepop, vllm_is_truncated_threshold in "
+                         "this version")
+    if (level, mode) != ("token", "clip"):
+        raise NotInVersion("this release's correction is the token-level truncation only "
+                           "(vllm_is_truncated_threshold, an upper bound)")
+    return dict(enable_vllm_is_correction=True, vllm_is_truncated_threshold=5.0), \
+        dict(lower=None), ("this release's form (0.8.10-0.9.1): enable_vllm_is_correction, "
+                           "vllm_is_truncated_threshold = 5.0, an upper bound only (no lower)")
+
+
+def _fits_is(level, mode):
+    def fits(forward):
+        _, conventions, choice = _is_form(forward, level, mode)
+        return dict(conventions=conventions, choice=choice)
+    return fits
 
 
 KL_COEF = 0.1
@@ -235,8 +368,7 @@ def _kl_clamp(fn):
                 choice="this release does not clamp the estimate: judged unclamped")
 
 
-_FORWARD = ("log_probs", "old_log_probs", "advantages", "action_mask", "batch_num_tokens",
-            "global_batch_size")
+_FORWARD = ("log_probs", "old_log_probs", "advantages", "action_mask")
 
 ROWS = (
     Row(f"{EM}:RemoteExperienceMaker.get_advantages_and_returns", "gae", _gae,
@@ -250,13 +382,14 @@ ROWS = (
         conventions=dict(gamma=1.0), params=("rewards", "action_mask", "gamma")),
     Row(f"{EM}:RemoteExperienceMaker.compute_advantages_and_returns", "group_advantages",
         _grouped("group_norm"), label="group_norm", choices=_GROUPED,
-        params=("experiences",)),
+        params=("experiences",), fits=_fits_grouped),
     Row(f"{EM}:RemoteExperienceMaker.compute_advantages_and_returns", "group_advantages",
         _grouped("rloo"), label="rloo", choices=_GROUPED,
-        conventions=dict(baseline="leave_one_out", scale="none"), params=("experiences",)),
+        conventions=dict(baseline="leave_one_out", scale="none"), params=("experiences",),
+        fits=_fits_grouped),
     Row(f"{EM}:RemoteExperienceMaker.compute_advantages_and_returns", "group_advantages",
         _grouped("dr_grpo"), label="dr_grpo", choices=_GROUPED,
-        conventions=dict(scale="none"), params=("experiences",)),
+        conventions=dict(scale="none"), params=("experiences",), fits=_fits_grouped),
     Row(f"{UTILS}:compute_entropy", "entropy", _entropy,
         choices=("the function torch.compile wraps, run eagerly (_torchdynamo_orig_callable)",
                  "logits 0 at padding, the entropy read at valid tokens"),
@@ -276,8 +409,8 @@ ROWS = (
                    "log-probs 0 at padding (finite in OpenRLHF's batches)"),
           conventions=dict(level={"token": "token", "seq": "sequence"}[level],
                            mode={"mask": "mask", "clip": "truncate"}[mode]),
-          params=("log_probs", "old_log_probs", "advantages", "action_mask",
-                  "rollout_log_probs", "batch_num_tokens"))
+          fits=_fits_is(level, mode),
+          params=("log_probs", "old_log_probs", "advantages", "action_mask"))
       for level, mode in (("token", "mask"), ("seq", "mask"), ("token", "clip"))),
     Row(f"{LOSS}:ValueLoss.forward", "value_loss", _value,
         audit=dict(padding_checks=False),
@@ -286,22 +419,24 @@ ROWS = (
                  "aggregation is aggregate_loss's rows",),
         params=("values", "old_values", "returns", "action_mask")),
     Row(f"{LOSS}:PolicyLoss.forward", "policy_objective", _policy("ppo"), label="ppo",
-        choices=_LOSS, conventions=dict(loss="ppo", beta=0.0), params=_FORWARD),
+        choices=_LOSS, conventions=dict(loss="ppo", beta=0.0), params=_FORWARD,
+        fits=_fits_policy("ppo")),
     Row(f"{LOSS}:PolicyLoss.forward", "policy_objective",
         _policy("ppo", clip_eps_high=0.28, dual_clip=3.0), label="ppo, 0.2/0.28, dual clip 3",
         choices=_LOSS + ("clip_eps_high 0.28 (clip-higher) and dual_clip 3.0: the bounds apart "
                          "and the dual-clip branch run",),
         conventions=dict(loss="ppo", beta=0.0, clip_low=0.2, clip_high=0.28, clip_c=3.0),
-        params=_FORWARD),
+        params=_FORWARD, fits=_fits_policy("ppo", keywords=("dual_clip",))),
     Row(f"{LOSS}:PolicyLoss.forward", "policy_objective", _policy("gspo"), label="gspo",
         choices=_LOSS + ("policy_loss_type='gspo' forces token_level_loss=False (a "
                          "per-sequence mean)",),
-        conventions=dict(loss="gspo", beta=0.0), params=_FORWARD),
+        conventions=dict(loss="gspo", beta=0.0), params=_FORWARD, fits=_fits_policy("gspo")),
     Row(f"{LOSS}:PolicyLoss.forward", "clip_fraction", _metric(1), label="clip_ratio",
-        choices=("the clip_ratio metric forward returns",), params=_FORWARD),
+        choices=("the clip_ratio metric forward returns",), params=_FORWARD,
+        fits=_fits_policy("ppo", 1)),
     Row(f"{LOSS}:PolicyLoss.forward", "approx_kl", _ppo_kl, label="ppo_kl",
         choices=("the ppo_kl metric forward returns (advantages of 1: it does not read them)",),
-        params=_FORWARD),
+        params=_FORWARD, fits=_fits_policy("ppo", 2)),
 ) + tuple(
     Row(f"{LOSS}:aggregate_loss", "aggregate", _aggregate(token_level), label=mode,
         choices=(f"token_level_loss={token_level}", "the global counts passed as "

@@ -1,0 +1,219 @@
+"""Adapters that follow a trainer's interface across releases: each range of releases gets the
+adapter its interface needs, a mode a release lacks is NOT IN THIS VERSION, and an interface no
+adapter knows is COULD NOT ADAPT. The classes and files here are written for these tests: they
+have the signatures and statement shapes of the releases named (read in each release's code),
+and the plain math of each mode, nothing more."""
+import inspect
+import math
+import textwrap
+
+import pytest
+import torch
+
+from crosscheck.trainer import blocks, card
+from crosscheck.trainer import openrlhf as orl
+from crosscheck.trainer import trl as trl_card
+
+
+def _masked_mean(x, m, dim=None):
+    return (x * m).sum(dim=dim) / m.sum(dim=dim)
+
+
+class _Base:
+    """PPO with the token-level loss, the common part of every release's PolicyLoss."""
+    def _ppo(self, log_probs, old_log_probs, advantages):
+        ratio = (log_probs - old_log_probs).exp()
+        s1, s2 = ratio * advantages, ratio.clamp(1 - self.lo, 1 + self.hi) * advantages
+        return -torch.min(s1, s2), s1, s2
+
+
+class Loss085(_Base):                    # 0.8.5: PPO only, no counts, (loss, clip_ratio)
+    def __init__(self, clip_eps_low=0.2, clip_eps_high=0.2, token_level_loss=True):
+        self.lo, self.hi = clip_eps_low, clip_eps_high
+
+    def __call__(self, *a, **k):
+        return self.forward(*a, **k)
+
+    def forward(self, log_probs, old_log_probs, advantages, action_mask=None):
+        loss, s1, s2 = self._ppo(log_probs, old_log_probs, advantages)
+        return _masked_mean(loss, action_mask), _masked_mean((s2 < s1).float(), action_mask)
+
+
+class Loss092(Loss085):                  # 0.9.2: use_icepop or the token clamp, [low, high]
+    def __init__(self, clip_eps_low=0.2, clip_eps_high=0.2, dual_clip=None, token_level_loss=True,
+                 policy_loss_type="ppo", enable_vllm_is_correction=False,
+                 vllm_is_truncated_threshold=None, use_icepop=False):
+        super().__init__(clip_eps_low, clip_eps_high)
+        self.on, self.band, self.icepop = (enable_vllm_is_correction,
+                                           vllm_is_truncated_threshold, use_icepop)
+
+    def forward(self, log_probs, old_log_probs, advantages, action_mask=None,
+                rollout_log_probs=None):
+        loss, s1, s2 = self._ppo(log_probs, old_log_probs, advantages)
+        if self.on:
+            w = (old_log_probs - rollout_log_probs).exp()
+            lo, hi = self.band
+            w = w * ((w >= lo) & (w <= hi)) if self.icepop else w.clamp(lo, hi)
+            loss = w * loss
+        ppo_kl = _masked_mean(-(log_probs - old_log_probs), action_mask)
+        return _masked_mean(loss, action_mask), _masked_mean((s2 < s1).float(), action_mask), \
+            ppo_kl, None
+
+
+class Loss0910(Loss092):                 # 0.8.10-0.9.1: an upper bound only, no type
+    def __init__(self, clip_eps_low=0.2, clip_eps_high=0.2, dual_clip=None, token_level_loss=True,
+                 policy_loss_type="ppo", enable_vllm_is_correction=False,
+                 vllm_is_truncated_threshold=None):
+        super().__init__(clip_eps_low, clip_eps_high, enable_vllm_is_correction=
+                         enable_vllm_is_correction)
+        self.upper = vllm_is_truncated_threshold
+
+    def forward(self, log_probs, old_log_probs, advantages, action_mask=None,
+                rollout_log_probs=None):
+        loss, s1, s2 = self._ppo(log_probs, old_log_probs, advantages)
+        if self.on:
+            loss = (old_log_probs - rollout_log_probs).exp().clamp(max=self.upper) * loss
+        return _masked_mean(loss, action_mask), _masked_mean((s2 < s1).float(), action_mask), \
+            None, None
+
+
+class LossTyped:                         # 0.9.3-0.11.1: vllm_is_correction_type
+    def __init__(self, clip_eps_low=0.2, clip_eps_high=0.2, dual_clip=None, token_level_loss=True,
+                 policy_loss_type="ppo", enable_vllm_is_correction=False,
+                 vllm_is_truncated_threshold=None, vllm_is_correction_type="tis"):
+        if vllm_is_correction_type not in {"tis", "icepop", "seq-mask-tis"}:
+            raise ValueError("must be one of tis/icepop/seq-mask-tis")
+
+    def forward(self, log_probs, old_log_probs, advantages, action_mask=None,
+                rollout_log_probs=None, dp_size=1, batch_num_tokens=None,
+                global_batch_size=None):
+        raise NotImplementedError
+
+
+for cls in (Loss085, Loss092, Loss0910, LossTyped):
+    cls.__module__ = __name__            # owner_class reads the class from the method's globals
+
+
+def _row(label):
+    return next(r for r in orl.ROWS if r.label == label)
+
+
+@pytest.mark.parametrize("cls, label, verdict", [
+    (Loss085, "is_correction token clip", card.NotInVersion),  # no rollout_log_probs at all
+    (Loss0910, "is_correction token mask", card.NotInVersion),  # truncation only
+    (Loss0910, "is_correction seq mask", card.NotInVersion),
+    (Loss092, "is_correction seq mask", card.NotInVersion),    # token level only
+    (Loss085, "gspo", card.NotInVersion),                      # no policy_loss_type
+    (Loss085, "ppo, 0.2/0.28, dual clip 3", card.NotInVersion),
+    (Loss085, "ppo_kl", card.NotInVersion),                    # returns (loss, clip_ratio)
+])
+def test_a_mode_an_openrlhf_release_lacks_is_not_in_this_version(cls, label, verdict):
+    with pytest.raises(verdict):
+        _row(label).fits(cls.forward)
+
+
+def test_each_openrlhf_correction_form_gets_its_own_keywords():
+    keywords, conventions, choice = orl._is_form(Loss092.forward, "token", "mask")
+    assert keywords["use_icepop"] is True and conventions == {} and "0.9.2" in choice
+    keywords, conventions, choice = orl._is_form(Loss0910.forward, "token", "clip")
+    assert keywords["vllm_is_truncated_threshold"] == 5.0 and conventions == dict(lower=None)
+    keywords, _, choice = orl._is_form(LossTyped.forward, "seq", "mask")
+    assert keywords["vllm_is_correction_type"] == "seq-mask-tis" and "0.9.3-0.11.1" in choice
+
+
+@pytest.mark.parametrize("cls, level, mode", [(Loss092, "token", "mask"),
+                                              (Loss092, "token", "clip"),
+                                              (Loss0910, "token", "clip")])
+def test_an_older_openrlhf_correction_gives_the_reference_weights(cls, level, mode):
+    from ref_numpy import rollout_is_weights
+
+    row = _row(f"is_correction {level} {mode}")
+    fit = row.fits(cls.forward)
+    adapter = row.adapt(cls.forward)
+    g = torch.Generator().manual_seed(0)
+    logp = -torch.rand((3, 4), generator=g, dtype=torch.float64) * 3
+    rollout = logp + torch.randn((3, 4), generator=g, dtype=torch.float64)
+    mask = torch.ones((3, 4), dtype=torch.bool)
+    mask[1, 3] = mask[2, 2:] = False
+    got = adapter(logp, rollout, mask)
+    conventions = dict(row.conventions, **fit["conventions"])
+    seq = {"token": "token", "sequence": "sequence"}[conventions.pop("level")]
+    want = rollout_is_weights(logp.numpy(), rollout.numpy(), mask.numpy(), level=seq,
+                              mode=conventions.pop("mode"), upper=5.0,
+                              lower=conventions.get("lower", 0.5), kept="token")
+    assert torch.allclose(got, torch.as_tensor(want), rtol=1e-12, atol=1e-12)
+
+
+def test_an_openrlhf_policy_loss_without_counts_is_judged_as_its_trainer_accumulates():
+    fit = _row("ppo").fits(Loss085.forward)
+    # DeepSpeed averages the micro-batches' gradients; each is normalised by its own tokens
+    assert fit["audit"] == dict(accumulation="mean")
+    assert fit["conventions"] == dict(log_ratio_clamp=None)       # no ±20 clamp before 0.11
+    assert "takes no global counts" in fit["choice"]
+    adapter = _row("ppo").adapt(Loss085.forward)
+    assert "n_tokens_global" not in inspect.signature(adapter).parameters
+
+
+def test_an_unknown_correction_interface_does_not_fit():
+    class Odd(Loss085):
+        def forward(self, log_probs, old_log_probs, advantages, action_mask=None,
+                    rollout_log_probs=None):
+            raise NotImplementedError
+    Odd.__module__ = __name__
+    globals()["Odd"] = Odd
+    with pytest.raises(card.DoesNotFit, match="takes none of"):
+        _row("is_correction token clip").fits(Odd.forward)
+
+
+TRL_BEFORE_026 = '''
+    class GRPOTrainer:
+        def _generate_and_score_completions(self, inputs):
+            old_per_token_logps = inputs["old"]
+            if self.use_vllm and self.vllm_importance_sampling_correction:
+                importance_sampling_ratio = torch.exp(old_per_token_logps - sampling_per_token_logps)
+                importance_sampling_ratio = torch.clamp(
+                    importance_sampling_ratio, max=self.vllm_importance_sampling_cap
+                )
+            return importance_sampling_ratio
+    '''
+TRL_BEFORE_023 = '''
+    class GRPOTrainer:
+        def _generate_and_score_completions(self, inputs):
+            old_per_token_logps = inputs["old"]
+            return old_per_token_logps
+    '''
+
+
+def _trl_rows(tmp_path, text):
+    path = tmp_path / "grpo_trainer.py"
+    path.write_text(textwrap.dedent(text))
+    return str(path), [r for r in trl_card.ROWS if r.block is not None]
+
+
+def test_trl_before_0_26_runs_its_one_mode_block_for_token_truncation(tmp_path):
+    path, rows = _trl_rows(tmp_path, TRL_BEFORE_026)
+    truncate = next(r for r in rows if r.label == "token_truncate")
+    with pytest.raises(blocks.BlockNotFound):
+        blocks.compile_block(path, truncate.qualname, *truncate.block)
+    (first, last, outputs), note = truncate.older_blocks[0]
+    fn, lo, hi = blocks.compile_block(path, truncate.qualname, first, last, outputs)
+    assert (lo, hi) == (6, 9) and "before 0.26" in note
+    logp = torch.tensor([[-1.0, -2.0]], dtype=torch.float64)
+    rollout = torch.tensor([[-3.0, -1.5]], dtype=torch.float64)
+    got = truncate.adapt(fn)(logp, rollout, torch.ones((1, 2), dtype=torch.bool))
+    # exp(2) = 7.39 truncated at 3, exp(-0.5) kept
+    assert torch.allclose(got, torch.tensor([[3.0, math.exp(-0.5)]], dtype=torch.float64))
+    # the other modes have no older form: their block is absent in such a release
+    mask_row = next(r for r in rows if r.label == "token_mask")
+    assert mask_row.older_blocks == ()
+    with pytest.raises(blocks.BlockNotFound) as err:
+        blocks.compile_block(path, mask_row.qualname, *mask_row.block)
+    assert err.value.absent
+
+
+def test_a_block_whose_shape_changed_is_not_called_absent(tmp_path):
+    path, rows = _trl_rows(tmp_path, TRL_BEFORE_023)
+    with pytest.raises(blocks.BlockNotFound) as err:      # old_per_token_logps is assigned,
+        blocks.compile_block(path, rows[0].qualname,         # but nothing after it matches
+                             "old_per_token_logps", "no_such_output", ("x",))
+    assert not err.value.absent
