@@ -260,7 +260,8 @@ def _is_weights(level, mode):
 #   'seq-mask-tis' ('mis' in 0.9.3: the sequence's geometric-mean ratio gates, survivors keep their token
 #   ratio), [low, high] as vllm_is_truncated_threshold;
 # - 0.9.2: use_icepop (token mask) or not (token clamp), [low, high];
-# - 0.8.10-0.9.1: vllm_is_truncated_threshold, an upper bound of the token truncation only.
+# - 0.8.9-0.9.1: vllm_is_truncated_threshold, an upper bound of the token truncation only
+#   (0.8.9 turns it on by the threshold, 0.8.10 by enable_vllm_is_correction).
 _OLD_IS_TYPE = {("token", "mask"): "icepop", ("token", "clip"): "tis", ("seq", "mask"): "seq-mask-tis"}
 
 
@@ -294,9 +295,12 @@ def _is_form(forward, level, mode):
     if (level, mode) != ("token", "clip"):
         raise NotInVersion("this release's correction is the token-level truncation only "
                            "(vllm_is_truncated_threshold, an upper bound)")
-    return dict(enable_vllm_is_correction=True, vllm_is_truncated_threshold=5.0), \
-        dict(lower=None), ("this release's form (0.8.10-0.9.1): enable_vllm_is_correction, "
-                           "vllm_is_truncated_threshold = 5.0, an upper bound only (no lower)")
+    # 0.8.9 turns it on by the threshold alone; 0.8.10 added enable_vllm_is_correction
+    on = dict(enable_vllm_is_correction=True) if _init_takes(cls, "enable_vllm_is_correction") \
+        else {}
+    return dict(on, vllm_is_truncated_threshold=5.0), dict(lower=None), \
+        (f"this release's form (0.8.9-0.9.1): {'enable_vllm_is_correction, ' if on else ''}"
+         f"vllm_is_truncated_threshold = 5.0, an upper bound only (no lower)")
 
 
 def _fits_is(level, mode):

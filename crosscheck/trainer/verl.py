@@ -15,7 +15,8 @@ import sys
 import numpy as np
 import torch
 
-from .card import DoesNotFit, Known, Row, Trainer, per_sequence, per_token, source_of
+from .card import (DoesNotFit, Known, NotInVersion, Row, Trainer, per_sequence, per_token,
+                   source_of)
 
 CA = "verl.trainer.ppo.core_algos"
 TF = "verl.utils.torch_functional"
@@ -102,13 +103,25 @@ def _policy(fn, output=None, **fields):
 
     def adapter(logp, old_logp, advantages, mask, n_tokens_global=None,
                 n_sequences_global=None):
-        loss, metrics = fn(old_log_prob=old_logp, log_prob=logp,
-                           advantages=per_sequence(advantages, logp),
-                           response_mask=mask.bool(), loss_agg_mode="token-mean",
-                           config=_actor_config(config_class, n_tokens_global,
-                                                n_sequences_global, **fields))
+        loss, metrics = _loss_and_metrics(fn(
+            old_log_prob=old_logp, log_prob=logp, advantages=per_sequence(advantages, logp),
+            response_mask=mask.bool(), loss_agg_mode="token-mean",
+            config=_actor_config(config_class, n_tokens_global, n_sequences_global, **fields)))
         return loss if output is None else metrics[output]
     return adapter
+
+
+def _loss_and_metrics(out):
+    """(loss, metrics) of a registered policy loss: it returns (loss, a metrics dict) from
+    0.6.1 on, and the 4-tuple (pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower) in 0.6.0."""
+    if len(out) == 2:
+        return out
+    if len(out) != 4:
+        raise DoesNotFit(f"the policy loss returned {len(out)} values: neither (loss, metrics) "
+                         f"nor (pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower)")
+    loss, clipfrac, kl, lower = out
+    return loss, {"actor/pg_clipfrac": clipfrac, "actor/ppo_kl": kl,
+                  "actor/pg_clipfrac_lower": lower}
 
 
 class _Fields(dict):
@@ -198,11 +211,22 @@ def _geo_mean(fn):
     config_class = inspect.unwrap(fn).__globals__["ActorConfig"]
 
     def adapter(logp, old_logp, advantages, mask):
-        loss, _ = fn(old_log_prob=old_logp, log_prob=logp,
-                     advantages=per_sequence(advantages, logp), response_mask=_float(mask, logp),
-                     loss_agg_mode="token-mean", config=_actor_config(config_class))
+        loss, _ = _loss_and_metrics(fn(
+            old_log_prob=old_logp, log_prob=logp, advantages=per_sequence(advantages, logp),
+            response_mask=_float(mask, logp), loss_agg_mode="token-mean",
+            config=_actor_config(config_class)))
         return loss
     return adapter
+
+
+def _fits_icepop(fn):
+    """IcePop's mask mode comes with the 'lower_upper' threshold string (0.8.0 on); before,
+    rollout_is_threshold is one float, the truncation's upper bound, and masking is the separate
+    rejection sampler (rollout_rs)."""
+    if "_parse_rollout_is_threshold(" not in source_of(fn):
+        raise NotInVersion("compute_rollout_correction_weights takes one float threshold (the "
+                           "truncation) in this version: no IcePop mask mode")
+    return {}
 
 
 def _rollout_weights(level, threshold):
@@ -333,7 +357,10 @@ def _agg(mode, **fixed):
             return fn(loss_mat=loss, loss_mask=_float(mask, loss), loss_agg_mode=mode,
                       batch_num_tokens=n_tokens_global, global_batch_size=n_sequences_global,
                       **fixed)
-        return adapter
+
+        def local(loss, mask):                   # before 0.7.0: no global counts
+            return fn(loss_mat=loss, loss_mask=_float(mask, loss), loss_agg_mode=mode, **fixed)
+        return adapter if "batch_num_tokens" in inspect.signature(fn).parameters else local
     return make
 
 
@@ -361,6 +388,36 @@ def _agg_as_coded(fn):
                                 choice=f"it hard-codes loss_agg_mode={kw.value.value!r} in its "
                                        f"agg_loss call, whatever loss_agg_mode says: judged so")
     return dict(conventions=dict(agg="token-mean"))
+
+
+def _counts_as_coded(fn):
+    """The accumulation a policy loss's (or agg_loss's) release applies: before 0.7 agg_loss
+    takes no global
+    counts, each micro-batch is normalised by its own tokens and the actor scales each loss by
+    1 / gradient_accumulation (dp_actor.py: loss_scale_factor), so the row is judged under
+    mean accumulation."""
+    agg = fn if fn.__name__ == "agg_loss" else inspect.unwrap(fn).__globals__.get("agg_loss")
+    if agg is not None and "batch_num_tokens" in inspect.signature(agg).parameters:
+        return {}
+    return dict(audit=dict(accumulation="mean"),
+                choice="this release's agg_loss takes no global counts (they came in 0.7.0): "
+                       "each micro-batch is normalised by its own tokens and the actor averages "
+                       "the micro-batches' losses (1 / gradient_accumulation)")
+
+
+def _fits_all(*fits):
+    """One fits of several: their conventions and audit keywords merged, choices joined."""
+    def fit(fn):
+        out = {}
+        for f in fits:
+            got = f(fn) or {}
+            for key in ("conventions", "audit"):
+                if key in got:
+                    out[key] = dict(out.get(key, {}), **got[key])
+            if got.get("choice"):
+                out["choice"] = "; ".join(c for c in (out.get("choice"), got["choice"]) if c)
+        return out
+    return fit
 
 
 # an adapter that evaluates one valid token at a time: padding never reaches the function
@@ -463,7 +520,7 @@ ROWS = (
     Row(f"{TF}:masked_whiten", "whiten", _whiten,
         choices=("mask as a float tensor",), params=("values", "mask")),
     Row(f"{CA}:compute_policy_loss_vanilla", "policy_objective", _policy, label="ppo",
-        choices=_POLICY, conventions=dict(loss="ppo", beta=0.0),
+        choices=_POLICY, conventions=dict(loss="ppo", beta=0.0), fits=_counts_as_coded,
         params=("old_log_prob", "log_prob", "advantages", "response_mask", "loss_agg_mode",
                 "config")),
     Row(f"{CA}:compute_policy_loss_vanilla", "policy_objective",
@@ -472,6 +529,7 @@ ROWS = (
         choices=_POLICY + ("clip_ratio_low 0.2, clip_ratio_high 0.28 (DAPO's clip-higher): "
                            "the two bounds apart, so a swap shows",),
         conventions=dict(loss="ppo", beta=0.0, clip_low=0.2, clip_high=0.28),
+        fits=_counts_as_coded,
         params=("old_log_prob", "log_prob", "advantages", "response_mask", "loss_agg_mode",
                 "config")),
     Row(f"{CA}:compute_policy_loss", "policy_objective", lambda fn: _deprecated(fn),
@@ -493,7 +551,7 @@ ROWS = (
         choices=_POLICY, conventions=dict(loss="cispo", beta=0.0),
         params=("old_log_prob", "log_prob", "advantages", "response_mask", "config")),
     Row(f"{CA}:compute_policy_loss_gspo", "policy_objective", _policy, label="gspo",
-        choices=_POLICY, conventions=dict(loss="gspo", beta=0.0), fits=_agg_as_coded,
+        choices=_POLICY, conventions=dict(loss="gspo", beta=0.0), fits=_fits_all(_agg_as_coded, _counts_as_coded),
         params=("old_log_prob", "log_prob", "advantages", "response_mask", "config")),
     Row(f"{CA}:compute_policy_loss_sapo", "policy_objective", _policy, label="sapo",
         choices=_POLICY + ("tau_pos 1.0, tau_neg 1.05 (ActorConfig's defaults)",),
@@ -503,9 +561,8 @@ ROWS = (
     Row(f"{CA}:agg_loss", "aggregate", _agg(mode), label=mode,
         choices=("the global counts passed as batch_num_tokens / global_batch_size, as "
                  "ppo_loss does through global_batch_info",),
-        conventions=dict(mode=mode),
-        params=("loss_mat", "loss_mask", "loss_agg_mode", "batch_num_tokens",
-                "global_batch_size"))
+        conventions=dict(mode=mode), fits=_counts_as_coded,
+        params=("loss_mat", "loss_mask", "loss_agg_mode"))
     for mode in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 ) + (
     Row(f"{CA}:agg_loss", "aggregate", _agg("seq-mean-token-sum-norm", loss_scale_factor=SCALE),
@@ -629,7 +686,8 @@ ROWS = ROWS + (
                  f"rollout_is = {level!r}, rollout_is_threshold = {threshold!r}"),
         conventions=dict(level=level, mode=mode, lower=lower, upper=2.0),
         params=("log_ratio", "response_mask", "rollout_is", "rollout_is_threshold"),
-        known=(_ALL_REJECTED,) if mode == "mask" else ())
+        known=(_ALL_REJECTED,) if mode == "mask" else (),
+        fits=_fits_icepop if mode == "mask" else None)
     for level in ("token", "sequence")
     for kind, mode, threshold, lower in (("TIS", "truncate", 2.0, None),
                                          ("IcePop mask", "mask", "0.5_2.0", 0.5))

@@ -217,3 +217,42 @@ def test_a_block_whose_shape_changed_is_not_called_absent(tmp_path):
         blocks.compile_block(path, rows[0].qualname,         # but nothing after it matches
                              "old_per_token_logps", "no_such_output", ("x",))
     assert not err.value.absent
+
+
+def test_a_verl_policy_loss_of_0_6_0_returns_four_values_and_is_read_as_such():
+    from crosscheck.trainer import verl as verl_card
+    loss, metrics = verl_card._loss_and_metrics((1.0, 0.1, 0.2, 0.3))
+    assert loss == 1.0 and metrics == {"actor/pg_clipfrac": 0.1, "actor/ppo_kl": 0.2,
+                                       "actor/pg_clipfrac_lower": 0.3}
+    assert verl_card._loss_and_metrics((1.0, {"a": 1})) == (1.0, {"a": 1})
+    with pytest.raises(card.DoesNotFit, match="returned 3 values"):
+        verl_card._loss_and_metrics((1.0, 2.0, 3.0))
+
+
+def test_verl_before_0_7_is_judged_under_the_actors_mean_accumulation():
+    from crosscheck.trainer import verl as verl_card
+
+    def agg_loss(loss_mat, loss_mask, loss_agg_mode):          # 0.6: no global counts
+        return (loss_mat * loss_mask).sum() / loss_mask.sum()
+    fit = verl_card._counts_as_coded(agg_loss)
+    assert fit["audit"] == dict(accumulation="mean") and "0.7.0" in fit["choice"]
+
+    def agg_loss_07(loss_mat, loss_mask, loss_agg_mode, batch_num_tokens=None,  # noqa: ARG001
+                    global_batch_size=None):
+        return loss_mat.sum() / batch_num_tokens
+    agg_loss_07.__name__ = "agg_loss"
+    assert verl_card._counts_as_coded(agg_loss_07) == {}
+    row = next(r for r in verl_card.ROWS if r.qualname == "agg_loss" and r.label == "token-mean")
+    adapter = row.adapt(agg_loss)
+    assert list(inspect.signature(adapter).parameters) == ["loss", "mask"]
+
+
+def test_verl_icepop_rows_are_not_in_a_release_with_a_float_threshold_only():
+    from crosscheck.trainer import verl as verl_card
+
+    def compute_rollout_correction_weights(log_ratio, response_mask, rollout_is="token",
+                                           rollout_is_threshold=2.0):
+        return log_ratio.exp().clamp(max=rollout_is_threshold), {}
+    row = next(r for r in verl_card.ROWS if r.label == "token IcePop mask")
+    with pytest.raises(card.NotInVersion, match="no IcePop mask mode"):
+        row.fits(compute_rollout_correction_weights)
