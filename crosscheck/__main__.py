@@ -339,7 +339,7 @@ def _unwritable(path):
     return None
 
 
-def trainer_main(argv) -> int:
+def trainer_main(argv, workers: int = 1) -> int:
     import json
 
     p = trainer_parser()
@@ -362,7 +362,7 @@ def trainer_main(argv) -> int:
     from .trainer import card, loading
     try:
         result = card.run(trainers.get(args.name), path=args.path, cases=args.cases,
-                          seed=args.seed,
+                          seed=args.seed, workers=workers,
                           progress=progress_stream(args.json or not sys.stdout.isatty()))
     except loading.TrainerNotFound as exc:
         print(f"{_prog('trainer')}: error: {exc}", file=sys.stderr)
@@ -386,9 +386,12 @@ def main(argv=None) -> int:
     program = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
+        workers = 2 if program and (os.cpu_count() or 1) >= 2 else 1
+        if argv and argv[0] == "trainer":
+            return trainer_main(argv[1:], workers=workers)
         if argv and argv[0] in SUBCOMMANDS:
             return SUBCOMMANDS[argv[0]](argv[1:])
-        return check_main(argv, workers=2 if program and (os.cpu_count() or 1) >= 2 else 1)
+        return check_main(argv, workers=workers)
     except BrokenPipeError:            # `... | head` closed stdout: stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_FAIL

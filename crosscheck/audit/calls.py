@@ -15,6 +15,7 @@ The adapter contract, as the audit applies it:
 import difflib
 import inspect
 import os
+import queue
 import threading
 import traceback
 from typing import Dict, Optional, Sequence
@@ -53,14 +54,34 @@ def exception_text(exc: BaseException) -> str:
     return type(original).__name__ + (f": {text}" if text else "")
 
 
+class _Worker:
+    """A daemon thread that runs the audited calls handed to it, one at a time: starting a
+    thread for every call costs more than most audited functions (thousands of calls a card)."""
+
+    def __init__(self):
+        self.jobs = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._loop, name="crosscheck-audit-call",
+                                       daemon=True)
+        self.thread.start()
+
+    def _loop(self):
+        while True:
+            self.jobs.get()()
+
+
+_workers = threading.local()          # each calling thread hands its calls to its own worker
+
+
 def call_with_deadline(fn, kwargs, timeout):
     """fn(**kwargs) in a worker thread (carrying torch's thread-local grad mode); raise
     AuditTimeout if it has not returned after `timeout` seconds (None: wait as long as it
     takes). Whatever the function raises comes back as an Exception (UserRaised for a
     BaseException), so that no user code can end the audit. A real Ctrl-C reaches the caller's
-    thread, not the worker, and still stops it."""
+    thread, not the worker, and still stops it. The worker is reused from call to call; one
+    left running past its deadline is abandoned, and the next call gets a fresh one."""
     result = {}
     grad_mode = torch.is_grad_enabled()
+    done = threading.Event()
 
     def work():
         try:
@@ -70,11 +91,15 @@ def call_with_deadline(fn, kwargs, timeout):
             result["error"] = exc
         except BaseException as exc:           # SystemExit, KeyboardInterrupt inside user code
             result["error"] = UserRaised(exc)
+        finally:
+            done.set()
 
-    worker = threading.Thread(target=work, name="crosscheck-audit-call", daemon=True)
-    worker.start()
-    worker.join(timeout)
-    if worker.is_alive():
+    worker = getattr(_workers, "worker", None)
+    if worker is None:
+        worker = _workers.worker = _Worker()
+    worker.jobs.put(work)
+    if not done.wait(timeout):
+        _workers.worker = None                 # still inside the user's call: leave it there
         raise AuditTimeout(f"your function did not return within {timeout:g} s")
     if "error" in result:
         raise result["error"]

@@ -31,6 +31,7 @@ import ast
 import functools
 import inspect
 import os
+import pickle
 import re
 import sys
 import textwrap
@@ -713,10 +714,66 @@ def grade(row: Row, report, precision: str, root: str, audit_row) -> List[dict]:
     return out
 
 
+def _run_rows(trainer, source, rows, cases, seed, progress, shown=None):
+    """(the rows' results, what the loader describes, the modules that failed to load).
+    `shown`: the row numbers the progress display gives (1..len(rows) by default)."""
+    shown = shown or list(range(1, len(rows) + 1))
+    total = max(shown, default=0)
+    with loading.Loaded(source, trainer.modules) as loaded, loading.quiet_warnings():
+        results = []
+        for i, row in zip(shown, rows):
+            _progress(progress, i, total, row.name)
+            results.append(run_row(row, loaded, source, trainer.profile, cases, seed,
+                                   trainer.precision))
+        return results, loaded.describe(), dict(loaded.failed)
+
+
+def _run_rows_forked(trainer, source, rows, cases, seed, progress):
+    """Every other row in a forked child, the rest here, at once; the child sends its results
+    (without their Row, which holds closures) through a pipe. If the child fails, its rows
+    run here."""
+    mine, theirs = rows[0::2], rows[1::2]
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:                                       # the child: its rows, then exit
+        os.close(read_end)
+        try:
+            import torch
+            torch.set_num_threads(1)                   # two processes share the cores
+            done = _run_rows(trainer, source, theirs, cases, seed, None)[0]
+            for r in done:
+                r.row = None
+            payload = pickle.dumps(("ok", done))
+        except BaseException as exc:                   # noqa: B902 — reported to the parent
+            payload = pickle.dumps(("error", repr(exc)))
+        with os.fdopen(write_end, "wb") as pipe:
+            pipe.write(payload)
+        os._exit(0)                                    # no atexit, no buffers flushed twice
+    os.close(write_end)
+    try:
+        here, described, failed = _run_rows(trainer, source, mine, cases, seed, progress,
+                                            shown=list(range(1, len(rows) + 1, 2)))
+        with os.fdopen(read_end, "rb") as pipe:
+            data = pipe.read()
+    finally:
+        os.waitpid(pid, 0)
+    status, there = pickle.loads(data) if data else ("error", "no output")
+    if status != "ok":
+        there = _run_rows(trainer, source, theirs, cases, seed, None)[0]
+    for r, row in zip(there, theirs):
+        r.row = row
+    results = [None] * len(rows)
+    results[0::2], results[1::2] = here, there
+    return results, described, failed
+
+
 def run(trainer: Trainer, path: Optional[str] = None, cases: int = CASES, seed: int = 0,
-        progress=None, only: Optional[Sequence[str]] = None) -> Card:
+        progress=None, only: Optional[Sequence[str]] = None, workers: int = 1) -> Card:
     """The card of `trainer` as installed (path None) or in the checkout at `path`.
-    `progress`: a stream for a one-line progress display (a terminal), or None."""
+    `progress`: a stream for a one-line progress display (a terminal), or None. With
+    workers=2 (and os.fork) a forked child runs every other row meanwhile, each process
+    loading the trainer itself; the card is the same (every row is seeded on its own). Fork
+    only from a process whose torch thread pool has not run (the command line's)."""
     t0 = time.perf_counter()
     if path is None and not trainer.installable:
         raise loading.TrainerNotFound(f"{trainer.name} is not a package: pass --path to a "
@@ -725,14 +782,11 @@ def run(trainer: Trainer, path: Optional[str] = None, cases: int = CASES, seed: 
                             needs=trainer.modules + tuple(
                                 sorted({r.module for r in trainer.rows if r.block})))
     rows = [r for r in trainer.rows if only is None or r.qualname in only or r.name in only]
-    with loading.Loaded(source, trainer.modules) as loaded, loading.quiet_warnings():
-        results = []
-        for i, row in enumerate(rows):
-            _progress(progress, i + 1, len(rows), row.name)
-            results.append(run_row(row, loaded, source, trainer.profile, cases, seed,
-                                   trainer.precision))
-        described = loaded.describe()
-        failed = dict(loaded.failed)
+    if workers > 1 and len(rows) > 1 and hasattr(os, "fork"):
+        results, described, failed = _run_rows_forked(trainer, source, rows, cases, seed,
+                                                      progress)
+    else:
+        results, described, failed = _run_rows(trainer, source, rows, cases, seed, progress)
     end_progress(progress)
     ran = {(r.module, r.qualname) for r in trainer.rows}
     not_covered = []

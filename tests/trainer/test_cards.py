@@ -216,3 +216,27 @@ def test_a_nested_block_ends_at_the_compound_statement_that_assigns_its_last_nam
     assert run(x=1.0, mode="a") == 14.0 and run(x=1.0, mode="b") == -6.0
     _, lo, hi = blocks.compile_block(str(f), "step", "y", "w", ("w",))
     assert (lo, hi) == (2, 3)
+
+
+@_installed("openrlhf")
+def test_the_command_splits_a_card_over_two_processes_and_prints_the_same_card():
+    # run as a program on two cores the card forks a child for every other row; the card it
+    # prints is the one a single process computes, row for row, finding for finding
+    import json
+    import subprocess
+    import sys
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("one core: the command runs the card in one process")
+    proc = subprocess.run([sys.executable, "-m", "crosscheck", "trainer", "openrlhf", "--cases",
+                           "12", "--json"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    forked = json.loads(proc.stdout)
+    one = card.run(trainers.get("openrlhf"), cases=12).to_dict()
+
+    def stable(d):
+        d = dict(d, seconds=None, loaded=None)
+        d["rows"] = [dict(r, seconds=None) for r in d["rows"]]
+        return d
+    assert stable(forked) == stable(json.loads(json.dumps(one)))
+    assert [r["function"] for r in forked["rows"]][:3] == \
+        [r.qualname for r in trainers.get("openrlhf").rows][:3]
