@@ -142,7 +142,8 @@ def into_domain(rule, case):
     why it lies outside). A case is moved in where a faithful projection exists: a mask with
     holes becomes right-padded by moving each row's valid tokens to its front, in order (the
     trainer's sequence is the same tokens); rows of a group with fewer than two valid members
-    are dropped. Per-token
+    are dropped, and so are rows with no valid token for a trainer that never builds one (but
+    not from grouped inputs). Per-token
     advantages for a trainer taking one per sequence have no projection: that case is skipped."""
     import numpy as np
 
@@ -171,6 +172,17 @@ def into_domain(rule, case):
             changed.append("advantages per token")
         if tag == "per_sequence_scores" and np.ndim(arrays.get("scores")) == 2:
             return None, profiles_mod.DOMAINS[tag]
+        if tag == "nonempty_rows" and m is not None and np.ndim(m) == 2:
+            keep = np.asarray(m, dtype=bool).any(axis=1)
+            if not keep.all():
+                # the batch without those rows is one the trainer could build; not where rows
+                # form groups (dropping one changes its group) or where none is left
+                if not keep.any() or "group_size" in params or "group_ids" in arrays:
+                    return None, profiles_mod.DOMAINS[tag]
+                n = len(keep)
+                arrays = {k: (v[keep] if isinstance(v, np.ndarray) and v.shape[:1] == (n,)
+                              else v) for k, v in arrays.items()}
+                changed.append("empty rows dropped")
         if tag == "groups_of_two":
             ids, size = arrays.get("group_ids"), params.get("group_size")
             if ids is None:
@@ -225,7 +237,7 @@ def audit(fn, ref, *, backend="torch", profile=None, cases=200, seed=0, rtol=Non
         audit as INCONCLUSIVE; the call itself is abandoned, still running.
       domain: the inputs your function ever sees, overriding the profile's: a tuple of
         "right_padded", "per_sequence_advantages", "per_token_advantages", "groups_of_two",
-        "per_sequence_scores"
+        "per_sequence_scores", "nonempty_rows"
         (crosscheck.audit.profiles DOMAINS); cases outside it are moved into it or skipped, and
         the report says so.
       progress: a stream for a one-line progress display (the command line passes stderr on

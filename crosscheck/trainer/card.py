@@ -138,6 +138,9 @@ class Trainer:
     # the branches and conventions the rows run, and those they do not, in words
     runs: Tuple[str, ...] = ()
     does_not_run: Tuple[str, ...] = ()
+    # domain(source): DOMAINS tags (crosscheck.audit.profiles) that every row's inputs lie in
+    # for this release, with the reason in words: ((tag, ...), why), or None
+    domain: Optional[Callable] = None
 
     def version_of(self, root):
         return loading.version_of(root, os.path.join(self.package, self.version_file)) \
@@ -524,7 +527,9 @@ class NotInVersion(Exception):
 
 
 def run_row(row: Row, loaded: loading.Loaded, source: loading.Source, profile: str, cases: int,
-            seed: int, precision: str = "float32") -> RowResult:
+            seed: int, precision: str = "float32", domain=None) -> RowResult:
+    """One row's result. `domain`: ((DOMAINS tags, ...), why) that hold for every row of this
+    release (Trainer.domain), or None."""
     from ..audit import audit
     from ..audit.api import resolve_conventions
     from ..audit.model import AuditUsageError
@@ -593,10 +598,12 @@ def run_row(row: Row, loaded: loading.Loaded, source: loading.Source, profile: s
         result.reason = f"the reference refuses the row's conventions: {exc}"
         return result
     keywords_fit = dict(fit.get("audit", {}))
-    if fit.get("domain"):
+    tags = tuple(fit.get("domain", ())) + tuple(domain[0] if domain else ())
+    if tags:
         keywords_fit["domain"] = tuple(dict.fromkeys(
-            tuple(row.audit.get("domain", rule.domain if rule is not None else ())) +
-            tuple(fit["domain"])))
+            tuple(row.audit.get("domain", rule.domain if rule is not None else ())) + tags))
+    if domain:
+        result.adapted = "; ".join(c for c in (result.adapted, domain[1]) if c)
 
     def audit_row(variant=None):
         variant = dict(variant or {})
@@ -719,12 +726,13 @@ def _run_rows(trainer, source, rows, cases, seed, progress, shown=None):
     `shown`: the row numbers the progress display gives (1..len(rows) by default)."""
     shown = shown or list(range(1, len(rows) + 1))
     total = max(shown, default=0)
+    domain = trainer.domain(source) if trainer.domain is not None else None
     with loading.Loaded(source, trainer.modules) as loaded, loading.quiet_warnings():
         results = []
         for i, row in zip(shown, rows):
             _progress(progress, i, total, row.name)
             results.append(run_row(row, loaded, source, trainer.profile, cases, seed,
-                                   trainer.precision))
+                                   trainer.precision, domain))
         return results, loaded.describe(), dict(loaded.failed)
 
 

@@ -10,6 +10,7 @@ Facts read in verl 0.9.1 (`volcengine/verl`); each adapter only renames and resh
   returns = advantages + values (before whitening).
 """
 import inspect
+import os
 import sys
 
 import numpy as np
@@ -693,8 +694,20 @@ ROWS = ROWS + (
                                          ("IcePop mask", "mask", "0.5_2.0", 0.5))
 )
 
+def _domain(source):
+    """Before 0.6.0 verl has no rollout rejection (mismatch_helper.py, later
+    rollout_corr_helper.py, which can mask out a whole response): every response it builds
+    keeps at least its first token, so a batch never holds an empty row."""
+    ppo = os.path.join(source.root, "verl", "trainer", "ppo")
+    if any(os.path.isfile(os.path.join(ppo, f)) for f in ("mismatch_helper.py",
+                                                             "rollout_corr_helper.py")):
+        return None
+    return (("nonempty_rows",), "this release has no rollout rejection, so no response is "
+                                "ever empty: cases with an empty row have it dropped")
+
+
 TRAINER = Trainer(
-    name="verl", package="verl", dist="verl", profile="verl", pinned="0.9.1",
+    name="verl", package="verl", dist="verl", profile="verl", pinned="0.9.1", domain=_domain,
     modules=(CA, TF, RC), rows=ROWS, version_file="version/version",
     inventory=((CA, r"compute_.*|agg_loss|kl_penalty"), (TF, r"masked_whiten")),
     not_covered_why="no reference function yet",

@@ -111,6 +111,22 @@ def test_a_case_outside_the_domain_without_a_projection_is_skipped_and_counted()
     assert report.skipped == {why: N - report.n_cases} and report.n_cases > 0
 
 
+def seq_mean_counting_every_row(loss, mask):
+    """verl 0.5's seq-mean-token-mean: torch.mean over every row of its token means, an empty
+    row's 0/0 included."""
+    m = mask.to(loss.dtype)
+    return ((loss * m).sum(-1) / m.sum(-1)).mean()
+
+
+def test_a_trainer_that_never_builds_an_empty_row_is_not_judged_on_one():
+    kw = dict(profile="verl", mode="seq-mean-token-mean", accumulation="mean", cases=N)
+    plain = audit(seq_mean_counting_every_row, "aggregate", **kw)
+    assert not plain.ok and finding(plain, "finite") is not None   # 0/0 on an empty row
+    report = audit(seq_mean_counting_every_row, "aggregate", domain=("nonempty_rows",), **kw)
+    assert report.ok, str(report)
+    assert "empty rows dropped" in str(report)
+
+
 # ================================================================ TRL's aggregations
 def trl_loss(loss_type, max_completion_length=None):
     """TRL's PPO-clip per-token loss and its aggregation by loss_type."""
