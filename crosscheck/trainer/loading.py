@@ -436,15 +436,14 @@ class Loaded:
         return True
 
     def _forget(self):
-        """Drop what a failed normal import left of the trainer's package and of the modules
-        the by-file load stands in. Other third-party modules it imported stay: Python has
+        """Drop the trainer's package and what a failed normal import left of the modules the
+        by-file load stands in. Other third-party modules it imported stay: Python has
         already removed the one whose import raised, so those left are whole, and importing one
         a second time is not always possible (datasets registers its Arrow extension types
         once per process)."""
-        drop = {self.source.package} | set(ALWAYS_STAND_IN)
-        for k in [k for k in sys.modules if k.partition(".")[0] in drop]:
-            if k in self._saved and sys.modules[k] is self._saved[k]:
-                continue
+        new = set(sys.modules) - self._before
+        for k in [k for k in sys.modules if k.partition(".")[0] == self.source.package or
+                  k in new and k.partition(".")[0] in ALWAYS_STAND_IN]:
             del sys.modules[k]
 
     def __exit__(self, *exc):

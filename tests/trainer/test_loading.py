@@ -208,3 +208,23 @@ def test_a_failed_normal_import_keeps_the_whole_modules_it_imported(tmp_path, mo
             assert loaded.stood_in == {"not_installed_dep_xyz": "not installed"}
     finally:
         sys.modules.pop("oncelib_xyz", None)
+
+
+def test_a_checkout_is_loaded_even_when_the_installed_package_was_imported(tmp_path,
+                                                                             monkeypatch):
+    # a process that imported the installed trainer (a live audit, say) then audits a patched
+    # checkout of it: the card must run the checkout's code, not the imported one
+    installed, checkout = tmp_path / "site", tmp_path / "fork"
+    for root, value in ((installed, 1), (checkout, 2)):
+        _write(root, {"forkme_xyz/__init__.py": "", "forkme_xyz/algos.py": f"VALUE = {value}\n"})
+    monkeypatch.syspath_prepend(str(installed))
+    import importlib
+    assert importlib.import_module("forkme_xyz.algos").VALUE == 1
+    try:
+        source = loading.locate("forkme_xyz", "forkme_xyz", str(checkout))
+        with loading.Loaded(source, ["forkme_xyz.algos"]) as loaded:
+            assert loaded.module("forkme_xyz.algos").VALUE == 2
+        assert sys.modules["forkme_xyz.algos"].VALUE == 1          # restored afterwards
+    finally:
+        for k in [k for k in sys.modules if k.startswith("forkme_xyz")]:
+            del sys.modules[k]
