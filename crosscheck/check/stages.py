@@ -9,7 +9,6 @@ detach  where the definition holds a stop-gradient factor: torch autograd vs fin
         undetached value is reported beside it
 """
 import os
-import pickle
 from typing import Dict, List, Sequence
 
 import numpy as np
@@ -461,34 +460,15 @@ def run(entries: Dict[str, Entry], seed: int = 0, n_cases: int = 12,
 
 
 def _run_forked(entries, seed, n_cases, stages) -> List[StageResult]:
-    """Half of the entries (every other one) in a forked child, the rest here, at once. The
-    child sends its results through a pipe; if it fails, its half runs here."""
+    """Half of the entries (every other one) in a forked child, the rest here, at once
+    (crosscheck.fork); if the child fails, its half runs here."""
+    from ..fork import in_two_processes
+
     names = list(entries)
     theirs = {n: entries[n] for n in names[1::2]}
     mine = {n: entries[n] for n in names[0::2]}
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:                                       # the child: its half, then exit
-        os.close(read_end)
-        try:
-            import torch
-            torch.set_num_threads(1)                   # two processes share the cores
-            payload = pickle.dumps(("ok", run(theirs, seed, n_cases, stages)))
-        except BaseException as exc:                   # noqa: B902 — reported to the parent
-            payload = pickle.dumps(("error", repr(exc)))
-        with os.fdopen(write_end, "wb") as pipe:
-            pipe.write(payload)
-        os._exit(0)                                    # no atexit, no buffers flushed twice
-    os.close(write_end)
-    try:
-        here = run(mine, seed, n_cases, stages)
-        with os.fdopen(read_end, "rb") as pipe:
-            data = pipe.read()
-    finally:
-        os.waitpid(pid, 0)
-    status, there = pickle.loads(data) if data else ("error", "no output")
-    if status != "ok":
-        there = run(theirs, seed, n_cases, stages)
+    here, there = in_two_processes(lambda: run(mine, seed, n_cases, stages),
+                                   lambda: run(theirs, seed, n_cases, stages))
     by_name = {}
     for r in here + there:
         by_name.setdefault(r.name, []).append(r)

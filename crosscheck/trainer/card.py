@@ -31,7 +31,6 @@ import ast
 import functools
 import inspect
 import os
-import pickle
 import re
 import sys
 import textwrap
@@ -737,41 +736,24 @@ def _run_rows(trainer, source, rows, cases, seed, progress, shown=None):
 
 
 def _run_rows_forked(trainer, source, rows, cases, seed, progress):
-    """Every other row in a forked child, the rest here, at once; the child sends its results
-    (without their Row, which holds closures) through a pipe. If the child fails, its rows
-    run here."""
+    """Every other row in a forked child, the rest here, at once (crosscheck.fork); the child
+    sends its results back without their Row, which holds closures."""
+    from ..fork import in_two_processes
+
     mine, theirs = rows[0::2], rows[1::2]
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:                                       # the child: its rows, then exit
-        os.close(read_end)
-        try:
-            import torch
-            torch.set_num_threads(1)                   # two processes share the cores
-            done = _run_rows(trainer, source, theirs, cases, seed, None)[0]
-            for r in done:
-                r.row = None
-            payload = pickle.dumps(("ok", done))
-        except BaseException as exc:                   # noqa: B902 — reported to the parent
-            payload = pickle.dumps(("error", repr(exc)))
-        with os.fdopen(write_end, "wb") as pipe:
-            pipe.write(payload)
-        os._exit(0)                                    # no atexit, no buffers flushed twice
-    os.close(write_end)
-    try:
-        here, described, failed = _run_rows(trainer, source, mine, cases, seed, progress,
-                                            shown=list(range(1, len(rows) + 1, 2)))
-        with os.fdopen(read_end, "rb") as pipe:
-            data = pipe.read()
-    finally:
-        os.waitpid(pid, 0)
-    status, there = pickle.loads(data) if data else ("error", "no output")
-    if status != "ok":
-        there = _run_rows(trainer, source, theirs, cases, seed, None)[0]
-    for r, row in zip(there, theirs):
+
+    def there():
+        done = _run_rows(trainer, source, theirs, cases, seed, None)[0]
+        for r in done:
+            r.row = None
+        return done
+    (here, described, failed), there_ = in_two_processes(
+        lambda: _run_rows(trainer, source, mine, cases, seed, progress,
+                          shown=list(range(1, len(rows) + 1, 2))), there)
+    for r, row in zip(there_, theirs):
         r.row = row
     results = [None] * len(rows)
-    results[0::2], results[1::2] = here, there
+    results[0::2], results[1::2] = here, there_
     return results, described, failed
 
 

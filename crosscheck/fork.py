@@ -1,0 +1,34 @@
+"""Two halves of a job at once on two cores: one in this process, one in a forked child.
+
+Fork only from a process whose torch thread pool has not run (a fresh command line): a child
+forked after OpenMP threads started can deadlock.
+"""
+import os
+import pickle
+
+
+def in_two_processes(here, there):
+    """(here(), there()), with there() run in a forked child meanwhile and its result (which
+    must pickle) sent back through a pipe. If the child fails, there() runs here afterwards."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:                                       # the child: its half, then exit
+        os.close(read_end)
+        try:
+            import torch
+            torch.set_num_threads(1)                   # two processes share the cores
+            payload = pickle.dumps(("ok", there()))
+        except BaseException as exc:                   # noqa: B902 — reported to the parent
+            payload = pickle.dumps(("error", repr(exc)))
+        with os.fdopen(write_end, "wb") as pipe:
+            pipe.write(payload)
+        os._exit(0)                                    # no atexit, no buffers flushed twice
+    os.close(write_end)
+    try:
+        mine = here()
+        with os.fdopen(read_end, "rb") as pipe:
+            data = pipe.read()
+    finally:
+        os.waitpid(pid, 0)
+    status, theirs = pickle.loads(data) if data else ("error", "no output")
+    return mine, theirs if status == "ok" else there()
