@@ -419,8 +419,10 @@ class Loaded:
             try:
                 with quiet_warnings():    # e.g. "vLLM version 0+stand.in is not supported"
                     self._loaded[m] = importlib.import_module(m)
-            except Exception as exc:                       # a module the card cannot use
-                self.failed[m] = f"{type(exc).__name__}: {exc}"
+            except (Exception, SystemExit) as exc:         # a module the card cannot use
+                # (an import-time sys.exit included: it fails that module's rows, not the card)
+                self.failed[m] = f"{type(exc).__name__}: {exc}" if not isinstance(
+                    exc, SystemExit) else f"SystemExit({exc.code!r}) at import"
         self.stood_in = dict(self._finder.stood_in)
         self.how = "loaded by file (package __init__ files not run)"
         return self
@@ -430,7 +432,7 @@ class Loaded:
             with quiet_warnings():
                 for m in self.modules:
                     self._loaded[m] = importlib.import_module(m)
-        except Exception:
+        except (Exception, SystemExit):
             self._loaded.clear()
             return False
         return True

@@ -228,3 +228,13 @@ def test_a_checkout_is_loaded_even_when_the_installed_package_was_imported(tmp_p
     finally:
         for k in [k for k in sys.modules if k.startswith("forkme_xyz")]:
             del sys.modules[k]
+
+
+def test_a_module_that_exits_at_import_fails_its_rows_not_the_card(tmp_path):
+    _write(tmp_path, {"exiting_xyz/__init__.py": "",
+                      "exiting_xyz/a.py": "import sys\nsys.exit(3)\n",
+                      "exiting_xyz/b.py": "X = 1\n"})
+    source = loading.locate("exiting_xyz", "exiting_xyz", str(tmp_path))
+    with loading.Loaded(source, ["exiting_xyz.a", "exiting_xyz.b"]) as loaded:
+        assert loaded.failed == {"exiting_xyz.a": "SystemExit(3) at import"}
+        assert loaded.module("exiting_xyz.b").X == 1
