@@ -55,9 +55,10 @@ def _grouped(estimator):
         def adapter(rewards, group_size):
             B = rewards.shape[0]
             if flat:
-                args = StandInSelf(n_samples_per_prompt=int(group_size), advantage_estimator=estimator,
-                                   gamma=1.0, lambd=1.0, no_advantage_std_norm=False,
-                                   reward_clip_range=None, overlong_buffer_len=None)
+                args = StandInSelf(n_samples_per_prompt=int(group_size),
+                                   advantage_estimator=estimator, gamma=1.0, lambd=1.0,
+                                   no_advantage_std_norm=False, reward_clip_range=None,
+                                   overlong_buffer_len=None)
             else:
                 args = _ns(rollout=_ns(n_samples_per_prompt=int(group_size)),
                            algo=_ns(advantage=_ns(estimator=estimator, gamma=1.0, lambd=1.0,
@@ -146,7 +147,7 @@ def _fits_policy(kind, output=0, keywords=()):
       tokens (masked_mean) and DeepSpeed averages the micro-batches' gradients (its backward
       divides the loss by the accumulation steps), so the row is judged under mean
       accumulation;
-    - before 0.11 the ppo log-ratio is not clamped to ±20: judged unclamped."""
+    - before 0.10.3 the ppo log-ratio is not clamped to ±20: judged unclamped."""
     def fits(forward):
         cls = owner_class(forward)
         if kind != "ppo" and not _init_takes(cls, "policy_loss_type"):
@@ -257,12 +258,13 @@ def _is_weights(level, mode):
 # constructor keywords, the conventions that differ from the row's and the choice in words.
 # - 0.11.2 on: is_correction_level / _mode / _threshold;
 # - 0.9.3-0.11.1: vllm_is_correction_type 'icepop' (token mask), 'tis' (token clamp) or
-#   'seq-mask-tis' ('mis' in 0.9.3: the sequence's geometric-mean ratio gates, survivors keep their token
-#   ratio), [low, high] as vllm_is_truncated_threshold;
+#   'seq-mask-tis' ('mis' in 0.9.3: the sequence's geometric-mean ratio gates, survivors keep
+#   their token ratio), [low, high] as vllm_is_truncated_threshold;
 # - 0.9.2: use_icepop (token mask) or not (token clamp), [low, high];
 # - 0.8.9-0.9.1: vllm_is_truncated_threshold, an upper bound of the token truncation only
 #   (0.8.9 turns it on by the threshold, 0.8.10 by enable_vllm_is_correction).
-_OLD_IS_TYPE = {("token", "mask"): "icepop", ("token", "clip"): "tis", ("seq", "mask"): "seq-mask-tis"}
+_OLD_IS_TYPE = {("token", "mask"): "icepop", ("token", "clip"): "tis",
+                ("seq", "mask"): "seq-mask-tis"}
 
 
 def _is_form(forward, level, mode):

@@ -203,7 +203,8 @@ def _vllm_is(mode):
 # importance_sampling_ratio = clamp(exp(old − sampling), max=vllm_importance_sampling_cap)
 _OLDER_IS = ((("importance_sampling_ratio", "importance_sampling_ratio",
                ("importance_sampling_ratio",)),
-              "this release's form (before 0.26): importance_sampling_ratio = exp(old − sampling) "
+              "this release's form (before 0.26): importance_sampling_ratio = "
+              "exp(old − sampling) "
               f"clamped at vllm_importance_sampling_cap = {CLIP_MAX:g}, token truncation being "
               "its only mode"),)
 

@@ -170,7 +170,8 @@ TRL_BEFORE_026 = '''
         def _generate_and_score_completions(self, inputs):
             old_per_token_logps = inputs["old"]
             if self.use_vllm and self.vllm_importance_sampling_correction:
-                importance_sampling_ratio = torch.exp(old_per_token_logps - sampling_per_token_logps)
+                importance_sampling_ratio = torch.exp(
+                    old_per_token_logps - sampling_per_token_logps)
                 importance_sampling_ratio = torch.clamp(
                     importance_sampling_ratio, max=self.vllm_importance_sampling_cap
                 )
@@ -197,7 +198,7 @@ def test_trl_before_0_26_runs_its_one_mode_block_for_token_truncation(tmp_path):
         blocks.compile_block(path, truncate.qualname, *truncate.block)
     (first, last, outputs), note = truncate.older_blocks[0]
     fn, lo, hi = blocks.compile_block(path, truncate.qualname, first, last, outputs)
-    assert (lo, hi) == (6, 9) and "before 0.26" in note
+    assert (lo, hi) == (6, 10) and "before 0.26" in note
     logp = torch.tensor([[-1.0, -2.0]], dtype=torch.float64)
     rollout = torch.tensor([[-3.0, -1.5]], dtype=torch.float64)
     got = truncate.adapt(fn)(logp, rollout, torch.ones((1, 2), dtype=torch.bool))
