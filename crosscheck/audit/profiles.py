@@ -78,6 +78,7 @@ _READDS_MEAN = (("shift_mean", False, {"restore_mean": True}),)
 
 
 V = "verl/trainer/ppo/core_algos.py::"
+S = "skyrl/backends/skyrl_train/utils/ppo_utils.py::"
 PROFILES: Dict[str, Profile] = {p.name: p for p in (
     Profile(
         "verl", "unbiased group std + 1e-6 (a group of one keeps its reward), dual clip c = 3 "
@@ -302,6 +303,44 @@ PROFILES: Dict[str, Profile] = {p.name: p for p in (
                              "normalised by the global batch_num_tokens"),
         kl_use=("reward", "openrlhf/trainer/ppo_utils/experience_maker.py: −kl_coef·kl in the "
                           "token rewards (kl.use_loss off by default)"),
+    ),
+    Profile(
+        "skyrl", "unbiased group std + 1e-6 (a group of one keeps its reward), ε = 0.2 with "
+        "the log-ratio clamped to ±20, advantages pre-scaled for token_mean and the losses "
+        "summed, k3 KL clamped (20, 10) in the loss",
+        "skyrl 0.4.0", {
+            "discounted_returns": _rule(S + "compute_reinforce_plus_plus_outcome_advantage; "
+                                        "AlgorithmConfig.gamma", gamma=1.0),
+            "whiten": _rule(S + "masked_whiten", ddof=1, eps=1e-8, eps_mode="var",
+                            shift_mean=True),
+            "group_advantages": _rule(S + "compute_grpo_outcome_advantage", ddof=1, eps=1e-6,
+                                      scale="group", baseline="mean", singleton="keep"),
+            "ppo_clip_loss": _rule(S + "ppo_policy_loss; AlgorithmConfig.eps_clip_low / "
+                                   "_high", clip_low=0.2, clip_high=0.2, log_ratio_clamp=20.0),
+            "cispo_loss": _rule(S + "compute_policy_loss_cispo; CISPOConfig", bound="relative",
+                                clip_low=1.0, clip_high=4.0, log_ratio_clamp=20.0),
+            "value_loss": _rule(S + "ppo_critic_loss; AlgorithmConfig.value_clip", clip=0.2),
+            "kl_penalty": _rule(S + "compute_approx_kl; AlgorithmConfig.kl_estimator_type",
+                                kind="k3", clamp=(20.0, 10.0)),
+            "aggregate": _rule(S + "apply_loss_reduction_to_advantages_minibatch and "
+                               "reduce_loss; AlgorithmConfig.loss_reduction", mode="token-mean",
+                               empty_rows="include"),
+        },
+        objective={
+            "ppo": _rule(S + "ppo_policy_loss (policy_loss_type 'regular'), token_mean",
+                         loss="ppo", agg="token-mean", kl_kind="k3", kl_clamp=(20.0, 10.0),
+                         clip_low=0.2, clip_high=0.2, log_ratio_clamp=20.0),
+            "cispo": _rule(S + "compute_policy_loss_cispo, token_mean", loss="cispo",
+                           agg="token-mean", kl_kind="k3", kl_clamp=(20.0, 10.0),
+                           bound="relative", clip_low=1.0, clip_high=4.0,
+                           log_ratio_clamp=20.0),
+        },
+        default_loss="ppo",
+        accumulation=("sum", S + "apply_loss_reduction_to_advantages_minibatch: the trainer "
+                             "scales the advantages by the whole mini-batch's counts and the "
+                             "worker sums the micro-batches' loss sums"),
+        kl_use=("loss", "AlgorithmConfig.use_kl_loss (True), kl_loss_coef 0.001; the worker "
+                        "adds the per-sequence mean of k3, averaged over the batch"),
     ),
     Profile(
         "minimind", "biased group std + 1e-4, CISPO (absolute cap 5.0) with β = 0.1 k3, "

@@ -18,6 +18,7 @@ TORCH_F = "verl/utils/torch_functional.py"
 EM = "openrlhf/trainer/ppo_utils/experience_maker.py"
 LOSS = "openrlhf/models/loss.py"
 UTILS = "openrlhf/models/utils.py"
+SKY = "skyrl/backends/skyrl_train/utils/ppo_utils.py"
 
 # (trainer, file, text, replacement, which occurrence, the row that must catch it)
 PATCHES = [
@@ -116,6 +117,20 @@ PATCHES = [
      "compute_approx_kl [k2]"),
     ("openrlhf", UTILS, "value = (-k3_log_ratio).exp() - 1 + k3_log_ratio",
      "value = (k3_log_ratio).exp() - 1 + k3_log_ratio", 0, "compute_approx_kl [k3]"),
+    # SkyRL 0.4.0
+    ("skyrl", SKY, "ratio.clamp(1 - config.eps_clip_low, 1 + config.eps_clip_high)",
+     "ratio.clamp(1 - config.eps_clip_high, 1 + config.eps_clip_low)", 0,
+     "ppo_policy_loss [regular, 0.2/0.28]"),
+    ("skyrl", SKY, "pg_losses3 = -advantages * config.clip_ratio_c",
+     "pg_losses3 = advantages * config.clip_ratio_c", 0, "ppo_policy_loss [dual_clip]"),
+    ("skyrl", SKY, "normalized_advantages = advantages / loss_mask.sum().clamp(min=1)",
+     "normalized_advantages = advantages / loss_mask.sum(dim=-1, keepdim=True).clamp(min=1)",
+     0, "ppo_policy_loss [regular]"),
+    ("skyrl", SKY, "(id2std[index[i]] + epsilon)", "(id2std[index[i]] ** 2 + epsilon)", 0,
+     "compute_grpo_outcome_advantage [GRPO]"),
+    ("skyrl", SKY, "torch.rsqrt(var + 1e-8)", "torch.rsqrt(var) + 1e-8", 0, "masked_whiten"),
+    ("skyrl", SKY, "kld = 0.5 * (log_probs - log_probs_base).square()",
+     "kld = (log_probs - log_probs_base).square()", 0, "compute_approx_kl [k2]"),
 ]
 NAMES = sorted({t for t, *_ in PATCHES})
 
@@ -150,7 +165,7 @@ def _patched(text, old, new, nth):
 
 
 def test_there_are_at_least_thirty_planted_bugs_across_the_pinned_trainers():
-    assert len(PATCHES) >= 30 and set(NAMES) == {"verl", "trl", "openrlhf"}
+    assert len(PATCHES) >= 30 and set(NAMES) == {"verl", "trl", "openrlhf", "skyrl"}
 
 
 @pytest.mark.parametrize("name", NAMES)

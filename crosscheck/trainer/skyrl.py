@@ -1,0 +1,207 @@
+"""SkyRL's report card: skyrl/backends/skyrl_train/utils/ppo_utils.py.
+
+Facts read in SkyRL 0.4.0 (the package index's `skyrl`, Requires-Python ≥ 3.12; its math runs
+on 3.11, so CI installs it with `--no-deps --ignore-requires-python`):
+- a verl-style registry: `@register_policy_loss` / `@register_advantage_estimator` replace each
+  function by a `functools.wraps` wrapper (the card calls the wrapper, as the registry does);
+  the module imports ray at the top, which the loader stands in;
+- the losses return a masked **sum** (`reduce_loss`): the trainer has already divided the
+  advantages by the mini-batch's counts (`apply_loss_reduction_to_advantages_minibatch`,
+  called from `RayPPOTrainer._normalize_advantages` on the whole mini-batch before it is
+  split), so summing the micro-batches' losses gives the `loss_reduction` it names; the
+  worker sums micro-batch gradients (no division by their number);
+- the losses are linear in the advantages they are given (PPO's min and dual clip, CISPO's
+  detached weight), so the scaled sum equals the aggregation of the unscaled loss.
+"""
+import torch
+
+from .card import Row, Trainer, per_sequence, per_token
+from .verl import _outcome, _OUTCOME
+
+PPO = "skyrl.backends.skyrl_train.utils.ppo_utils"
+CONFIG = "skyrl.train.config.config"
+
+
+def _config(fn, **fields):
+    """The AlgorithmConfig the function's module uses, with its defaults and `fields` set
+    (nested sections as dicts of their own fields)."""
+    import inspect
+    cls = inspect.unwrap(fn).__globals__["AlgorithmConfig"]
+    cfg = cls()
+    for k, v in fields.items():
+        if isinstance(v, dict):
+            for kk, vv in v.items():
+                setattr(getattr(cfg, k), kk, vv)
+        else:
+            setattr(cfg, k, v)
+    return cfg
+
+
+def _scaled(reduce_fn, advantages, mask, reduction, n_tokens_global, max_seq_len=None):
+    """The advantages as the trainer hands them to the loss: scaled by SkyRL's own
+    apply_loss_reduction_to_advantages_minibatch over the batch given and, for one
+    micro-batch of a larger batch under token_mean, brought to that batch's token count (the
+    trainer scales the whole mini-batch before splitting it)."""
+    m = mask.to(advantages.dtype)
+    B, T = mask.shape
+    scaled = reduce_fn(advantages, m, reduction, B, max_seq_len or T)
+    if reduction == "token_mean" and n_tokens_global is not None:
+        # SkyRL's A / (this batch's tokens), brought to A / (the whole batch's tokens)
+        scaled = scaled * (max(float(m.sum()), 1.0) / max(float(n_tokens_global), 1.0))
+    return scaled
+
+
+def _policy(reduction="token_mean", **fields):
+    def make(fn):
+        reduce_fn = fn.__globals__["apply_loss_reduction_to_advantages_minibatch"]
+
+        def adapter(logp, old_logp, advantages, mask, n_tokens_global=None):
+            a = _scaled(reduce_fn, per_sequence(advantages, logp), mask, reduction,
+                        n_tokens_global)
+            loss, _ = fn(logp, old_logp, a, _config(fn, **fields),
+                         loss_mask=mask.to(logp.dtype))
+            return loss
+        return adapter
+    return make
+
+
+def _aggregate(reduction, max_seq_len=None):
+    """reduce_loss of a per-token loss whose tokens carry SkyRL's scale factors: the factor of
+    each token is apply_loss_reduction_to_advantages_minibatch applied to ones, which the
+    linear losses carry through their advantages. token_mean takes the batch's token count
+    for a micro-batch; the per-sequence modes divide by the mini-batch's number of rows, empty
+    ones included, which no global count the audit passes gives, so those rows are judged on
+    the whole batch (accumulation 'none': the trainer scales before it splits)."""
+    def make(fn):
+        reduce_fn = fn.__globals__["apply_loss_reduction_to_advantages_minibatch"]
+
+        def adapter(loss, mask, n_tokens_global=None):
+            factor = _scaled(reduce_fn, torch.ones_like(loss), mask, reduction,
+                             n_tokens_global, max_seq_len)
+            return fn(loss * factor, mask.to(loss.dtype))
+
+        def whole(loss, mask):
+            return adapter(loss, mask)
+        return adapter if reduction == "token_mean" else whole
+    return make
+
+
+def _kl(kind):
+    def make(fn):
+        def adapter(logp, ref_logp, mask):
+            return fn(logp, ref_logp, loss_mask=mask.to(logp.dtype), kl_estimator_type=kind)
+        return adapter
+    return make
+
+
+def _whiten(fn):
+    def adapter(x, mask):
+        return fn(x, mask.to(x.dtype))
+    return adapter
+
+
+def _returns(fn):
+    def adapter(rewards, mask):
+        _, returns = fn(token_level_rewards=rewards, response_mask=mask.to(rewards.dtype),
+                        gamma=1.0)
+        return returns
+    return adapter
+
+
+def _value(fn):
+    def adapter(values, old_values, returns, mask):
+        cfg = _config(fn, value_clip=0.2)
+        one = values.new_ones((1, 1))
+        return per_token(lambda v, o, r: fn(v, o, r, cfg, loss_mask=one)[0], mask, values,
+                         old_values, returns)
+    return adapter
+
+
+_LOSS = ("SkyRL's AlgorithmConfig with its defaults (eps_clip 0.2/0.2, clip_ratio_c 3.0)",
+         "advantages one per sequence broadcast over the response, scaled by "
+         "apply_loss_reduction_to_advantages_minibatch as the trainer does before the loss (a "
+         "micro-batch: by the whole batch's counts, which the trainer's mini-batch holds)",
+         "the loss: reduce_loss's masked sum of the scaled per-token loss")
+_LOSS_PARAMS = ("log_probs", "old_log_probs", "advantages", "config", "loss_mask")
+_AGG = ("the per-token loss times the factors apply_loss_reduction_to_advantages_minibatch "
+        "gives unit advantages (the losses are linear in their advantages), summed by "
+        "reduce_loss",)
+MAX_SEQ_LEN = 8
+
+ROWS = (
+    Row(f"{PPO}:compute_grpo_outcome_advantage", "group_advantages",
+        lambda fn: _outcome(fn, epsilon=1e-6), label="GRPO", choices=_OUTCOME,
+        params=("token_level_rewards", "response_mask", "index", "epsilon")),
+    Row(f"{PPO}:compute_grpo_outcome_advantage", "group_advantages",
+        lambda fn: _outcome(fn, epsilon=1e-6, grpo_norm_by_std=False), label="Dr. GRPO",
+        choices=_OUTCOME + ("grpo_norm_by_std=False",), conventions=dict(scale="none"),
+        params=("token_level_rewards", "response_mask", "index", "grpo_norm_by_std")),
+    Row(f"{PPO}:compute_rloo_outcome_advantage", "group_advantages", _outcome,
+        choices=_OUTCOME, conventions=dict(baseline="leave_one_out", scale="none",
+                                           singleton="zero"),
+        params=("token_level_rewards", "response_mask", "index")),
+    Row(f"{PPO}:compute_reinforce_plus_plus_outcome_advantage", "discounted_returns", _returns,
+        choices=("the returns output (its advantages are these returns whitened by "
+                 "masked_whiten, whose row is below)", "gamma = 1.0 (AlgorithmConfig's)"),
+        params=("token_level_rewards", "response_mask", "gamma")),
+    Row(f"{PPO}:masked_whiten", "whiten", _whiten, choices=("mask as a float tensor",),
+        params=("values", "mask")),
+    Row(f"{PPO}:ppo_critic_loss", "value_loss", _value, audit=dict(padding_checks=False),
+        choices=("value_clip = 0.2 (AlgorithmConfig's)", "evaluated one valid token at a time "
+                 "(a [1, 1] batch, where its per-sequence mean is the identity), the losses "
+                 "assembled into [B, T]"),
+        params=("values", "old_values", "returns", "config", "loss_mask")),
+    Row(f"{PPO}:ppo_policy_loss", "policy_objective", _policy(), label="regular",
+        choices=_LOSS + ("policy_loss_type 'regular'",),
+        conventions=dict(loss="ppo", beta=0.0), params=_LOSS_PARAMS),
+    Row(f"{PPO}:ppo_policy_loss", "policy_objective", _policy(eps_clip_high=0.28),
+        label="regular, 0.2/0.28",
+        choices=_LOSS + ("eps_clip_low 0.2, eps_clip_high 0.28: the bounds apart, so a swap "
+                         "shows",),
+        conventions=dict(loss="ppo", beta=0.0, clip_low=0.2, clip_high=0.28),
+        params=_LOSS_PARAMS),
+    Row(f"{PPO}:ppo_policy_loss", "policy_objective", _policy(policy_loss_type="dual_clip"),
+        label="dual_clip", choices=_LOSS + ("policy_loss_type 'dual_clip', clip_ratio_c 3.0",),
+        conventions=dict(loss="ppo", beta=0.0, clip_c=3.0), params=_LOSS_PARAMS),
+    Row(f"{PPO}:compute_policy_loss_cispo", "policy_objective", _policy(),
+        label="cispo", choices=_LOSS + ("cispo_eps_clip_low 1.0, cispo_eps_clip_high 4.0, "
+                                        "cispo_anchor 'old' (CISPOConfig's defaults)",),
+        conventions=dict(loss="cispo", beta=0.0), params=_LOSS_PARAMS),
+) + tuple(
+    Row(f"{PPO}:reduce_loss", "aggregate", _aggregate(reduction, MAX_SEQ_LEN), label=reduction,
+        choices=_AGG + ((f"max_seq_len = {MAX_SEQ_LEN}",) if norm else ()) + (
+            () if reduction == "token_mean" else
+            ("judged on whole batches: the trainer divides by the mini-batch's rows, empty "
+             "ones included, before it splits it",)),
+        conventions=dict(mode=mode, **(dict(norm=float(MAX_SEQ_LEN)) if norm else {})),
+        audit={} if reduction == "token_mean" else dict(accumulation="none"),
+        params=("loss", "loss_mask"))
+    for reduction, mode, norm in (("token_mean", "token-mean", False),
+                                  ("sequence_mean", "seq-mean-token-mean", False),
+                                  ("seq_mean_token_sum_norm", "seq-mean-token-sum", True))
+) + tuple(
+    Row(f"{PPO}:compute_approx_kl", "kl_penalty", _kl(kind), label=kind,
+        choices=("loss_mask passed: the estimate is 0 at padding",),
+        conventions=dict(kind=kind, clamp=(20.0, 10.0) if kind == "k3" else None),
+        params=("log_probs", "log_probs_base", "loss_mask", "kl_estimator_type"))
+    for kind in ("k1", "abs", "k2", "k3")
+)
+
+TRAINER = Trainer(
+    name="skyrl", package="skyrl", dist="skyrl", profile="skyrl", pinned="0.4.0",
+    modules=(PPO,), rows=ROWS,
+    inventory=((PPO, r"compute_.*|masked_whiten|ppo_critic_loss|ppo_policy_loss|"
+                     r"sapo_policy_loss|gspo_policy_loss|rollout_is_policy_loss|"
+                     r"dppo_policy_loss|importance_sampling_loss|cross_entropy_loss|reduce_loss"),),
+    not_run=(("compute_policy_loss_clip_cov",
+              "draws the tokens it un-clips with torch.randperm: not a deterministic function "
+              "of its inputs"),),
+    runs=("GRPO (std-normalised and Dr. GRPO), RLOO, the REINFORCE++ returns, masked_whiten",
+          "the PPO loss regular (0.2/0.2 and 0.2/0.28) and dual clip, CISPO, each through "
+          "SkyRL's token_mean advantage scaling and reduce_loss", "reduce_loss under "
+          "token_mean, sequence_mean and seq_mean_token_sum_norm scaling",
+          "compute_approx_kl k1, abs, k2, k3", "the critic loss per token"),
+    does_not_run=("GAE (its recursion reads no mask)", "SAPO, GSPO, DPPO, KL-Cov, rollout_is "
+                  "and importance_sampling losses", "token_mean_legacy and prompt_mean "
+                  "scaling", "off-policy correction", "dp_size > 1"),
+)
