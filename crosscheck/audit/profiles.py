@@ -308,7 +308,7 @@ PROFILES: Dict[str, Profile] = {p.name: p for p in (
         "skyrl", "unbiased group std + 1e-6 (a group of one keeps its reward), ε = 0.2 with "
         "the log-ratio clamped to ±20, advantages pre-scaled for token_mean and the losses "
         "summed, k3 KL clamped (20, 10) in the loss",
-        "skyrl 0.4.0", {
+        "NovaSky-AI/SkyRL 0.4.0", {
             "discounted_returns": _rule(S + "compute_reinforce_plus_plus_outcome_advantage; "
                                         "AlgorithmConfig.gamma", gamma=1.0),
             "whiten": _rule(S + "masked_whiten", ddof=1, eps=1e-8, eps_mode="var",
