@@ -371,7 +371,8 @@ def card_table(repeats):
     """Wall time of each installed trainer's card (a fresh interpreter, `--json`), in shuffled
     rounds beside the import control pair; the target is ≤ 10 s a card."""
     import importlib.util
-    names = [n for n in ("verl", "trl", "openrlhf") if importlib.util.find_spec(n) is not None]
+    names = [n for n in ("verl", "trl", "openrlhf", "skyrl")
+             if importlib.util.find_spec(n) is not None]
     cmds = [(f"python -m crosscheck trainer {n} --json", ["-m", "crosscheck", "trainer", n,
                                                            "--json"]) for n in names]
     cmds += [("python -c 'import torch, scipy.differentiate'", IMPORT_BASELINE),
