@@ -330,6 +330,15 @@ PROFILES: Dict[str, Profile] = {p.name: p for p in (
             "ppo": _rule(S + "ppo_policy_loss (policy_loss_type 'regular'), token_mean",
                          loss="ppo", agg="token-mean", kl_kind="k3", kl_clamp=(20.0, 10.0),
                          clip_low=0.2, clip_high=0.2, log_ratio_clamp=20.0),
+            "gspo": _rule(S + "gspo_policy_loss (which warns unless loss_reduction is "
+                          "sequence_mean)", loss="gspo", agg="seq-mean-token-mean",
+                          empty_rows="include", kl_kind="k3", kl_clamp=(20.0, 10.0),
+                          form="token", clip_low=0.2, clip_high=0.2, log_ratio_max=10.0),
+            "sapo": _rule(S + "sapo_policy_loss (which warns unless loss_reduction is "
+                          "sequence_mean); SAPOConfig: tau_pos, tau_neg", loss="sapo",
+                          agg="seq-mean-token-mean", empty_rows="include", kl_kind="k3",
+                          kl_clamp=(20.0, 10.0), tau_pos=1.0, tau_neg=1.05,
+                          log_ratio_clamp=20.0),
             "cispo": _rule(S + "compute_policy_loss_cispo, token_mean", loss="cispo",
                            agg="token-mean", kl_kind="k3", kl_clamp=(20.0, 10.0),
                            bound="relative", clip_low=1.0, clip_high=4.0,

@@ -58,10 +58,13 @@ def _policy(reduction="token_mean", **fields):
         def adapter(logp, old_logp, advantages, mask, n_tokens_global=None):
             a = _scaled(reduce_fn, per_sequence(advantages, logp), mask, reduction,
                         n_tokens_global)
-            loss, _ = fn(logp, old_logp, a, _config(fn, **fields),
+            loss, _ = fn(logp, old_logp, a, _config(fn, loss_reduction=reduction, **fields),
                          loss_mask=mask.to(logp.dtype))
             return loss
-        return adapter
+
+        def whole(logp, old_logp, advantages, mask):     # sequence_mean: see _aggregate
+            return adapter(logp, old_logp, advantages, mask)
+        return adapter if reduction == "token_mean" else whole
     return make
 
 
@@ -123,6 +126,11 @@ _LOSS = ("SkyRL's AlgorithmConfig with its defaults (eps_clip 0.2/0.2, clip_rati
          "micro-batch: by the whole batch's counts, which the trainer's mini-batch holds)",
          "the loss: reduce_loss's masked sum of the scaled per-token loss")
 _LOSS_PARAMS = ("log_probs", "old_log_probs", "advantages", "config", "loss_mask")
+_LOSS_SEQ = (_LOSS[0], "loss_reduction 'sequence_mean', which SkyRL recommends for this loss "
+             "(it warns otherwise): advantages scaled by "
+             "apply_loss_reduction_to_advantages_minibatch, A / (B · the row's tokens), judged on "
+             "whole batches (the trainer divides by the mini-batch's rows, empty ones included, "
+             "before it splits it)", _LOSS[2])
 _AGG = ("the per-token loss times the factors apply_loss_reduction_to_advantages_minibatch "
         "gives unit advantages (the losses are linear in their advantages), summed by "
         "reduce_loss",)
@@ -163,6 +171,16 @@ ROWS = (
     Row(f"{PPO}:ppo_policy_loss", "policy_objective", _policy(policy_loss_type="dual_clip"),
         label="dual_clip", choices=_LOSS + ("policy_loss_type 'dual_clip', clip_ratio_c 3.0",),
         conventions=dict(loss="ppo", beta=0.0, clip_c=3.0), params=_LOSS_PARAMS),
+    Row(f"{PPO}:gspo_policy_loss", "policy_objective", _policy("sequence_mean"),
+        label="gspo, sequence_mean",
+        choices=_LOSS_SEQ + ("GSPO's own log-weight cap at 10 (clamp(max=10))",),
+        conventions=dict(loss="gspo"), audit=dict(accumulation="none"),
+        params=_LOSS_PARAMS),
+    Row(f"{PPO}:sapo_policy_loss", "policy_objective", _policy("sequence_mean"),
+        label="sapo, sequence_mean",
+        choices=_LOSS_SEQ + ("tau_pos 1.0, tau_neg 1.05 (SAPOConfig's defaults)",),
+        conventions=dict(loss="sapo"), audit=dict(accumulation="none"),
+        params=_LOSS_PARAMS),
     Row(f"{PPO}:compute_policy_loss_cispo", "policy_objective", _policy(),
         label="cispo", choices=_LOSS + ("cispo_eps_clip_low 1.0, cispo_eps_clip_high 4.0, "
                                         "cispo_anchor 'old' (CISPOConfig's defaults)",),
@@ -198,10 +216,11 @@ TRAINER = Trainer(
               "of its inputs"),),
     runs=("GRPO (std-normalised and Dr. GRPO), RLOO, the REINFORCE++ returns, masked_whiten",
           "the PPO loss regular (0.2/0.2 and 0.2/0.28) and dual clip, CISPO, each through "
-          "SkyRL's token_mean advantage scaling and reduce_loss", "reduce_loss under "
+          "SkyRL's token_mean advantage scaling and reduce_loss; GSPO and SAPO under "
+          "sequence_mean", "reduce_loss under "
           "token_mean, sequence_mean and seq_mean_token_sum_norm scaling",
           "compute_approx_kl k1, abs, k2, k3", "the critic loss per token"),
-    does_not_run=("GAE (its recursion reads no mask)", "SAPO, GSPO, DPPO, KL-Cov, rollout_is "
-                  "and importance_sampling losses", "token_mean_legacy and prompt_mean "
+    does_not_run=("GAE (its recursion reads no mask)", "DPPO, KL-Cov, rollout_is and "
+                  "importance_sampling losses", "SAPO and GSPO under token_mean", "token_mean_legacy and prompt_mean "
                   "scaling", "off-policy correction", "dp_size > 1"),
 )

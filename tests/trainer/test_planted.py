@@ -129,6 +129,13 @@ PATCHES = [
     ("skyrl", SKY, "(id2std[index[i]] + epsilon)", "(id2std[index[i]] ** 2 + epsilon)", 0,
      "compute_grpo_outcome_advantage [GRPO]"),
     ("skyrl", SKY, "torch.rsqrt(var + 1e-8)", "torch.rsqrt(var) + 1e-8", 0, "masked_whiten"),
+    ("skyrl", SKY, "return torch.sigmoid(tau * (x - 1.0)) * (4.0 / tau)",
+     "return torch.sigmoid(tau * (x - 1.0)) * (2.0 / tau)", 0,
+     "sapo_policy_loss [sapo, sequence_mean]"),
+    ("skyrl", SKY, "input=tau_pos,", "input=tau_neg,", 0,
+     "sapo_policy_loss [sapo, sequence_mean]"),
+    ("skyrl", SKY, "masked_mean(log_ratio, loss_mask, dim=-1).unsqueeze(-1)",
+     "masked_mean(log_ratio, loss_mask, dim=None)", 0, "gspo_policy_loss [gspo, sequence_mean]"),
     ("skyrl", SKY, "kld = 0.5 * (log_probs - log_probs_base).square()",
      "kld = (log_probs - log_probs_base).square()", 0, "compute_approx_kl [k2]"),
 ]
