@@ -16,7 +16,7 @@ on 3.11, so CI installs it with `--no-deps --ignore-requires-python`):
 import torch
 
 from .card import Row, Trainer, per_sequence, per_token
-from .verl import _outcome, _OUTCOME
+from .verl import _OUTCOME, _outcome, _whiten
 
 PPO = "skyrl.backends.skyrl_train.utils.ppo_utils"
 CONFIG = "skyrl.train.config.config"
@@ -95,12 +95,6 @@ def _kl(kind):
             return fn(logp, ref_logp, loss_mask=mask.to(logp.dtype), kl_estimator_type=kind)
         return adapter
     return make
-
-
-def _whiten(fn):
-    def adapter(x, mask):
-        return fn(x, mask.to(x.dtype))
-    return adapter
 
 
 def _returns(fn):
