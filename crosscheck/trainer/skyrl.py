@@ -15,7 +15,7 @@ on 3.11, so CI installs it with `--no-deps --ignore-requires-python`):
 """
 import torch
 
-from .card import Row, Trainer, per_sequence, per_token
+from .card import Known, Row, Trainer, per_sequence, per_token
 from .verl import _OUTCOME, _outcome, _whiten
 
 PPO = "skyrl.backends.skyrl_train.utils.ppo_utils"
@@ -114,6 +114,33 @@ def _value(fn):
     return adapter
 
 
+def _holes_filled(adapter):
+    """The REINFORCE++ returns with each row's masked steps before its last valid token given
+    as valid steps of reward 0 (the running return then runs through them, as in verl 0.9),
+    read at the valid tokens: where SkyRL's reset at masked tokens is the only difference,
+    this equals the reference."""
+    def variant(rewards, mask):
+        m = mask.bool()
+        position = torch.arange(m.shape[-1])
+        last = torch.where(m, position, -1).max(dim=-1).values
+        filled = (position <= last[:, None]).to(mask.dtype)
+        out = adapter(torch.where(m, rewards, rewards.new_zeros(())), filled)
+        return torch.where(m, out, out.new_zeros(()))
+    return variant
+
+
+_RESET = Known(
+    "value", "defect",
+    "compute_reinforce_plus_plus_outcome_advantage resets the running return at every masked "
+    "token (running_return = running_return * response_mask[:, t], commented 'reset after "
+    "EOS'). SkyRL's multi-turn generator masks each turn's observation tokens "
+    "(skyrl_gym_generator.py: [1] * len(new_resp_tokens) + [0] * len(obs_ids_to_add)), so the "
+    "outcome reward at the last turn never reaches an earlier turn's tokens: their return is 0 "
+    "and, after the batch whitening, their advantage is -mean/std whatever the outcome. "
+    "Right-padded single-turn rows are exact; verl 0.9.0 carries the return through masked "
+    "steps",
+    variant=dict(adapt=_holes_filled))
+
 _LOSS = ("SkyRL's AlgorithmConfig with its defaults (eps_clip 0.2/0.2, clip_ratio_c 3.0)",
          "advantages one per sequence broadcast over the response, scaled by "
          "apply_loss_reduction_to_advantages_minibatch as the trainer does before the loss (a "
@@ -145,7 +172,7 @@ ROWS = (
     Row(f"{PPO}:compute_reinforce_plus_plus_outcome_advantage", "discounted_returns", _returns,
         choices=("the returns output (its advantages are these returns whitened by "
                  "masked_whiten, whose row is below)", "gamma = 1.0 (AlgorithmConfig's)"),
-        params=("token_level_rewards", "response_mask", "gamma")),
+        params=("token_level_rewards", "response_mask", "gamma"), known=(_RESET,)),
     Row(f"{PPO}:masked_whiten", "whiten", _whiten, choices=("mask as a float tensor",),
         params=("values", "mask")),
     Row(f"{PPO}:ppo_critic_loss", "value_loss", _value, audit=dict(padding_checks=False),

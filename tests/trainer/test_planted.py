@@ -136,6 +136,8 @@ PATCHES = [
      "sapo_policy_loss [sapo, sequence_mean]"),
     ("skyrl", SKY, "masked_mean(log_ratio, loss_mask, dim=-1).unsqueeze(-1)",
      "masked_mean(log_ratio, loss_mask, dim=None)", 0, "gspo_policy_loss [gspo, sequence_mean]"),
+    ("skyrl", SKY, "returns[:, t] = running_return", "returns[:, t] = token_level_rewards[:, t]",
+     0, "compute_reinforce_plus_plus_outcome_advantage"),     # at the known deviation's check
     ("skyrl", SKY, "kld = 0.5 * (log_probs - log_probs_base).square()",
      "kld = (log_probs - log_probs_base).square()", 0, "compute_approx_kl [k2]"),
 ]
