@@ -19,7 +19,7 @@ import subprocess
 import sys
 
 # the releases swept: verl 0.4.0 to 0.9.1, TRL 0.19 to 1.16.0 (each minor's last patch),
-# OpenRLHF 0.8.5 to 0.11.2
+# OpenRLHF 0.8.5 to 0.11.2, SkyRL 0.1.0 to 0.4.0
 RELEASES = {
     "verl": "0.4.0 0.4.1 0.5.0 0.6.0 0.6.1 0.7.0 0.7.1 0.8.0 0.9.0 0.9.1",
     "trl": "0.19.1 0.20.0 0.21.0 0.22.2 0.23.1 0.24.0 0.25.1 0.26.2 0.27.2 0.28.0 0.29.1 1.0.0 "
@@ -28,6 +28,7 @@ RELEASES = {
     "openrlhf": "0.8.5 0.8.6 0.8.7 0.8.8 0.8.9 0.8.9.post1 0.8.10 0.8.11 0.9.0 0.9.1 "
                 "0.9.1.post1 0.9.2 0.9.3 0.9.4 0.9.5 0.9.6 0.9.7 0.9.8 0.9.9 0.9.10 0.10.0 "
                 "0.10.1 0.10.1.post1 0.10.1.post2 0.10.2 0.10.3 0.10.4 0.11.0 0.11.1 0.11.2",
+    "skyrl": "0.1.0 0.2.0 0.3.0 0.4.0",
 }
 TIMEOUT = 600
 
@@ -36,6 +37,7 @@ def install(target, name, version):
     if os.path.isdir(os.path.join(target, name)):
         return None
     out = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-compile",
+                          "--ignore-requires-python",      # SkyRL 0.4 declares Python >= 3.12
                           "--quiet", "--target", target, f"{name}=={version}"],
                          capture_output=True, text=True)
     return None if out.returncode == 0 else out.stderr.strip().splitlines()[-1:]

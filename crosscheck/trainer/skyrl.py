@@ -15,7 +15,7 @@ on 3.11, so CI installs it with `--no-deps --ignore-requires-python`):
 """
 import torch
 
-from .card import Known, Row, Trainer, per_sequence, per_token
+from .card import DoesNotFit, Known, Row, Trainer, per_sequence, per_token, source_of
 from .verl import _OUTCOME, _outcome, _whiten
 
 PPO = "skyrl.backends.skyrl_train.utils.ppo_utils"
@@ -89,6 +89,24 @@ def _aggregate(reduction, max_seq_len=None):
     return make
 
 
+def _fits_scaling(fn):
+    """The losses and reduce_loss rows read apply_loss_reduction_to_advantages_minibatch (0.2
+    on); 0.1 reduces inside the loss, a form the rows have no adapter for."""
+    if "apply_loss_reduction_to_advantages_minibatch" not in fn.__globals__:
+        raise DoesNotFit("this release has no apply_loss_reduction_to_advantages_minibatch: "
+                         "its losses reduce themselves (no adapter for that form yet)")
+    return {}
+
+
+def _fits_kl(fn):
+    """The KL rows judge a differentiated term; a release that computes the estimate under
+    torch.no_grad uses it in the reward only."""
+    if "@torch.no_grad" in source_of(fn):
+        raise DoesNotFit("compute_approx_kl runs under torch.no_grad in this release (a KL "
+                         "reward, not a loss term): the row judges its gradient")
+    return {}
+
+
 def _kl(kind):
     def make(fn):
         def adapter(logp, ref_logp, mask):
@@ -141,7 +159,8 @@ _RESET = Known(
     "steps",
     variant=dict(adapt=_holes_filled))
 
-_LOSS = ("SkyRL's AlgorithmConfig with its defaults (eps_clip 0.2/0.2, clip_ratio_c 3.0)",
+_PPO = dict(eps_clip_low=0.2, eps_clip_high=0.2, clip_ratio_c=3.0)
+_LOSS = ("SkyRL's AlgorithmConfig with eps_clip 0.2/0.2 and clip_ratio_c 3.0 set (its defaults)",
          "advantages one per sequence broadcast over the response, scaled by "
          "apply_loss_reduction_to_advantages_minibatch as the trainer does before the loss (a "
          "micro-batch: by the whole batch's counts, which the trainer's mini-batch holds)",
@@ -180,32 +199,38 @@ ROWS = (
                  "(a [1, 1] batch, where its per-sequence mean is the identity), the losses "
                  "assembled into [B, T]"),
         params=("values", "old_values", "returns", "config", "loss_mask")),
-    Row(f"{PPO}:ppo_policy_loss", "policy_objective", _policy(), label="regular",
+    Row(f"{PPO}:ppo_policy_loss", "policy_objective", _policy(**_PPO), label="regular",
         choices=_LOSS + ("policy_loss_type 'regular'",),
-        conventions=dict(loss="ppo", beta=0.0), params=_LOSS_PARAMS),
-    Row(f"{PPO}:ppo_policy_loss", "policy_objective", _policy(eps_clip_high=0.28),
+        conventions=dict(loss="ppo", beta=0.0), params=_LOSS_PARAMS, fits=_fits_scaling),
+    Row(f"{PPO}:ppo_policy_loss", "policy_objective", _policy(**dict(_PPO, eps_clip_high=0.28)),
         label="regular, 0.2/0.28",
         choices=_LOSS + ("eps_clip_low 0.2, eps_clip_high 0.28: the bounds apart, so a swap "
                          "shows",),
         conventions=dict(loss="ppo", beta=0.0, clip_low=0.2, clip_high=0.28),
-        params=_LOSS_PARAMS),
-    Row(f"{PPO}:ppo_policy_loss", "policy_objective", _policy(policy_loss_type="dual_clip"),
+        params=_LOSS_PARAMS, fits=_fits_scaling),
+    Row(f"{PPO}:ppo_policy_loss", "policy_objective",
+        _policy(**dict(_PPO, policy_loss_type="dual_clip")),
         label="dual_clip", choices=_LOSS + ("policy_loss_type 'dual_clip', clip_ratio_c 3.0",),
-        conventions=dict(loss="ppo", beta=0.0, clip_c=3.0), params=_LOSS_PARAMS),
-    Row(f"{PPO}:gspo_policy_loss", "policy_objective", _policy("sequence_mean"),
+        conventions=dict(loss="ppo", beta=0.0, clip_c=3.0), params=_LOSS_PARAMS,
+        fits=_fits_scaling),
+    Row(f"{PPO}:gspo_policy_loss", "policy_objective", _policy("sequence_mean", **_PPO),
         label="gspo, sequence_mean",
         choices=_LOSS_SEQ + ("GSPO's own log-weight cap at 10 (clamp(max=10))",),
         conventions=dict(loss="gspo"), audit=dict(accumulation="none"),
-        params=_LOSS_PARAMS),
-    Row(f"{PPO}:sapo_policy_loss", "policy_objective", _policy("sequence_mean"),
+        params=_LOSS_PARAMS, fits=_fits_scaling),
+    Row(f"{PPO}:sapo_policy_loss", "policy_objective",
+        _policy("sequence_mean", sapo=dict(tau_pos=1.0, tau_neg=1.05)),
         label="sapo, sequence_mean",
-        choices=_LOSS_SEQ + ("tau_pos 1.0, tau_neg 1.05 (SAPOConfig's defaults)",),
+        choices=_LOSS_SEQ + ("tau_pos 1.0, tau_neg 1.05 (SAPOConfig's defaults), set",),
         conventions=dict(loss="sapo"), audit=dict(accumulation="none"),
-        params=_LOSS_PARAMS),
-    Row(f"{PPO}:compute_policy_loss_cispo", "policy_objective", _policy(),
+        params=_LOSS_PARAMS, fits=_fits_scaling),
+    Row(f"{PPO}:compute_policy_loss_cispo", "policy_objective",
+        _policy(cispo=dict(cispo_eps_clip_low=1.0, cispo_eps_clip_high=4.0,
+                           cispo_anchor="old")),
         label="cispo", choices=_LOSS + ("cispo_eps_clip_low 1.0, cispo_eps_clip_high 4.0, "
-                                        "cispo_anchor 'old' (CISPOConfig's defaults)",),
-        conventions=dict(loss="cispo", beta=0.0), params=_LOSS_PARAMS),
+                                        "cispo_anchor 'old' (CISPOConfig's defaults in 0.4.0; "
+                                        "0.2 and 0.3 default to 0.0 and 5.0), set",),
+        conventions=dict(loss="cispo", beta=0.0), params=_LOSS_PARAMS, fits=_fits_scaling),
 ) + tuple(
     Row(f"{PPO}:reduce_loss", "aggregate", _aggregate(reduction, MAX_SEQ_LEN), label=reduction,
         choices=_AGG + ((f"max_seq_len = {MAX_SEQ_LEN}",) if norm else ()) + (
@@ -214,7 +239,7 @@ ROWS = (
              "ones included, before it splits it",)),
         conventions=dict(mode=mode, **(dict(norm=float(MAX_SEQ_LEN)) if norm else {})),
         audit={} if reduction == "token_mean" else dict(accumulation="none"),
-        params=("loss", "loss_mask"))
+        params=("loss", "loss_mask"), fits=_fits_scaling)
     for reduction, mode, norm in (("token_mean", "token-mean", False),
                                   ("sequence_mean", "seq-mean-token-mean", False),
                                   ("seq_mean_token_sum_norm", "seq-mean-token-sum", True))
@@ -222,7 +247,7 @@ ROWS = (
     Row(f"{PPO}:compute_approx_kl", "kl_penalty", _kl(kind), label=kind,
         choices=("loss_mask passed: the estimate is 0 at padding",),
         conventions=dict(kind=kind, clamp=(20.0, 10.0) if kind == "k3" else None),
-        params=("log_probs", "log_probs_base", "loss_mask", "kl_estimator_type"))
+        fits=_fits_kl, params=("log_probs", "log_probs_base", "loss_mask", "kl_estimator_type"))
     for kind in ("k1", "abs", "k2", "k3")
 )
 
@@ -242,6 +267,7 @@ TRAINER = Trainer(
           "token_mean, sequence_mean and seq_mean_token_sum_norm scaling",
           "compute_approx_kl k1, abs, k2, k3", "the critic loss per token"),
     does_not_run=("GAE (its recursion reads no mask)", "DPPO, KL-Cov, rollout_is and "
-                  "importance_sampling losses", "SAPO and GSPO under token_mean", "token_mean_legacy and prompt_mean "
-                  "scaling", "off-policy correction", "dp_size > 1"),
+                  "importance_sampling losses", "SAPO and GSPO under token_mean",
+                  "token_mean_legacy and prompt_mean scaling", "off-policy correction",
+                  "dp_size > 1"),
 )

@@ -257,3 +257,24 @@ def test_verl_icepop_rows_are_not_in_a_release_with_a_float_threshold_only():
     row = next(r for r in verl_card.ROWS if r.label == "token IcePop mask")
     with pytest.raises(card.NotInVersion, match="no IcePop mask mode"):
         row.fits(compute_rollout_correction_weights)
+
+
+def test_skyrl_rows_set_every_value_they_are_judged_at_and_refuse_older_forms():
+    from crosscheck.trainer import skyrl as skyrl_card
+
+    cispo = next(r for r in skyrl_card.ROWS if r.label == "cispo")
+    # 0.2 and 0.3 default CISPO's bounds to 0.0 / 5.0: the row sets 1.0 / 4.0 itself
+    assert "set" in cispo.choices[-1]
+
+    def reduce_loss(loss, loss_mask):                    # 0.1: no advantage scaling
+        return (loss * loss_mask).sum()
+    with pytest.raises(card.DoesNotFit, match="no apply_loss_reduction"):
+        cispo.fits(reduce_loss)
+    kl = next(r for r in skyrl_card.ROWS if r.label == "k3")
+    with pytest.raises(card.DoesNotFit, match="torch.no_grad"):
+        kl.fits(_no_grad_kl)
+
+
+@torch.no_grad()
+def _no_grad_kl(log_probs, log_probs_base, loss_mask=None, kl_estimator_type="k3"):
+    return log_probs - log_probs_base
