@@ -10,22 +10,23 @@ on 3.11, so CI installs it with `--no-deps --ignore-requires-python`):
   called from `RayPPOTrainer._normalize_advantages` on the whole mini-batch before it is
   split), so summing the micro-batches' losses gives the `loss_reduction` it names; the
   worker sums micro-batch gradients (no division by their number);
-- the losses are linear in the advantages they are given (PPO's min and dual clip, CISPO's
-  detached weight), so the scaled sum equals the aggregation of the unscaled loss.
+- the losses are positively homogeneous in the advantages they are given (PPO's and GSPO's
+  min and dual clip, CISPO's detached weight, SAPO's gate chosen by the sign of A), so the
+  scaled sum equals the aggregation of the unscaled loss.
 """
+import inspect
+
 import torch
 
 from .card import DoesNotFit, Known, Row, Trainer, per_sequence, per_token, source_of
 from .verl import _OUTCOME, _outcome, _whiten
 
 PPO = "skyrl.backends.skyrl_train.utils.ppo_utils"
-CONFIG = "skyrl.train.config.config"
 
 
 def _config(fn, **fields):
     """The AlgorithmConfig the function's module uses, with its defaults and `fields` set
     (nested sections as dicts of their own fields)."""
-    import inspect
     cls = inspect.unwrap(fn).__globals__["AlgorithmConfig"]
     cfg = cls()
     for k, v in fields.items():
@@ -71,7 +72,7 @@ def _policy(reduction="token_mean", **fields):
 def _aggregate(reduction, max_seq_len=None):
     """reduce_loss of a per-token loss whose tokens carry SkyRL's scale factors: the factor of
     each token is apply_loss_reduction_to_advantages_minibatch applied to ones, which the
-    linear losses carry through their advantages. token_mean takes the batch's token count
+    losses carry through their advantages. token_mean takes the batch's token count
     for a micro-batch; the per-sequence modes divide by the mini-batch's number of rows, empty
     ones included, which no global count the audit passes gives, so those rows are judged on
     the whole batch (accumulation 'none': the trainer scales before it splits)."""
