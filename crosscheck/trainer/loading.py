@@ -331,16 +331,21 @@ class _Finder(importlib.abc.MetaPathFinder):
         return True
 
     def _importer(self):
-        """The frame of the code whose import is being resolved: the first frame outside this
-        module and importlib (walked, not a fixed depth, so a wrapper such as a mutation
-        tester's trampoline does not shift it)."""
-        frame = sys._getframe(1)
+        """The frame of the code whose import is being resolved: the first frame past the
+        import machinery (importlib's frames) that called this finder, whatever wraps the
+        finder's own methods (a mutation tester's trampoline adds frames of its own module);
+        called from outside an import, the first frame outside this module and importlib."""
+        frame, first_outside, seen_importlib = sys._getframe(1), None, False
         while frame is not None:
             name = frame.f_globals.get("__name__", "")
-            if name != __name__ and not name.startswith("importlib"):
+            if name.startswith("importlib"):
+                seen_importlib = True
+            elif seen_importlib:
                 return frame
+            elif first_outside is None and name != __name__:
+                first_outside = frame
             frame = frame.f_back
-        return None
+        return first_outside
 
     def _from_trainer(self, frame) -> bool:
         """Whether the import being resolved was written in the trainer's own code (or in a
