@@ -131,8 +131,9 @@ def _kl_cov_tie(args, params):
         adv = np.broadcast_to(adv.reshape(adv.shape + (1,) * (lp.ndim - adv.ndim)), lp.shape)
     if m.sum() < 2:
         return None
-    cov, k = cases.kl_cov_ranking(lp, adv, m, params.get(
-        "ratio", ref_numpy.kl_cov_loss.__kwdefaults__["ratio"]))
+    ratio = params["ratio"] if "ratio" in params else \
+        inspect.signature(ref_numpy.kl_cov_loss).parameters["ratio"].default
+    cov, k = cases.kl_cov_ranking(lp, adv, m, ratio)
     if k >= len(cov):
         return None
     a, l = adv[m], lp[m]
