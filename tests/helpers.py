@@ -12,6 +12,9 @@ from crosscheck.bridge import backprop, tensor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))     # the repository
 EXAMPLES = os.path.join(ROOT, "examples")
+# mutmut (docs/mutation.md) sets MUTANT_UNDER_TEST; its trampolines wrap every function of the
+# mutated packages in one shared wrapper, which a profiler cannot tell apart
+UNDER_MUTMUT = bool(os.environ.get("MUTANT_UNDER_TEST"))
 
 
 def both(name, *args, **kwargs):
