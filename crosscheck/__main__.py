@@ -301,8 +301,10 @@ def trainer_parser():
         prog=_prog("trainer"),
         description="A trainer's report card: its own functions (as installed, or in a "
                     "checkout with --path) audited against the references under its profile. "
-                    "Exit 0 when every covered function conforms, 1 otherwise, 2 on a usage "
-                    "error (the trainer not installed, --path not holding it).")
+                    "Exit 1 when a card finds a new deviation (one no known entry reproduces), "
+                    "2 on a usage error (the trainer not installed, --path not holding it) or "
+                    "when no row could run, 0 otherwise: known deviations and notes are on the "
+                    "card.")
     p.add_argument("name", nargs="?", choices=TRAINERS, help="the trainer")
     p.add_argument("--path", metavar="DIR", help="a source checkout or a fork (default: the "
                                                  "installed package; MiniMind needs it)")
@@ -312,6 +314,9 @@ def trainer_parser():
     p.add_argument("--markdown", metavar="FILE", help="also write the card as Markdown to FILE")
     p.add_argument("--list", action="store_true",
                    help="list the trainers and the functions each card covers")
+    p.add_argument("--all", action="store_true",
+                   help="the card of every installed trainer, one line each (MiniMind, which "
+                        "needs --path, is left out)")
     return p
 
 
@@ -347,8 +352,11 @@ def trainer_main(argv, workers: int = 1) -> int:
     if args.list:
         print(_trainer_list())
         return EXIT_PASS
-    if not args.name:
-        p.error("name a trainer (or --list)")
+    if args.all and (args.name or args.path or args.markdown):
+        p.error("--all runs every installed trainer's card: it takes no trainer name, --path "
+                "or --markdown")
+    if not args.name and not args.all:
+        p.error("name a trainer (or --all, or --list)")
     if args.cases < 1:
         p.error(f"--cases is {args.cases}; expected a positive number")
     if args.seed < 0:
@@ -360,6 +368,8 @@ def trainer_main(argv, workers: int = 1) -> int:
     from . import trainer as trainers
     from .audit.model import progress_stream
     from .trainer import card, loading
+    if args.all:
+        return _all_cards(args, workers)
     try:
         result = card.run(trainers.get(args.name), path=args.path, cases=args.cases,
                           seed=args.seed, workers=workers,
@@ -373,6 +383,33 @@ def trainer_main(argv, workers: int = 1) -> int:
     print(json.dumps(result.to_dict(), indent=2, ensure_ascii=False) if args.json else
           result.text())
     return result.exit_code
+
+
+def _all_cards(args, workers: int) -> int:
+    """`trainer --all`: each installed trainer's card in one line (JSON: the cards). Exit 1
+    if any card finds a new deviation, 2 if no trainer is installed or no card could audit
+    anything, else 0."""
+    import importlib.util
+    import json
+
+    from . import trainer as trainers
+    from .audit.model import progress_stream
+    from .trainer import card
+    names = [n for n in trainers.TRAINERS if trainers.get(n).installable and
+             importlib.util.find_spec(trainers.get(n).package) is not None]
+    if not names:
+        print(f"{_prog('trainer')}: error: none of the trainers is installed "
+              f"({', '.join(trainers.pins())}; pip install --no-deps)", file=sys.stderr)
+        return EXIT_USAGE
+    cards = [card.run(trainers.get(n), cases=args.cases, seed=args.seed, workers=workers,
+                      progress=progress_stream(args.json or not sys.stdout.isatty()))
+             for n in names]
+    if args.json:
+        print(json.dumps([c.to_dict() for c in cards], indent=2, ensure_ascii=False))
+    else:
+        print("\n".join(c.summary() for c in cards))
+    codes = {c.exit_code for c in cards}
+    return 1 if 1 in codes else 2 if codes == {2} else 0
 
 
 SUBCOMMANDS = {"explain": explain_main, "audit": audit_main, "trainer": trainer_main}

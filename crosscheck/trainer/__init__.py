@@ -5,7 +5,7 @@ Importing this package imports neither torch nor any trainer.
 """
 import importlib
 
-TRAINERS = ("verl", "trl", "openrlhf", "skyrl", "minimind")
+TRAINERS = ("verl", "trl", "openrlhf", "skyrl", "liger", "minimind")
 
 
 def get(name: str):

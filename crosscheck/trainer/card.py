@@ -333,6 +333,11 @@ class Card:
                        k + " note" if k in plural else k)
             for k, n in self.grade_counts().items())
 
+    def summary(self) -> str:
+        """The card in one line: trainer, version, verdict, row tally and graded findings."""
+        return (f"{self.trainer.name} {self.source.version}: {self.verdict}{self._tally()}; "
+                f"{self._grades_line()}")
+
     def _tally(self) -> str:
         counts: Dict[str, int] = {}
         for r in self.rows:

@@ -68,3 +68,29 @@ def test_an_unwritable_markdown_path_is_refused_before_the_card_is_computed(tmp_
                               where.format(tmp=tmp_path).replace("missing_dir",
                                                                  str(tmp_path / "missing_dir"))])
     assert code == 2 and message in err and out == ""
+
+
+def test_all_takes_no_trainer_name():
+    code, _, err = run_cli(["trainer", "--all", "verl"])
+    assert code == 2 and "--all" in err and "no trainer name" in err
+
+
+def test_all_with_no_trainer_installed_is_a_usage_error(monkeypatch):
+    import crosscheck.trainer as trainers
+    monkeypatch.setattr(trainers, "TRAINERS", ("minimind",))      # a checkout only
+    code, _, err = run_cli(["trainer", "--all"])
+    assert code == 2 and "none of the trainers is installed" in err
+
+
+@pytest.mark.skipif(importlib.util.find_spec("liger_kernel") is None,
+                    reason="liger-kernel is not installed (.ci/run installs it with --no-deps)")
+def test_all_prints_one_line_per_installed_trainer(monkeypatch):
+    import crosscheck.trainer as trainers
+    monkeypatch.setattr(trainers, "TRAINERS", ("liger", "minimind"))
+    code, out, _ = run_cli(["trainer", "--all", "--cases", "6"])
+    (line,) = out.strip().splitlines()
+    assert line.startswith("liger 0.8.5: ") and "findings: " in line
+    assert code == (1 if "DOES NOT CONFORM" in line else 0)
+    code, out, _ = run_cli(["trainer", "--all", "--cases", "6", "--json"])
+    (card,) = json.loads(out)
+    assert card["trainer"] == "liger"

@@ -27,6 +27,11 @@ EXPECTED = {
     "trl": {"GRPOTrainer._compute_loss [bnpo]": [("microbatch", "documented choice")]},
     "openrlhf": {"RemoteExperienceMaker.get_advantages_and_returns": [("value", "deviation")]},
     "skyrl": {"compute_reinforce_plus_plus_outcome_advantage": [("value", "deviation")]},
+    # luspo's unmasked L_i / T aggregation (TRL's form before huggingface/trl#6654)
+    "liger": {"LigerFusedLinearGRPOLoss.forward [luspo]":
+              [("value", "deviation"), ("grad", "deviation"), ("mask", "deviation"),
+               ("microbatch", "deviation")],
+              "LigerFusedLinearGRPOLoss.forward [bnpo]": [("microbatch", "documented choice")]},
 }
 # rows whose loss masks by multiplying after exp of every position's log-ratio (or sums padding
 # into a product): garbage at padding leaks into them, a robustness note only
@@ -35,12 +40,13 @@ MULTIPLY_MASKED = {
             ("dapo", "dapo, β = 0.04", "dapo, β = 0.04, bias-corrected KL", "grpo", "bnpo", "dr_grpo", "luspo", "cispo", "gspo",
              "sapo", "vespo", "sapo, sequence")},
 }
-INSTALLED = [n for n in EXPECTED if importlib.util.find_spec(n) is not None]
+INSTALLED = [n for n in EXPECTED
+             if importlib.util.find_spec(trainers.get(n).package) is not None]
 needs = pytest.mark.skipif  # a skip names the missing trainer; CI installs all three
 
 
 def _installed(name):
-    return needs(importlib.util.find_spec(name) is None,
+    return needs(importlib.util.find_spec(trainers.get(name).package) is None,
                  reason=f"{name} is not installed (.ci/run installs it with --no-deps)")
 
 

@@ -19,6 +19,8 @@ EM = "openrlhf/trainer/ppo_utils/experience_maker.py"
 LOSS = "openrlhf/models/loss.py"
 UTILS = "openrlhf/models/utils.py"
 SKY = "skyrl/backends/skyrl_train/utils/ppo_utils.py"
+LIGER = "liger_kernel/chunked_loss/grpo_loss.py"
+LIGER_ROW = "LigerFusedLinearGRPOLoss.forward"
 
 # (trainer, file, text, replacement, which occurrence, the row that must catch it)
 PATCHES = [
@@ -140,15 +142,37 @@ PATCHES = [
      0, "compute_reinforce_plus_plus_outcome_advantage"),     # at the known deviation's check
     ("skyrl", SKY, "kld = 0.5 * (log_probs - log_probs_base).square()",
      "kld = (log_probs - log_probs_base).square()", 0, "compute_approx_kl [k2]"),
+    # Liger-Kernel 0.8.5
+    ("liger", LIGER, "upper_bound = 1 + epsilon_high\n        lower_bound = 1 - epsilon_low",
+     "upper_bound = 1 + epsilon_low\n        lower_bound = 1 - epsilon_high", 0,
+     f"{LIGER_ROW} [dapo, ε 0.2/0.28]"),
+    ("liger", LIGER, "per_token_loss = -torch.min(per_token_loss1, per_token_loss2)",
+     "per_token_loss = -torch.max(per_token_loss1, per_token_loss2)", 0,
+     f"{LIGER_ROW} [dapo, chunk_size 2]"),
+    ("liger", LIGER, "sapo_loss_fn(coef_1, sapo_temperature_pos),",
+     "sapo_loss_fn(coef_1, sapo_temperature_neg),", 0, f"{LIGER_ROW} [sapo]"),
+    ("liger", LIGER, "kl_div = kl_div * torch.exp(log_importance_weights)",
+     "kl_div = kl_div * torch.exp(log_importance_weights).detach()", 0,
+     f"{LIGER_ROW} [dapo, β = 0.04, bias-corrected KL]"),
+    ("liger", LIGER, "clipped_coef = torch.clamp(coef, lower_bound, upper_bound).detach()",
+     "clipped_coef = torch.clamp(coef, lower_bound, upper_bound)", 0, f"{LIGER_ROW} [cispo]"),
+    ("liger", LIGER, "/ attention_mask.sum(-1).clamp(min=1.0)",
+     "/ attention_mask.shape[-1]", 0, f"{LIGER_ROW} [gspo]"),
+    ("liger", LIGER, "(full_attention_mask.shape[0] * max_completion_length)",
+     "(full_attention_mask.shape[1] * max_completion_length)", 0, f"{LIGER_ROW} [dr_grpo]"),
+    ("liger", LIGER, "weighted = per_token_loss * attention_mask.sum(1, keepdim=True)",
+     "weighted = per_token_loss * attention_mask.sum(1, keepdim=True) ** 2", 0,
+     f"{LIGER_ROW} [luspo]"),                     # at the known deviation's checks
 ]
 NAMES = sorted({t for t, *_ in PATCHES})
 
 
 def _installed_at_pin(name):
     from importlib import metadata
-    if importlib.util.find_spec(name) is None:
+    t = trainers.get(name)
+    if importlib.util.find_spec(t.package) is None:
         return False
-    return metadata.version(name) == trainers.get(name).pinned
+    return metadata.version(t.dist) == t.pinned
 
 
 @pytest.fixture(scope="module")
@@ -159,8 +183,9 @@ def copies(tmp_path_factory):
         if not _installed_at_pin(name):
             continue
         root = tmp_path_factory.mktemp(name)
-        src = os.path.dirname(importlib.util.find_spec(name).origin)
-        shutil.copytree(src, root / name, ignore=shutil.ignore_patterns("__pycache__"))
+        package = trainers.get(name).package
+        src = os.path.dirname(importlib.util.find_spec(package).origin)
+        shutil.copytree(src, root / package, ignore=shutil.ignore_patterns("__pycache__"))
         out[name] = root
     return out
 
@@ -174,7 +199,8 @@ def _patched(text, old, new, nth):
 
 
 def test_there_are_at_least_thirty_planted_bugs_across_the_pinned_trainers():
-    assert len(PATCHES) >= 30 and set(NAMES) == {"verl", "trl", "openrlhf", "skyrl"}
+    assert len(PATCHES) >= 30 and set(NAMES) == {"verl", "trl", "openrlhf", "skyrl",
+                                                            "liger"}
 
 
 @pytest.mark.parametrize("name", NAMES)
