@@ -71,6 +71,22 @@ def test_a_module_loads_by_file_with_its_package_init_not_run_and_stand_ins_list
                 if m.startswith(("faketrainer", "missing_heavy_pkg"))]
 
 
+def test_a_wrapper_around_the_finder_does_not_hide_the_trainers_imports(fake, monkeypatch):
+    """A mutation tester's trampoline calls the finder's methods through frames of its own
+    module: the importing frame is still the trainer's, past importlib's frames."""
+    namespace = {"__name__": "some_trampoline_module"}
+    exec("def wrap(f):\n    def wrapper(*a, **k):\n        return f(*a, **k)\n"
+         "    return wrapper\n", namespace)
+    monkeypatch.setattr(loading._Finder, "find_spec",
+                        namespace["wrap"](loading._Finder.find_spec))
+    monkeypatch.setattr(loading._Finder, "_importer",
+                        namespace["wrap"](loading._Finder._importer))
+    source = loading.locate("faketrainer", "faketrainer", str(fake))
+    with loading.Loaded(source, ["faketrainer.algos"]) as loaded:
+        assert loaded.failed == {}
+        assert loaded.stood_in == {"missing_heavy_pkg": "not installed"}
+
+
 def test_optional_imports_outside_the_trainer_are_not_stood_in(fake):
     source = loading.locate("faketrainer", "faketrainer", str(fake))
     with loading.Loaded(source, ["faketrainer.algos"]):
