@@ -43,7 +43,7 @@ def _hidden(logp):
     return torch.stack([torch.zeros_like(c), c], dim=-1)
 
 
-def _loss(loss_type, level="token", beta=0.0, chunk_size=1, **settings):
+def _loss(loss_type, level="token", beta=0.0, chunk_size=64, **settings):
     def make(fn):
         cls = owner_class(fn)
 
@@ -143,6 +143,8 @@ _SETUP = ("the log-probs fed as hidden states [0, c], c = log(expm1(−log p)), 
           "identity lm_head over two tokens, token 0 selected, temperature 1 (the module's own "
           "log-softmax returns log p; autograd carries its gradient back by the chain rule)",
           "compiled=False (the same loss function, not torch.compile'd), one process",
+          "chunk_size 64 (the whole batch in one chunk) unless the row says otherwise: the "
+          "dapo rows judge the chunking",
           "advantages one per sequence ([B]), as the module takes them: cases with per-token "
           "advantages are outside its domain")
 _GLOBAL = ("num_items_in_batch = the whole batch's token count",)
@@ -155,7 +157,8 @@ _MEAN = dict(_F32, accumulation="mean")
 _PPO = dict(loss="ppo", beta=0.0, clip_low=0.2, clip_high=0.2)
 
 ROWS = (
-    Row(ROW, "policy_objective", _loss("dapo"), label="dapo", choices=_SETUP + _GLOBAL,
+    Row(ROW, "policy_objective", _loss("dapo", chunk_size=1), label="dapo",
+        choices=_SETUP + _GLOBAL + ("chunk_size 1 (its default): one chunk per sequence",),
         conventions=_PPO, audit=_F32, params=_PARAMS),
     Row(ROW, "policy_objective", _loss("dapo", chunk_size=2), label="dapo, chunk_size 2",
         choices=_SETUP + _GLOBAL + ("chunk_size 2: the batch split into chunks of two "
@@ -226,7 +229,7 @@ TRAINER = Trainer(
     runs=("loss types dapo, grpo, bnpo, dr_grpo, luspo, cispo, sapo, vespo at token level; "
           "GSPO (grpo at sequence level)", "clip symmetric (0.2/0.2) and clip-higher "
           "(0.2/0.28)", "β 0 and 0.04 (the k3 term against ref_per_token_logps), "
-          "use_bias_correction_kl off and on", "chunk_size 1 and 2",
+          "use_bias_correction_kl off and on", "chunk_size 1, 2 and 64 (one chunk)",
           "value and gradient through the fused linear layer, in its float32"),
     does_not_run=("delta (two-sided clipping)", "vllm_is_ratio", "ref_input (the reference "
                   "log-probs computed from reference hidden states)", "temperature ≠ 1",
