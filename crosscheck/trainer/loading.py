@@ -176,15 +176,20 @@ class StandIn(metaclass=_StandInMeta):
 
     def __iter__(self):
         """Empty, except where the caller unpacks a call's result (`a, b = stood_in(...)`):
-        then as many stand-ins as it unpacks, read from the instruction being run."""
+        then as many stand-ins as it unpacks, read from the instruction being run in the
+        nearest frame that is not itself in the middle of a call (a wrapper around this
+        method, such as a mutation tester's trampoline, is)."""
         frame = sys._getframe(1)
-        for ins in dis.get_instructions(frame.f_code):
-            if ins.offset == frame.f_lasti:
-                if ins.opname == "UNPACK_SEQUENCE":
-                    return iter([StandIn() for _ in range(ins.arg)])
-                if ins.opname == "UNPACK_EX":
-                    return iter([StandIn() for _ in range((ins.arg & 0xFF) + (ins.arg >> 8))])
+        while frame is not None:
+            ins = next((i for i in dis.get_instructions(frame.f_code)
+                        if i.offset == frame.f_lasti), None)
+            if ins is None or not ins.opname.startswith(("CALL", "PRECALL")):
                 break
+            frame = frame.f_back
+        if ins is not None and ins.opname == "UNPACK_SEQUENCE":
+            return iter([StandIn() for _ in range(ins.arg)])
+        if ins is not None and ins.opname == "UNPACK_EX":
+            return iter([StandIn() for _ in range((ins.arg & 0xFF) + (ins.arg >> 8))])
         return iter(())
 
     def __len__(self):

@@ -254,3 +254,13 @@ def test_a_module_that_exits_at_import_fails_its_rows_not_the_card(tmp_path):
     with loading.Loaded(source, ["exiting_xyz.a", "exiting_xyz.b"]) as loaded:
         assert loaded.failed == {"exiting_xyz.a": "SystemExit(3) at import"}
         assert loaded.module("exiting_xyz.b").X == 1
+
+
+def test_a_stand_in_unpacks_through_a_wrapper_around_its_iter(monkeypatch):
+    namespace = {"__name__": "some_trampoline_module"}
+    exec("def wrap(f):\n    def wrapper(*a, **k):\n        return f(*a, **k)\n"
+         "    return wrapper\n", namespace)
+    monkeypatch.setattr(loading.StandIn, "__iter__", namespace["wrap"](loading.StandIn.__iter__))
+    a, b, *rest = loading.StandIn()()
+    assert isinstance(a, loading.StandIn) and isinstance(b, loading.StandIn) and rest == []
+    assert list(loading.StandIn()) == []
