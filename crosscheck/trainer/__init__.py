@@ -5,7 +5,7 @@ Importing this package imports neither torch nor any trainer.
 """
 import importlib
 
-TRAINERS = ("verl", "trl", "openrlhf", "skyrl", "liger", "minimind")
+TRAINERS = ("verl", "trl", "openrlhf", "skyrl", "liger", "trinity", "minimind")
 
 
 def get(name: str):

@@ -32,7 +32,12 @@ EXPECTED = {
               [("value", "deviation"), ("grad", "deviation"), ("mask", "deviation"),
                ("microbatch", "deviation")],
               "LigerFusedLinearGRPOLoss.forward [bnpo]": [("microbatch", "documented choice")]},
+    # SAPO's gate detached as a policy-gradient weight: the gradient is A·f(r)·∇log π, not the
+    # A·f'(r)·r·∇log π of the objective its docstring states (sapo_policy_loss.py)
+    "trinity": {"SAPOPolicyLossFn [sapo]": [("value", "deviation"), ("grad", "deviation")]},
 }
+# the new deviations a pinned card carries: defects no known entry reproduces (the card exits 1)
+NEW = {"trinity": {"SAPOPolicyLossFn [sapo]"}}
 # rows whose loss masks by multiplying after exp of every position's log-ratio (or sums padding
 # into a product): garbage at padding leaks into them, a robustness note only
 MULTIPLY_MASKED = {
@@ -64,18 +69,23 @@ def test_every_row_of_a_pinned_trainer_runs_and_gives_the_expected_verdict(name,
     assert c.source.version == t.pinned
     assert [r.row.name for r in c.rows] == [r.name for r in t.rows]
     for r in c.rows:
-        assert r.verdict in ("CONFORMS", "KNOWN DEVIATION"), (r.row.name, r.verdict, r.reason)
+        new = r.row.name in NEW.get(name, ())
+        assert r.verdict in (("DOES NOT CONFORM",) if new else
+                             ("CONFORMS", "KNOWN DEVIATION")), (r.row.name, r.verdict, r.reason)
         assert r.report.n_cases > 0
         graded = [(f["check"], f["grade"]) for f in r.findings if f["check"] != "garbage"]
         assert graded == EXPECTED[name].get(r.row.name, []), (r.row.name, r.findings)
-        for f in r.findings:                     # nothing on a pinned card is new
-            assert f["known"], (r.row.name, f)
+        for f in r.findings:                     # nothing else on a pinned card is new
+            assert f["known"] or new and f["grade"] == "deviation", (r.row.name, f)
             assert f["check"] != "garbage" or f["grade"] == "robustness"
         if r.row.name in MULTIPLY_MASKED.get(name, ()):
             assert any(f["check"] == "garbage" for f in r.findings), r.row.name
-    assert c.exit_code == 0 and c.verdict == (
-        "KNOWN DEVIATIONS" if any(g == "deviation" for rows in EXPECTED[name].values()
-                                  for _, g in rows) else "CONFORMS")
+    if NEW.get(name):
+        assert c.exit_code == 1 and c.verdict == "DOES NOT CONFORM"
+    else:
+        assert c.exit_code == 0 and c.verdict == (
+            "KNOWN DEVIATIONS" if any(g == "deviation" for rows in EXPECTED[name].values()
+                                      for _, g in rows) else "CONFORMS")
     assert t.runs and t.does_not_run and "## Branches" in c.markdown()
     assert c.not_covered                          # verl's SAPO & co., TRL's vespo, ...
     ran, listed = c.functions()

@@ -20,6 +20,9 @@ LOSS = "openrlhf/models/loss.py"
 UTILS = "openrlhf/models/utils.py"
 SKY = "skyrl/backends/skyrl_train/utils/ppo_utils.py"
 LIGER = "liger_kernel/chunked_loss/grpo_loss.py"
+TPL = "trinity/algorithm/policy_loss_fn/"
+TKL = "trinity/algorithm/kl_fn/kl_fn.py"
+TUT = "trinity/algorithm/utils.py"
 LIGER_ROW = "LigerFusedLinearGRPOLoss.forward"
 
 # (trainer, file, text, replacement, which occurrence, the row that must catch it)
@@ -163,6 +166,23 @@ PATCHES = [
     ("liger", LIGER, "weighted = per_token_loss * attention_mask.sum(1, keepdim=True)",
      "weighted = per_token_loss * attention_mask.sum(1, keepdim=True) ** 2", 0,
      f"{LIGER_ROW} [luspo]"),                     # at the known deviation's checks
+    # Trinity-RFT 0.6.0
+    ("trinity", TPL + "ppo_policy_loss.py",
+     "ratio, 1.0 - self.clip_range_low, 1.0 + self.clip_range_high",
+     "ratio, 1.0 - self.clip_range_high, 1.0 + self.clip_range_low", 0,
+     "PPOPolicyLossFn [ppo, 0.2/0.28]"),
+    ("trinity", TPL + "ppo_policy_loss.py", "pg_losses3 = -advantages * self.clip_ratio_c",
+     "pg_losses3 = advantages * self.clip_ratio_c", 0, "PPOPolicyLossFn [ppo]"),
+    ("trinity", TPL + "gspo_policy_loss.py", "negative_approx_kl_seq.detach().unsqueeze(-1)",
+     "negative_approx_kl_seq.unsqueeze(-1)", 0, "GSPOLossFn [gspo]"),
+    ("trinity", TPL + "cispo_policy_loss.py", "max=1.0 + self.clip_range_high",
+     "max=1.0 + self.clip_range_low", 0, "CISPOPolicyLossFn [cispo]"),
+    ("trinity", TKL, "return (logprob - ref_logprob).square() * 0.5",
+     "return (logprob - ref_logprob).square()", 0, "K2Fn.calculate_kl [k2]"),
+    ("trinity", TUT, "seq_losses = masked_mean(values, mask, axis=-1)",
+     "seq_losses = masked_sum(values, mask, axis=-1)", 0, "aggregate_loss [seq-mean-token-mean]"),
+    ("trinity", TUT, "bessel_correction = mask_sum / (mask_sum - 1)",
+     "bessel_correction = mask_sum / mask_sum", 0, "masked_whiten"),
 ]
 NAMES = sorted({t for t, *_ in PATCHES})
 
@@ -200,7 +220,7 @@ def _patched(text, old, new, nth):
 
 def test_there_are_at_least_thirty_planted_bugs_across_the_pinned_trainers():
     assert len(PATCHES) >= 30 and set(NAMES) == {"verl", "trl", "openrlhf", "skyrl",
-                                                            "liger"}
+                                                            "liger", "trinity"}
 
 
 @pytest.mark.parametrize("name", NAMES)
