@@ -158,7 +158,7 @@ TRAINER = Trainer(
     notes=("SAPOPolicyLossFn computes sapo_loss = -advantages * soft_gate.detach() * logprob "
            "(sapo_policy_loss.py:117), whose gradient is -A·f(r)·∇log π with f(r) = "
            "σ(τ(r − 1))·4/τ; the objective its docstring states, J = E[f(r)·A], has the "
-           "gradient -A·f'(r)·r·∇log π (the SAPO paper's, and verl's and TRL's). At r = 1 the "
+           "gradient -A·f'(r)·r·∇log π (the SAPO paper's, verl's and TRL's). At r = 1 the "
            "gradient is 2/τ times A where it should be A, and it grows with r (to 4/τ) where "
            "SAPO's decays: the soft trust region is lost. A defect to file upstream; the card "
            "exits 1 for it",
