@@ -71,21 +71,21 @@ def _fits_call(cls):
         raise DoesNotFit(f"{cls.__name__}.__call__ no longer names {', '.join(missing)}")
     return {}
 _WHOLE = dict(accumulation="none")
+_PPO = dict(loss="ppo", beta=0.0, agg="token-mean", clip_low=0.2, clip_c=3.0,
+            log_ratio_clamp=20.0)
 
 ROWS = (
     Row(f"{P}.ppo_policy_loss:PPOPolicyLossFn", "policy_objective",
         _policy(clip_range=0.2), label="ppo",
         choices=_CALL + ("clip_range 0.2 (its default_args), clip_ratio_c 3.0, token-mean "
                          "(its defaults)",),
-        conventions=dict(loss="ppo", beta=0.0, agg="token-mean", clip_low=0.2,
-                         clip_high=0.2, clip_c=3.0, log_ratio_clamp=20.0),
+        conventions=dict(_PPO, clip_high=0.2),
         audit=_WHOLE, params=_PARAMS, fits=_fits_call),
     Row(f"{P}.ppo_policy_loss:PPOPolicyLossFn", "policy_objective",
         _policy(clip_range_low=0.2, clip_range_high=0.28), label="ppo, 0.2/0.28",
         choices=_CALL + ("clip_range_low 0.2, clip_range_high 0.28: the bounds apart, so a "
                          "swap shows",),
-        conventions=dict(loss="ppo", beta=0.0, agg="token-mean", clip_low=0.2,
-                         clip_high=0.28, clip_c=3.0, log_ratio_clamp=20.0),
+        conventions=dict(_PPO, clip_high=0.28),
         audit=_WHOLE, params=_PARAMS, fits=_fits_call),
     Row(f"{P}.gspo_policy_loss:GSPOLossFn", "policy_objective",
         _policy(clip_range_low=3e-4, clip_range_high=4e-4), label="gspo",
