@@ -369,7 +369,7 @@ def trainer_main(argv, workers: int = 1) -> int:
     from .audit.model import progress_stream
     from .trainer import card, loading
     if args.all:
-        return _all_cards(args, workers)
+        return _all_cards(args)
     try:
         result = card.run(trainers.get(args.name), path=args.path, cases=args.cases,
                           seed=args.seed, workers=workers,
@@ -385,7 +385,7 @@ def trainer_main(argv, workers: int = 1) -> int:
     return result.exit_code
 
 
-def _all_cards(args, workers: int) -> int:
+def _all_cards(args) -> int:
     """`trainer --all`: each installed trainer's card in one line (JSON: the cards). Exit 1
     if any card finds a new deviation, 2 if no trainer is installed or no card could audit
     anything, else 0."""
@@ -401,7 +401,9 @@ def _all_cards(args, workers: int) -> int:
         print(f"{_prog('trainer')}: error: none of the trainers is installed "
               f"({', '.join(trainers.pins())}; pip install --no-deps)", file=sys.stderr)
         return EXIT_USAGE
-    cards = [card.run(trainers.get(n), cases=args.cases, seed=args.seed, workers=workers,
+    # one process: a card forks its second worker from a process whose torch has not run yet,
+    # which after the first card no longer holds
+    cards = [card.run(trainers.get(n), cases=args.cases, seed=args.seed, workers=1,
                       progress=progress_stream(args.json or not sys.stdout.isatty()))
              for n in names]
     if args.json:
