@@ -370,10 +370,8 @@ def command_table(repeats, scale=True):
 def card_table(repeats):
     """Wall time of each installed trainer's card (a fresh interpreter, `--json`), in shuffled
     rounds beside the import control pair; the target is ≤ 10 s a card."""
-    import importlib.util
     from crosscheck import trainer as trainers
-    names = [n for n in trainers.TRAINERS if trainers.get(n).installable and
-             importlib.util.find_spec(trainers.get(n).package) is not None]
+    names = trainers.installed()
     cmds = [(f"python -m crosscheck trainer {n} --json", ["-m", "crosscheck", "trainer", n,
                                                            "--json"]) for n in names]
     cmds += [("python -c 'import torch, scipy.differentiate'", IMPORT_BASELINE),

@@ -389,14 +389,12 @@ def _all_cards(args) -> int:
     """`trainer --all`: each installed trainer's card in one line (JSON: the cards). Exit 1
     if any card finds a new deviation, 2 if no trainer is installed or no card could audit
     anything, else 0."""
-    import importlib.util
     import json
 
     from . import trainer as trainers
     from .audit.model import progress_stream
     from .trainer import card
-    names = [n for n in trainers.TRAINERS if trainers.get(n).installable and
-             importlib.util.find_spec(trainers.get(n).package) is not None]
+    names = trainers.installed()
     if not names:
         print(f"{_prog('trainer')}: error: none of the trainers is installed "
               f"({', '.join(trainers.pins())}; pip install --no-deps)", file=sys.stderr)

@@ -15,6 +15,13 @@ def get(name: str):
     return importlib.import_module(f"{__name__}.{name}").TRAINER
 
 
+def installed():
+    """The trainers whose package is installed (MiniMind, a checkout only, never is)."""
+    import importlib.util
+    return [n for n in TRAINERS if get(n).installable and
+            importlib.util.find_spec(get(n).package) is not None]
+
+
 def pins():
     """`dist==version` of each trainer CI installs (MiniMind is not a package)."""
     return [f"{t.dist}=={t.pinned}" for t in map(get, TRAINERS) if t.installable]

@@ -24,7 +24,7 @@ import math
 import torch
 
 from .card import Known, Row, Trainer, owner_class
-from .trl import MAX_LEN
+from .trl import _LOCAL, MAX_LEN
 
 GRPO = "liger_kernel.chunked_loss.grpo_loss"
 ROW = f"{GRPO}:LigerFusedLinearGRPOLoss.forward"
@@ -95,6 +95,8 @@ _LUSPO_WHAT = (
     "called on its valid tokens alone conforms")
 _LUSPO = tuple(Known(check, "defect", _LUSPO_WHAT, variant=dict(adapt=_rows_unpadded))
                for check in ("value", "grad", "mask", "microbatch"))
+
+
 def _k3_rounded_once(adapter):
     """The loss with its k3 term evaluated in float64 and rounded once to the loss's float32:
     where this passes what the row failed, the difference was the rounding of
@@ -130,15 +132,6 @@ _PADDING = Known(
     "a NaN old or reference log-prob at padding, or one whose exp overflows, gives NaN · 0 = "
     "NaN and the whole loss is NaN. Valid positions are exact; it bites only when padding "
     "holds such values")
-_LOCAL = Known(
-    "microbatch", "documented choice",
-    "loss_type 'bnpo' normalises by the token count of the call (the local micro-batch), as "
-    "TRL's loss type of that name does, so averaged micro-batches weight tokens unequally when "
-    "they hold different numbers of tokens; 'dapo' takes num_items_in_batch instead",
-    variant=dict(microbatch="local"),
-    cite="TRL's GRPOConfig loss_type help, whose loss types Liger implements: 'bnpo' "
-         "normalises by the number of active tokens in the local batch")
-
 _SETUP = ("the log-probs fed as hidden states [0, c], c = log(expm1(−log p)), through an "
           "identity lm_head over two tokens, token 0 selected, temperature 1 (the module's own "
           "log-softmax returns log p; autograd carries its gradient back by the chain rule)",
