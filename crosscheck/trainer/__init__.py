@@ -5,7 +5,7 @@ Importing this package imports neither torch nor any trainer.
 """
 import importlib
 
-TRAINERS = ("verl", "trl", "openrlhf", "skyrl", "liger", "trinity", "minimind")
+TRAINERS = ("verl", "trl", "openrlhf", "skyrl", "liger", "trinity", "torchrl", "minimind")
 
 
 def get(name: str):
@@ -23,5 +23,7 @@ def installed():
 
 
 def pins():
-    """`dist==version` of each trainer CI installs (MiniMind is not a package)."""
-    return [f"{t.dist}=={t.pinned}" for t in map(get, TRAINERS) if t.installable]
+    """`dist==version` of each trainer CI installs (MiniMind is not a package), and of the
+    libraries their math imports (`Trainer.requires`)."""
+    return [pin for t in map(get, TRAINERS) if t.installable
+            for pin in (f"{t.dist}=={t.pinned}",) + t.requires]

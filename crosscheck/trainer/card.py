@@ -127,6 +127,9 @@ class Trainer:
     inventory: Tuple[Tuple[str, str], ...]   # (module, regex on "function" or "Class.method")
     version_file: Optional[str] = None  # a version file inside the package folder
     installable: bool = True           # False: a checkout only (--path required)
+    # the libraries its math modules import that CI installs beside it (`dist==version`, with
+    # --no-deps like the trainer: a trainer's own pins could replace torch)
+    requires: Tuple[str, ...] = ()
     not_covered_why: str = "no reference function yet"
     # a function of the inventory not covered for its own reason: ((qualname, why), ...)
     not_run: Tuple[Tuple[str, str], ...] = ()

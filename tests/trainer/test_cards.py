@@ -35,15 +35,24 @@ EXPECTED = {
     # SAPO's gate detached as a policy-gradient weight: the gradient is A·f(r)·∇log π, not the
     # A·f'(r)·r·∇log π of the objective its docstring states (sapo_policy_loss.py)
     "trinity": {"SAPOPolicyLossFn [sapo]": [("value", "deviation"), ("grad", "deviation")]},
+    # CISPO's clipped ratio left attached (zero gradient outside the band), and the KL term's
+    # .mean() over all B·T positions (grpo.py)
+    "torchrl": {"CISPOLoss._compute_policy_objective [cispo]":
+                [("value", "deviation"), ("grad", "deviation")],
+                "GRPOLoss._kl_to_ref [token_mean, kl_to_ref_coeff 0.1]":
+                [("value", "deviation"), ("grad", "deviation")]},
 }
 # the new deviations a pinned card carries: defects no known entry reproduces (the card exits 1)
-NEW = {"trinity": {"SAPOPolicyLossFn [sapo]"}}
+NEW = {"trinity": {"SAPOPolicyLossFn [sapo]"},
+       "torchrl": {"CISPOLoss._compute_policy_objective [cispo]",
+                   "GRPOLoss._kl_to_ref [token_mean, kl_to_ref_coeff 0.1]"}}
 # rows whose loss masks by multiplying after exp of every position's log-ratio (or sums padding
 # into a product): garbage at padding leaks into them, a robustness note only
 MULTIPLY_MASKED = {
     "trl": {"GRPOTrainer._compute_loss [" + t + "]" for t in
             ("dapo", "dapo, β = 0.04", "dapo, β = 0.04, bias-corrected KL", "grpo", "bnpo", "dr_grpo", "luspo", "cispo", "gspo",
              "sapo", "vespo", "sapo, sequence")},
+    "torchrl": {"GRPOLoss.forward [prompt_mean]"},
 }
 INSTALLED = [n for n in EXPECTED
              if importlib.util.find_spec(trainers.get(n).package) is not None]

@@ -23,6 +23,7 @@ LIGER = "liger_kernel/chunked_loss/grpo_loss.py"
 TPL = "trinity/algorithm/policy_loss_fn/"
 TKL = "trinity/algorithm/kl_fn/kl_fn.py"
 TUT = "trinity/algorithm/utils.py"
+TRL_GRPO = "torchrl/objectives/llm/grpo.py"
 LIGER_ROW = "LigerFusedLinearGRPOLoss.forward"
 
 # (trainer, file, text, replacement, which occurrence, the row that must catch it)
@@ -183,6 +184,19 @@ PATCHES = [
      "seq_losses = masked_sum(values, mask, axis=-1)", 0, "aggregate_loss [seq-mean-token-mean]"),
     ("trinity", TUT, "bessel_correction = mask_sum / (mask_sum - 1)",
      "bessel_correction = mask_sum / mask_sum", 0, "masked_whiten"),
+    # TorchRL 0.14.1
+    ("torchrl", TRL_GRPO, "(-self.clip_epsilon_low).log1p(),\n            self.clip_epsilon_high.log1p()",
+     "(-self.clip_epsilon_high).log1p(),\n            self.clip_epsilon_low.log1p()", 0,
+     "GRPOLoss.forward [token_mean, ε 0.2/0.28]"),
+    ("torchrl", TRL_GRPO, "gain = torch.stack([gain1, gain2], -1).min(dim=-1).values",
+     "gain = torch.stack([gain1, gain2], -1).max(dim=-1).values", 0, "GRPOLoss.forward [DAPO]"),
+    ("torchrl", TRL_GRPO, "token_count = mask_exp.sum(dim=-2, keepdim=False).clamp_min(1.0)",
+     "token_count = mask_exp.sum().clamp_min(1.0)", 0, "GRPOLoss.forward [prompt_mean]"),
+    ("torchrl", TRL_GRPO, "attention_mask = dist.mask & torch.isfinite(prev_log_prob)",
+     "attention_mask = torch.isfinite(prev_log_prob)", 0, "GRPOLoss.forward [token_mean]"),
+    ("torchrl", TRL_GRPO, "log_weight = (cur_log_prob - prev_log_prob).unsqueeze(-1)",
+     "log_weight = (cur_log_prob - prev_log_prob.detach()).unsqueeze(-1).detach()", 0,
+     "GRPOLoss.forward [token_mean]"),
 ]
 NAMES = sorted({t for t, *_ in PATCHES})
 
@@ -220,7 +234,7 @@ def _patched(text, old, new, nth):
 
 def test_there_are_at_least_thirty_planted_bugs_across_the_pinned_trainers():
     assert len(PATCHES) >= 30 and set(NAMES) == {"verl", "trl", "openrlhf", "skyrl",
-                                                            "liger", "trinity"}
+                                                            "liger", "trinity", "torchrl"}
 
 
 @pytest.mark.parametrize("name", NAMES)
