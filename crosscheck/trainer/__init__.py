@@ -5,7 +5,8 @@ Importing this package imports neither torch nor any trainer.
 """
 import importlib
 
-TRAINERS = ("verl", "trl", "openrlhf", "skyrl", "liger", "trinity", "torchrl", "minimind")
+TRAINERS = ("verl", "trl", "openrlhf", "skyrl", "liger", "trinity", "torchrl", "areal",
+            "minimind")
 
 
 def get(name: str):

@@ -238,7 +238,8 @@ class _Package(types.ModuleType):
             try:
                 return importlib.import_module(f"{self.__name__}.{name}")
             except ImportError:
-                raise AttributeError(f"{self.__name__} (its __init__ not run) has no {name!r}")
+                pass
+            return self._from_init(name)
         module, attr = where
         if module is None:
             return attr
@@ -246,6 +247,35 @@ class _Package(types.ModuleType):
         value = value if attr is None else getattr(value, attr)
         setattr(self, name, value)
         return value
+
+
+    def _from_init(self, name):
+        """A name the `__init__` defines itself (`current_platform = _LazyPlatform()`), or serves
+        from a PEP 562 `__getattr__` table: the `__init__` is run once, in this module, under
+        the stand-ins, the first time such a name is asked for."""
+        state = self.__dict__.get("_init_run")
+        if state is None:
+            init = os.path.join(self.__path__[0], "__init__.py")
+            self.__dict__["_init_run"] = state = "running"
+            try:
+                if os.path.isfile(init):
+                    with open(init, encoding="utf-8") as fh:
+                        code = compile(fh.read(), init, "exec")
+                    self.__dict__.update(__file__=init, __package__=self.__name__)
+                    exec(code, self.__dict__)
+                state = "run"
+            except (Exception, SystemExit) as exc:
+                state = f"{type(exc).__name__}: {exc}"
+            self.__dict__["_init_run"] = state
+            if name in self.__dict__:
+                return self.__dict__[name]
+            lazy = self.__dict__.get("__getattr__")
+            if callable(lazy):
+                return lazy(name)
+        why = "its __init__ not run" if state == "running" else \
+            "its __init__ run under stand-ins" if state == "run" else \
+            f"its __init__ failed under stand-ins: {state}"
+        raise AttributeError(f"{self.__name__} ({why}) has no {name!r}")
 
 
 def _reexports(package: str, init_file: str) -> Dict[str, tuple]:
@@ -431,11 +461,21 @@ class Loaded:
                     self._loaded[m] = importlib.import_module(m)
             except (Exception, SystemExit) as exc:         # a module the card cannot use
                 # (an import-time sys.exit included: it fails that module's rows, not the card)
-                self.failed[m] = f"{type(exc).__name__}: {exc}" if not isinstance(
-                    exc, SystemExit) else f"SystemExit({exc.code!r}) at import"
+                self.failed[m] = (f"{type(exc).__name__}: {exc}" if not isinstance(
+                    exc, SystemExit) else f"SystemExit({exc.code!r}) at import") + \
+                    "".join(f" ({k}'s __init__ failed under stand-ins: {v})"
+                            for k, v in self._failed_inits())
         self.stood_in = dict(self._finder.stood_in)
         self.how = "loaded by file (package __init__ files not run)"
         return self
+
+    @staticmethod
+    def _failed_inits():
+        """(package, why) for each package `__init__` that was run for a name and failed: an
+        import of that name reports only "cannot import name"."""
+        return [(k, v.__dict__["_init_run"]) for k, v in list(sys.modules.items())
+                if isinstance(v, _Package) and v.__dict__.get("_init_run") not in
+                (None, "run", "running")]
 
     def _import_normally(self) -> bool:
         try:

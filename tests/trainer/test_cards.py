@@ -41,6 +41,8 @@ EXPECTED = {
                 [("value", "deviation"), ("grad", "deviation")],
                 "GRPOLoss._kl_to_ref [token_mean, kl_to_ref_coeff 0.1]":
                 [("value", "deviation"), ("grad", "deviation")]},
+    # k3's exp overflows in float32 past a log-ratio of 88.7 (NaN gradient under the clamp)
+    "areal": {"KLEstimator._compute_approx_kl [k3]": [("grad", "robustness")]},
 }
 # the new deviations a pinned card carries: defects no known entry reproduces (the card exits 1)
 NEW = {"trinity": {"SAPOPolicyLossFn [sapo]"},
@@ -53,6 +55,7 @@ MULTIPLY_MASKED = {
             ("dapo", "dapo, β = 0.04", "dapo, β = 0.04, bias-corrected KL", "grpo", "bnpo", "dr_grpo", "luspo", "cispo", "gspo",
              "sapo", "vespo", "sapo, sequence")},
     "torchrl": {"GRPOLoss.forward [prompt_mean]"},
+    "areal": {"Normalization.__call__ [batch (adv_norm)]"},
 }
 INSTALLED = [n for n in EXPECTED
              if importlib.util.find_spec(trainers.get(n).package) is not None]

@@ -264,3 +264,58 @@ def test_a_stand_in_unpacks_through_a_wrapper_around_its_iter(monkeypatch):
     a, b, *rest = loading.StandIn()()
     assert isinstance(a, loading.StandIn) and isinstance(b, loading.StandIn) and rest == []
     assert list(loading.StandIn()) == []
+
+
+def test_a_name_a_package_init_defines_or_serves_lazily_comes_from_running_that_init(tmp_path):
+    """AReaL's `from areal.infra.platforms import current_platform` (an object the __init__
+    builds) and `from areal.api import TrainEngine` (a PEP 562 table): that one __init__ runs,
+    once, under the stand-ins; the top package's __init__ still does not."""
+    _write(tmp_path, {
+        "lazytrainer/__init__.py": """
+            raise RuntimeError("the top package's init must not run")
+            """,
+        "lazytrainer/platforms/__init__.py": """
+            import gpu_probe_not_installed_xyz            # stood in
+            RUNS = []
+            RUNS.append(1)
+
+            class _Platform:
+                device = "cpu"
+
+            current_platform = _Platform()
+            """,
+        "lazytrainer/api/__init__.py": """
+            _LAZY = {"Engine": "lazytrainer.api.engine"}
+
+            def __getattr__(name):
+                if name in _LAZY:
+                    import importlib
+                    return getattr(importlib.import_module(_LAZY[name]), name)
+                raise AttributeError(name)
+            """,
+        "lazytrainer/api/engine.py": """
+            class Engine:
+                kind = "engine"
+            """,
+        "lazytrainer/broken/__init__.py": """
+            raise ValueError("no cluster here")
+            """,
+        "lazytrainer/math.py": """
+            from lazytrainer.platforms import current_platform
+            from lazytrainer.api import Engine
+            from lazytrainer import platforms
+
+            def device():
+                return current_platform.device, Engine.kind, len(platforms.RUNS)
+            """,
+        "lazytrainer/uses_broken.py": """
+            from lazytrainer.broken import thing
+            """,
+    })
+    source = loading.locate("lazytrainer", "lazytrainer", str(tmp_path))
+    with loading.Loaded(source, ["lazytrainer.math", "lazytrainer.uses_broken"]) as loaded:
+        assert loaded.module("lazytrainer.math").device() == ("cpu", "engine", 1)
+        assert "gpu_probe_not_installed_xyz" in loaded.stood_in
+        why = loaded.failed["lazytrainer.uses_broken"]
+        assert "lazytrainer.broken" in why and "ValueError: no cluster here" in why, why
+    assert "lazytrainer" not in sys.modules and "lazytrainer.platforms" not in sys.modules

@@ -24,6 +24,8 @@ TPL = "trinity/algorithm/policy_loss_fn/"
 TKL = "trinity/algorithm/kl_fn/kl_fn.py"
 TUT = "trinity/algorithm/utils.py"
 TRL_GRPO = "torchrl/objectives/llm/grpo.py"
+AF = "areal/utils/functional/functional.py"
+AD = "areal/utils/data.py"
 LIGER_ROW = "LigerFusedLinearGRPOLoss.forward"
 
 # (trainer, file, text, replacement, which occurrence, the row that must catch it)
@@ -197,6 +199,21 @@ PATCHES = [
     ("torchrl", TRL_GRPO, "log_weight = (cur_log_prob - prev_log_prob).unsqueeze(-1)",
      "log_weight = (cur_log_prob - prev_log_prob.detach()).unsqueeze(-1).detach()", 0,
      "GRPOLoss.forward [token_mean]"),
+    # AReaL 1.0.4
+    ("areal", AF, "1.0 + (eps_clip if eps_clip_higher is None else eps_clip_higher),",
+     "1.0 + eps_clip,", 0, "ppo_actor_loss_fn [ppo, 0.2/0.28, dual clip 3]"),
+    ("areal", AF, "pg_loss3 = torch.sign(advantages) * c_clip * advantages",
+     "pg_loss3 = c_clip * advantages", 0, "ppo_actor_loss_fn [ppo, 0.2/0.28, dual clip 3]"),
+    ("areal", AF, "pg_loss = torch.where(loss_mask, pg_loss, 0).sum() / loss_mask_count",
+     "pg_loss = pg_loss.sum() / loss_mask_count", 0, "ppo_actor_loss_fn [ppo]"),
+    ("areal", AF, "soft_gate = torch.where(is_positive, scaled_gate_pos, scaled_gate_neg)",
+     "soft_gate = torch.where(is_positive, scaled_gate_neg, scaled_gate_pos)", 0,
+     "sapo_loss_fn [sapo]"),
+    ("areal", AF, "value_loss = torch.max(value_loss_original, value_loss_clipped)",
+     "value_loss = torch.min(value_loss_original, value_loss_clipped)", 0,
+     "ppo_critic_loss_fn"),
+    ("areal", AD, "log_ratio = log_ratio**2 / 2.0", "log_ratio = log_ratio**2", 0,
+     "KLEstimator._compute_approx_kl [k2]"),
 ]
 NAMES = sorted({t for t, *_ in PATCHES})
 
@@ -234,7 +251,7 @@ def _patched(text, old, new, nth):
 
 def test_there_are_at_least_thirty_planted_bugs_across_the_pinned_trainers():
     assert len(PATCHES) >= 30 and set(NAMES) == {"verl", "trl", "openrlhf", "skyrl",
-                                                            "liger", "trinity", "torchrl"}
+                                                            "liger", "trinity", "torchrl", "areal"}
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -1,0 +1,194 @@
+"""AReaL's report card: areal/utils/functional/functional.py (the actor, SAPO and critic losses)
+and areal/utils/data.py (`KLEstimator`, `Normalization`).
+
+Facts read in areal 1.0.4:
+- `import areal` runs `areal.infra` (aiohttp, ray, launchers); the math files import
+  `areal.api.cli_args` (hydra, omegaconf, uvloop) and `current_platform`, an object that
+  `areal/infra/platforms/__init__.py` builds itself, so the card loads them by file and runs
+  only that `__init__` (crosscheck/trainer/loading.py);
+- `ppo_actor_loss_fn(logprobs, proximal_logprobs, old_logprobs, advantages, eps_clip,
+  loss_mask, eps_clip_higher, c_clip, rejection_sampling, importance_sampling_level)`: PPO's
+  clipped loss with r = π_θ / π_prox, no log-ratio clamp, the dual clip only when c_clip is
+  set, summed over the (bool) mask and divided by the call's valid-token count; the behaviour
+  weight π_prox / π_behave enters only with `rejection_sampling` (None by default: then
+  `old_logprobs` is unused, and without the decoupled loss the actor passes the behaviour
+  log-probs as the proximal ones); at importance_sampling_level 'sequence' the ratio is the
+  exp of each sequence's mean log-ratio (GSPO), the loss still a token mean;
+- `sapo_loss_fn`: SAPO's gate σ(τ(r − 1))·4/τ times A, a token mean;
+- `ppo_critic_loss_fn` asserts float32 inputs; `KLEstimator` computes in float32 and clamps
+  every estimator's output to ±10; `Normalization` computes in float64 and returns float32.
+"""
+import inspect
+
+from .card import Known, Row, Trainer, per_sequence, per_token
+
+F = "areal.utils.functional.functional"
+D = "areal.utils.data"
+
+
+def _ppo(**settings):
+    def make(fn):
+        def adapter(logp, old_logp, advantages, mask):
+            loss, _ = fn(logprobs=logp, proximal_logprobs=old_logp, old_logprobs=old_logp,
+                         advantages=per_sequence(advantages, logp), eps_clip=0.2,
+                         loss_mask=mask.bool(), **settings)
+            return loss
+        return adapter
+    return make
+
+
+def _sapo(fn):
+    def adapter(logp, old_logp, advantages, mask):
+        loss, _ = fn(logprobs=logp, old_logprobs=old_logp,
+                     advantages=per_sequence(advantages, logp), tau_pos=1.0, tau_neg=1.05,
+                     loss_mask=mask.bool())
+        return loss
+    return adapter
+
+
+def _critic(fn):
+    """Token by token (a one-token mask each), in float32 as the function asserts."""
+    def adapter(values, old_values, returns, mask):
+        def one(v, o, r):
+            loss, _ = fn(value=v.float(), old_value=o.float(), target_value=r.float(),
+                         value_eps_clip=0.5, loss_mask=v.new_ones(v.shape, dtype=bool))
+            return loss
+        return per_token(one, mask, values, old_values, returns)
+    return adapter
+
+
+def _kl(kind):
+    def make(fn):
+        cls = fn.__globals__["KLEstimator"]
+
+        def adapter(logp, ref_logp, mask):
+            return cls(kind)(logp, ref_logp)
+        return adapter
+    return make
+
+
+def _normalization(grouped, **config):
+    """Normalization built from NormConfig(**config): on one reward per sequence with the
+    case's group size (`grouped`), or on masked [B, T] values."""
+    def make(fn):
+        g = inspect.unwrap(fn).__globals__             # __call__ is wrapped by torch.no_grad
+        cls, norm_config = g["Normalization"], g["NormConfig"]
+
+        def by_group(rewards, group_size):
+            return cls(norm_config(group_size=int(group_size), **config))(rewards)
+
+        def masked(x, mask):
+            return cls(norm_config(**config))(x, loss_mask=mask.bool())
+        return by_group if grouped else masked
+    return make
+
+
+_CALL = ("the proximal and the behaviour log-probs both the old log-probs (the actor passes "
+         "the behaviour log-probs as the proximal ones without the decoupled loss); "
+         "rejection_sampling None (its default: no behaviour weight); the mask as bool; "
+         "advantages broadcast to [B, T]; the loss output of (loss, stats)",
+         "[B, T] padded inputs (training packs them into 1-D streams with cu_seqlens; the "
+         "2-D branch computes the same)",
+         "judged on whole batches: the loss is a token mean over the call, which the engine "
+         "weights by each micro-batch's share of the global valid tokens")
+_WHOLE = dict(accumulation="none")
+_NORM_PADDING = Known(
+    "garbage", "robustness",
+    "Normalization masks by multiplying (x_centered * loss_mask, data.py:1452, and the masked "
+    "sums of _compute_mean and _compute_std), so a NaN or infinite value at padding gives "
+    "NaN · 0 = NaN in the statistics and every output is NaN. The advantages it normalises "
+    "are finite at every masked position (GAE over the padded batch), so it bites only when "
+    "padding holds such values")
+_K3_OVERFLOW = Known(
+    "grad", "robustness",
+    "k3 is exp(−δ) − 1 + δ computed in float32 (data.py:1647-1650) with the clamp to ±10 "
+    "applied to its output only: where log π_ref − log π exceeds 88.7 the exp overflows to "
+    "inf, the clamp returns 10, and the gradient is inf · 0 = NaN. It bites only on a token "
+    "e^88 times less likely under the policy than under the reference")
+_F32 = dict(precision="float32")
+_PPO = dict(loss="ppo", beta=0.0, agg="token-mean", clip_low=0.2, clip_high=0.2, clip_c=None,
+            log_ratio_clamp=None)
+_PARAMS = ("logprobs", "proximal_logprobs", "old_logprobs", "advantages", "eps_clip",
+           "loss_mask")
+
+ROWS = (
+    Row(f"{F}:ppo_actor_loss_fn", "policy_objective", _ppo(), label="ppo",
+        choices=_CALL + ("eps_clip 0.2, eps_clip_higher and c_clip None (its defaults)",),
+        conventions=_PPO, audit=_WHOLE, params=_PARAMS),
+    Row(f"{F}:ppo_actor_loss_fn", "policy_objective",
+        _ppo(eps_clip_higher=0.28, c_clip=3.0), label="ppo, 0.2/0.28, dual clip 3",
+        choices=_CALL + ("eps_clip 0.2, eps_clip_higher 0.28, c_clip 3.0",),
+        conventions=dict(_PPO, clip_high=0.28, clip_c=3.0), audit=_WHOLE,
+        params=_PARAMS + ("eps_clip_higher", "c_clip")),
+    Row(f"{F}:ppo_actor_loss_fn", "policy_objective",
+        _ppo(importance_sampling_level="sequence"), label="gspo (sequence level)",
+        choices=_CALL + ("importance_sampling_level 'sequence', eps_clip 0.2: the ratio of "
+                         "each sequence's mean log-ratio, the loss a token mean",),
+        conventions=dict(loss="gspo", beta=0.0, agg="token-mean", form="sequence",
+                         clip_low=0.2, clip_high=0.2),
+        audit=dict(_WHOLE, domain=("per_sequence_advantages",)),
+        params=_PARAMS + ("importance_sampling_level",)),
+    Row(f"{F}:sapo_loss_fn", "policy_objective", _sapo, label="sapo",
+        choices=("tau_pos 1.0, tau_neg 1.05 (its defaults); the mask as bool; advantages "
+                 "broadcast to [B, T]; the loss output of (loss, stats)",) + _CALL[1:],
+        conventions=dict(loss="sapo", beta=0.0, agg="token-mean", tau_pos=1.0, tau_neg=1.05,
+                         log_ratio_clamp=None),
+        audit=_WHOLE, params=("logprobs", "old_logprobs", "advantages", "tau_pos", "tau_neg",
+                              "loss_mask")),
+    Row(f"{F}:ppo_critic_loss_fn", "value_loss", _critic,
+        choices=("called token by token with a one-token mask, inputs cast to float32 (it "
+                 "asserts float32), value_eps_clip 0.5 (the critic's default), mse",),
+        conventions=dict(clip=0.5), audit=_F32,
+        params=("value", "old_value", "target_value", "value_eps_clip", "loss_mask")),
+) + tuple(
+    Row(f"{D}:KLEstimator._compute_approx_kl", "kl_penalty", _kl(kind), label=kind,
+        choices=(f"KLEstimator({kind!r}) (apply_clamp True, the actor's); it computes in "
+                 "float32; read at the valid tokens",),
+        conventions=dict(kind=kind, clamp=(None, 10.0)), audit=_F32,
+        params=("log_probs", "log_probs_base", "kl_estimator", "apply_clamp"),
+        known=(_K3_OVERFLOW,) if kind == "k3" else ())
+    for kind in ("k1", "k2", "k3")
+) + (
+    Row(f"{D}:Normalization.__call__", "group_advantages",
+        _normalization(True, mean_level="group", std_level="group"), label="group (reward_norm)",
+        choices=("Normalization(NormConfig(mean_level='group', std_level='group', group_size)) "
+                 "on one reward per sequence, as the actor's reward_norm is called; std "
+                 "unbiased and eps 1e-5 (its defaults); its float32 output",),
+        conventions=dict(ddof=1, eps=1e-5, scale="group", baseline="mean", singleton="zero"),
+        audit=_F32, params=("x", "loss_mask")),
+    Row(f"{D}:Normalization.__call__", "whiten",
+        _normalization(False, mean_level="batch", std_level="batch"), label="batch (adv_norm)",
+        choices=("Normalization(NormConfig()) (batch mean and std, its defaults) on [B, T] "
+                 "values with the mask as bool, as the actor's adv_norm is called; its float32 "
+                 "output",),
+        conventions=dict(ddof=1, eps=1e-5, eps_mode="std", shift_mean=True), audit=_F32,
+        params=("x", "loss_mask"), known=(_NORM_PADDING,)),
+)
+
+TRAINER = Trainer(
+    name="areal", package="areal", dist="areal", profile="verl", pinned="1.0.4",
+    modules=(F, D), rows=ROWS,
+    inventory=((F, r"masked_normalization|apply_rejection_sampling|ppo_actor_loss_fn|"
+                   r"sapo_loss_fn|ppo_critic_loss_fn|_compute_sequence_level_ratio_and_"
+                   r"advantages"),
+               (D, r"KLEstimator\._compute_approx_kl|Normalization\.__call__")),
+    not_run=(("masked_normalization", "not called anywhere in areal 1.0.4 (only exported)"),
+             ("_compute_sequence_level_ratio_and_advantages",
+              "reached through ppo_actor_loss_fn at importance_sampling_level 'sequence'"),
+             ("apply_rejection_sampling",
+              "the decoupled loss's behaviour weight: no reference for decoupled PPO yet")),
+    runs=("ppo_actor_loss_fn at token level (0.2/0.2; 0.2/0.28 with dual clip 3) and at "
+          "sequence level (GSPO)", "sapo_loss_fn", "ppo_critic_loss_fn (float32)",
+          "KLEstimator k1, k2, k3 with the ±10 clamp (float32)",
+          "Normalization: group mean and std on per-sequence rewards; batch mean and std on "
+          "masked [B, T] values"),
+    does_not_run=("the decoupled loss (rejection_sampling: the behaviour weight π_prox / "
+                  "π_behave, masked or clamped)", "M2PO's token filter", "the 1-D packed "
+                  "layout with cu_seqlens", "PPOActor._compute_advantages (GAE and the KL "
+                  "reward; actor.py imports the training controllers)",
+                  "Normalization with leave-one-out means or mixed levels",
+                  "the distillation terms of grpo_loss_fn"),
+    notes=("judged under the verl profile with every convention the rows need set explicitly: "
+           "AReaL's PPO loss has no log-ratio clamp and its dual clip is off unless c_clip is "
+           "set",),
+)
