@@ -6,7 +6,7 @@ Importing this package imports neither torch nor any trainer.
 import importlib
 
 TRAINERS = ("verl", "trl", "openrlhf", "skyrl", "liger", "trinity", "torchrl", "areal",
-            "minimind")
+            "unsloth", "minimind")
 
 
 def get(name: str):

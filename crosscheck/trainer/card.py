@@ -130,6 +130,8 @@ class Trainer:
     # the libraries its math modules import that CI installs beside it (`dist==version`, with
     # --no-deps like the trainer: a trainer's own pins could replace torch)
     requires: Tuple[str, ...] = ()
+    # modules of loading.ALWAYS_STAND_IN its math needs for real (imported where installed)
+    real: Tuple[str, ...] = ()
     not_covered_why: str = "no reference function yet"
     # a function of the inventory not covered for its own reason: ((qualname, why), ...)
     not_run: Tuple[Tuple[str, str], ...] = ()
@@ -734,7 +736,8 @@ def _run_rows(trainer, source, rows, cases, seed, progress, shown=None):
     shown = shown or list(range(1, len(rows) + 1))
     total = max(shown, default=0)
     domain = trainer.domain(source) if trainer.domain is not None else None
-    with loading.Loaded(source, trainer.modules) as loaded, loading.quiet_warnings():
+    with loading.Loaded(source, trainer.modules, trainer.real) as loaded, \
+            loading.quiet_warnings():
         results = []
         for i, row in zip(shown, rows):
             _progress(progress, i, total, row.name)

@@ -350,9 +350,11 @@ class _Finder(importlib.abc.MetaPathFinder):
     """Resolves the trainer's own modules from its source folder (package inits not run) and
     stands in for the third-party modules that are missing or in ALWAYS_STAND_IN."""
 
-    def __init__(self, source: Source):
+    def __init__(self, source: Source, real: Sequence[str] = ()):
         self.source = source
         self.stood_in: Dict[str, str] = {}      # top-level module -> why
+        # ALWAYS_STAND_IN, less the modules this trainer's math needs for real (`real`)
+        self.always = tuple(m for m in ALWAYS_STAND_IN if m not in real)
 
     def _missing(self, top: str) -> bool:
         for finder in sys.meta_path:
@@ -399,14 +401,14 @@ class _Finder(importlib.abc.MetaPathFinder):
         if not self._from_trainer(frame):
             return None
         missing = top not in self.stood_in and self._missing(top)
-        if (top in ALWAYS_STAND_IN or missing) and _guarded(frame):
+        if (top in self.always or missing) and _guarded(frame):
             # `try: import torch_npu / except ImportError:` takes its except branch, as it
             # would where the module is not installed
             raise ModuleNotFoundError(f"No module named {name!r} (guarded import: not stood "
                                       f"in)", name=name)
         why = self.stood_in.get(top)
         if why is None:
-            if top in ALWAYS_STAND_IN:
+            if top in self.always:
                 why = "GPU or cluster runtime, not used by the math"
             elif name == top and missing:
                 why = "not installed"
@@ -435,6 +437,9 @@ class Loaded:
     imports made inside functions) and then restores `sys.modules` and `sys.meta_path`."""
     source: Source
     modules: Sequence[str]
+    # installed modules of ALWAYS_STAND_IN the math needs for real (Unsloth asserts on
+    # transformers' types at import): imported, not stood in
+    real: Sequence[str] = ()
     how: str = ""                                        # "imported normally" | "loaded by file"
     stood_in: Dict[str, str] = field(default_factory=dict)
     failed: Dict[str, str] = field(default_factory=dict)  # module -> why it could not load
@@ -450,7 +455,7 @@ class Loaded:
             self.how = "imported normally"
             return self
         self._forget()
-        self._finder = _Finder(self.source)
+        self._finder = _Finder(self.source, self.real)
         sys.meta_path.insert(0, self._finder)
         for m in self.modules:
             if not os.path.isfile(self.source.file(m)):

@@ -43,6 +43,10 @@ EXPECTED = {
                 [("value", "deviation"), ("grad", "deviation")]},
     # k3's exp overflows in float32 past a log-ratio of 88.7 (NaN gradient under the clamp)
     "areal": {"KLEstimator._compute_approx_kl [k3]": [("grad", "robustness")]},
+    # bnpo's local token count (as TRL's); the custom backward ignores the incoming gradient
+    "unsloth": {"grpo_compute_loss [bnpo]": [("microbatch", "documented choice")],
+                "UnslothEfficientGRPO.forward [dapo, β = 0.04, the trainer's path]":
+                [("grad", "robustness")]},
 }
 # the new deviations a pinned card carries: defects no known entry reproduces (the card exits 1)
 NEW = {"trinity": {"SAPOPolicyLossFn [sapo]"},
@@ -56,6 +60,9 @@ MULTIPLY_MASKED = {
              "sapo", "vespo", "sapo, sequence")},
     "torchrl": {"GRPOLoss.forward [prompt_mean]"},
     "areal": {"Normalization.__call__ [batch (adv_norm)]"},
+    "unsloth": {"grpo_compute_loss [" + t + "]" for t in
+                ("dapo", "dapo, ε 0.2/0.28", "dapo, β = 0.04", "grpo", "bnpo", "dr_grpo",
+                 "luspo", "cispo", "gspo", "sapo")},
 }
 INSTALLED = [n for n in EXPECTED
              if importlib.util.find_spec(trainers.get(n).package) is not None]
@@ -216,7 +223,7 @@ def test_trls_sapo_deviation_is_its_float32_temperature():
     lp = np.array([[-0.3, -0.2, -0.3, -0.7], [-0.6, -0.6, -0.7, -0.3]])
     old = np.array([[-0.5, 0.1, -0.6, -1.9], [-0.2, 0.0, -1.9, -0.4]])
     A, m = np.array([-1.2, 1.4]), np.array([[1, 1, 1, 0], [1, 1, 0, 1]], bool)
-    with loading.Loaded(source, t.modules) as loaded, loading.quiet_warnings():
+    with loading.Loaded(source, t.modules, t.real) as loaded, loading.quiet_warnings():
         fn = loaded.module(trl.GRPO).GRPOTrainer._compute_loss
         got = float(row.adapt(fn)(torch.tensor(lp), torch.tensor(old), torch.tensor(A),
                                   torch.tensor(m)))

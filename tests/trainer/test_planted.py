@@ -26,6 +26,7 @@ TUT = "trinity/algorithm/utils.py"
 TRL_GRPO = "torchrl/objectives/llm/grpo.py"
 AF = "areal/utils/functional/functional.py"
 AD = "areal/utils/data.py"
+UZ = "unsloth_zoo/rl_replacements.py"
 LIGER_ROW = "LigerFusedLinearGRPOLoss.forward"
 
 # (trainer, file, text, replacement, which occurrence, the row that must catch it)
@@ -214,6 +215,25 @@ PATCHES = [
      "ppo_critic_loss_fn"),
     ("areal", AD, "log_ratio = log_ratio**2 / 2.0", "log_ratio = log_ratio**2", 0,
      "KLEstimator._compute_approx_kl [k2]"),
+    # unsloth-zoo 2026.10.9
+    ("unsloth", UZ, "coef_2 = torch.clamp(coef_1, 1 - epsilon_low, 1 + epsilon_high)",
+     "coef_2 = torch.clamp(coef_1, 1 - epsilon_high, 1 + epsilon_low)", 0,
+     "grpo_compute_loss [dapo, ε 0.2/0.28]"),
+    ("unsloth", UZ, "kl_i = torch.expm1(kl_log_ratio) - kl_log_ratio",
+     "kl_i = torch.expm1(kl_log_ratio) + kl_log_ratio", 0, "grpo_compute_loss [dapo, β = 0.04]"),
+    ("unsloth", UZ, "clamped_ratios = torch.clamp(coef_1, max=epsilon_high).detach()",
+     "clamped_ratios = torch.clamp(coef_1, max=epsilon_high)", 0, "grpo_compute_loss [cispo]"),
+    ("unsloth", UZ, "loss = (loss_i * mask).sum() / (loss_i.size(0) * max_completion_length)",
+     "loss = (loss_i * mask).sum() / (loss_i.size(1) * max_completion_length)", 0,
+     "grpo_compute_loss [dr_grpo]"),
+    ("unsloth", UZ, "log_importance_weights = (log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)",
+     "log_importance_weights = (log_ratio * mask).sum(-1)", 0, "grpo_compute_loss [gspo]"),
+    ("unsloth", UZ, "temperatures = torch.where(advantages > 0, sapo_temperature_pos, sapo_temperature_neg)",
+     "temperatures = torch.where(advantages > 0, sapo_temperature_neg, sapo_temperature_pos)", 0,
+     "grpo_compute_loss [sapo]"),
+    ("unsloth", UZ, "grad_inputs                  .div_(n_chunks)",
+     "grad_inputs                  .div_(n_chunks + 1)", 0,
+     "UnslothEfficientGRPO.forward [dapo, β = 0.04, the trainer's path]"),
 ]
 NAMES = sorted({t for t, *_ in PATCHES})
 
@@ -251,7 +271,7 @@ def _patched(text, old, new, nth):
 
 def test_there_are_at_least_thirty_planted_bugs_across_the_pinned_trainers():
     assert len(PATCHES) >= 30 and set(NAMES) == {"verl", "trl", "openrlhf", "skyrl",
-                                                            "liger", "trinity", "torchrl", "areal"}
+                                                            "liger", "trinity", "torchrl", "areal", "unsloth"}
 
 
 @pytest.mark.parametrize("name", NAMES)
