@@ -4,7 +4,8 @@ import numpy as np
 import torch
 
 from crosscheck.audit import audit
-from crosscheck.audit.calls import LOGP_PAD, finite_padding, log_probs_in_domain, pad_value
+from crosscheck.audit.calls import (LOGP_PAD, finite_padding, log_probs_in_domain, pad_logits,
+                                    pad_value)
 from crosscheck.check import cases as cases_mod
 
 
@@ -108,3 +109,15 @@ def test_the_second_padding_scales_the_first_except_for_log_probs():
     for name in ("advantages", "values", "returns", "rewards"):
         assert pad_value(name, 3.0) == 3.0 * pad_value(name)
     assert pad_value("logp", 3.0) == pad_value("logp") == LOGP_PAD
+
+
+def test_padding_logits_are_a_ramp_centred_on_zero_spanning_the_base():
+    """Finite, distinct and centred, so a masked row's softmax is spread evenly about its middle
+    token whatever the vocabulary size; one token gets half the base."""
+    for V in (2, 3, 7):
+        for base in (1.0, 4.0):
+            row = pad_logits((2, 3, V), base)
+            assert row.shape == (V,) and len(set(row.tolist())) == V
+            assert row.min() == -base and row.max() == base
+            assert abs(row.sum()) < 1e-12 * base * V
+    np.testing.assert_array_equal(pad_logits((1, 1), 4.0), [2.0])

@@ -140,3 +140,16 @@ def test_problems_solved_together_get_the_answers_they_get_alone():
                                    atol=1e-9)
     assert together[0] == pytest.approx(2.0, rel=1e-9)
     assert together[1] == pytest.approx(4e4 * np.cos(1.0), rel=1e-6)
+
+
+def test_an_all_masked_batch_gives_every_point_the_public_functions_zero():
+    """approx_kl with no valid token is 0 (its docstring); the many-point path must not
+    divide by the zero count."""
+    logp = np.array([[[-1.0, -2.0]], [[-0.5, -1.5]]])
+    old, mask = np.array([[-1.2, -1.0]]), np.zeros((1, 2), bool)
+    for kind in ("k1", "k2", "k3"):
+        assert ref_numpy.approx_kl(logp[0], old, mask, kind=kind) == 0.0
+        with np.errstate(all="raise"):
+            got = many.evaluate("approx_kl", dict(old_logp=old, mask=mask), dict(logp=logp),
+                                dict(kind=kind))
+        assert got == [0.0, 0.0]

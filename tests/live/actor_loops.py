@@ -75,13 +75,14 @@ def verl_step(core_algos, mode="token-mean", micro=4, bug=None, seed=0, kl=False
     return logits.grad
 
 
-def openrlhf_step(loss_module, token_level=True, micro=4, bug=None, seed=0, rec=None):
+def openrlhf_step(loss_module, token_level=True, micro=4, bug=None, seed=0, rec=None,
+                  dual_clip=None):
     """One OpenRLHF-style step: PolicyLoss built by the actor, global counts passed per call."""
     data = mini_batch(seed)
     logits = policy()
     mask = data["mask"]
     actor_loss = loss_module.PolicyLoss(clip_eps_low=0.2, clip_eps_high=0.28,
-                                        token_level_loss=token_level)
+                                        token_level_loss=token_level, dual_clip=dual_clip)
     n = len(range(0, 8, micro))
     for start in range(0, 8, micro):
         rows = slice(start, start + micro)

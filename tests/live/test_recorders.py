@@ -132,6 +132,18 @@ def test_openrlhf_dividing_by_the_micro_batches_again_is_caught(openrlhf_modules
     assert grads and all("is 0.5×" in f.message for f in grads)
 
 
+def test_an_openrlhf_step_with_a_dual_clip_is_judged_with_it(openrlhf_modules):
+    """dual_clip 1.05 binds on this batch (negative advantages with ratios above 1.05), so the
+    step conforms only if the recorder passes the dual clip on to the reference."""
+    data = actor_loops.mini_batch(0)
+    lp = actor_loops.log_probs(actor_loops.policy(), data["tokens"]).detach()
+    ratio = torch.exp(lp - data["old"])
+    assert bool(((data["adv"] < 0) & (ratio > 1.05) & data["mask"]).any())
+    report = _openrlhf(openrlhf_modules, dual_clip=1.05)
+    assert report.ok is True, report.text()
+    assert report.steps[0].counts["gradient"] == [48, 0]
+
+
 def test_openrlhf_a_local_token_count_is_caught(openrlhf_modules):
     report = _openrlhf(openrlhf_modules, bug="local")
     assert {f.check for f in report.deviations} == {"global counts", "gradient"}

@@ -185,3 +185,9 @@ def test_whitened_group_advantages_refuses_a_mask_that_is_not_zero_or_one(bad):
     ok[1, 2] = 0.0
     a, t = both("whitened_group_advantages", r, ok, group_size=2)
     np.testing.assert_allclose(a, t, rtol=1e-12)
+
+
+def test_a_pass_at_k_group_of_one_is_refused_naming_its_row_and_the_rule():
+    with pytest.raises(ValueError, match=r"rewards of row 2 form a group of one; pass@k compares "
+                                         r"the best and second-best of a group of at least 2"):
+        ref_numpy.passk_advantages(np.array([1.0, 0.0, 1.0]), group_ids=np.array([0, 0, 1]))

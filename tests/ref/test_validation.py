@@ -174,3 +174,9 @@ def test_unsigned_integer_masks_and_group_ids_are_accepted_as_integers():
     ids = np.array([0, 1, 0, 1, 2, 2])
     np.testing.assert_array_equal(ref_numpy.group_advantages(r, group_ids=ids.astype(np.uint8)),
                                   ref_numpy.group_advantages(r, group_ids=ids))
+
+
+def test_a_whitening_cotangent_of_the_wrong_shape_names_g_and_x():
+    with pytest.raises(ValueError, match=r"^g has shape \(2, 2\) but x has \(2, 3\); both must "
+                                         r"be \[B, T\]$"):
+        ref_numpy.whiten_vjp(np.ones((2, 2)), np.ones((2, 3)), mask=np.ones((2, 3)))

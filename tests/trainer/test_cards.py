@@ -118,6 +118,8 @@ def test_a_card_names_its_trainer_first_and_each_row_by_function_and_time(name, 
     c = cards[name]
     assert c.text().splitlines()[0].startswith(f"report card: {name} {c.source.version}")
     d = c.to_dict()
+    assert d["root"] == c.source.root and os.path.isdir(os.path.join(d["root"],
+                                                                     trainers.get(name).package))
     assert [r["function"] for r in d["rows"]] == [r.row.qualname for r in c.rows]
     assert all(0.0 <= r.seconds <= c.seconds for r in c.rows)
     assert sum(r.seconds for r in c.rows) <= c.seconds
@@ -276,3 +278,20 @@ def test_the_command_splits_a_card_over_two_processes_and_prints_the_same_card()
     assert stable(forked) == stable(json.loads(json.dumps(one)))
     assert [r["function"] for r in forked["rows"]][:3] == \
         [r.qualname for r in trainers.get("openrlhf").rows][:3]
+
+
+def test_per_token_maps_a_call_over_the_valid_tokens_and_gives_0_elsewhere():
+    import torch
+    a = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    b = torch.tensor([[10.0, 20.0, 30.0], [40.0, 50.0, 60.0]])
+    mask = torch.tensor([[True, False, True], [False, False, False]])
+    calls = []
+
+    def call(x, y):
+        calls.append(tuple(x.shape))
+        return (x * y + 1).sum()
+    got = card.per_token(call, mask, a, b)
+    assert torch.equal(got, torch.tensor([[11.0, 0.0, 91.0], [0.0, 0.0, 0.0]]))
+    assert calls == [(1, 1), (1, 1)]
+    assert card.per_token(call, mask[:, :0], a[:, :0], b[:, :0]).shape == (2, 0)
+    assert card.per_token(call, mask[:0], a[:0], b[:0]).shape == (0, 3)
