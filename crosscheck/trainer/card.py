@@ -28,6 +28,7 @@ do not hold in this version, or every case raised), NOT IN THIS VERSION (the fun
 module is absent). The card's exit code is 1 only for a new deviation, so that CI can gate on it.
 """
 import ast
+import contextlib
 import functools
 import inspect
 import os
@@ -132,6 +133,9 @@ class Trainer:
     requires: Tuple[str, ...] = ()
     # modules of loading.ALWAYS_STAND_IN its math needs for real (imported where installed)
     real: Tuple[str, ...] = ()
+    # environment variables set while its card runs ((name, value), ...): "{tmp}" is a
+    # temporary directory (ROLL writes log files at import, under ROLL_LOG_DIR)
+    environ: Tuple[Tuple[str, str], ...] = ()
     not_covered_why: str = "no reference function yet"
     # a function of the inventory not covered for its own reason: ((qualname, why), ...)
     not_run: Tuple[Tuple[str, str], ...] = ()
@@ -730,13 +734,35 @@ def grade(row: Row, report, precision: str, root: str, audit_row) -> List[dict]:
     return out
 
 
+@contextlib.contextmanager
+def _environ(settings):
+    """The trainer's environment variables (Trainer.environ) while its card runs; "{tmp}" in a
+    value is a temporary directory, removed afterwards."""
+    import tempfile
+    if not settings:
+        yield
+        return
+    saved = {k: os.environ.get(k) for k, _ in settings}
+    with tempfile.TemporaryDirectory(prefix="crosscheck-") as tmp:
+        os.environ.update({k: v.replace("{tmp}", tmp) for k, v in settings})
+        try:
+            yield
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
 def _run_rows(trainer, source, rows, cases, seed, progress, shown=None):
     """(the rows' results, what the loader describes, the modules that failed to load).
     `shown`: the row numbers the progress display gives (1..len(rows) by default)."""
     shown = shown or list(range(1, len(rows) + 1))
     total = max(shown, default=0)
     domain = trainer.domain(source) if trainer.domain is not None else None
-    with loading.Loaded(source, trainer.modules, trainer.real) as loaded, \
+    with _environ(trainer.environ), \
+            loading.Loaded(source, trainer.modules, trainer.real) as loaded, \
             loading.quiet_warnings():
         results = []
         for i, row in zip(shown, rows):

@@ -463,7 +463,7 @@ class Loaded:
                 continue
             try:
                 with quiet_warnings():    # e.g. "vLLM version 0+stand.in is not supported"
-                    self._loaded[m] = importlib.import_module(m)
+                    self._loaded[m] = _silently(importlib.import_module, m)
             except (Exception, SystemExit) as exc:         # a module the card cannot use
                 # (an import-time sys.exit included: it fails that module's rows, not the card)
                 self.failed[m] = (f"{type(exc).__name__}: {exc}" if not isinstance(
@@ -486,7 +486,7 @@ class Loaded:
         try:
             with quiet_warnings():
                 for m in self.modules:
-                    self._loaded[m] = importlib.import_module(m)
+                    self._loaded[m] = _silently(importlib.import_module, m)
         except (Exception, SystemExit):
             self._loaded.clear()
             return False
@@ -533,6 +533,14 @@ def version_of(root: str, relative: str) -> Optional[str]:
             return fh.read().strip() or None
     except OSError:
         return None
+
+
+def _silently(fn, *args):
+    """fn(*args) with what it prints discarded: a trainer that prints at import (ROLL's
+    logger) must not reach the card's output, which may be JSON."""
+    import io
+    with contextlib.redirect_stdout(io.StringIO()):
+        return fn(*args)
 
 
 @contextlib.contextmanager

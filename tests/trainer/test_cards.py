@@ -295,3 +295,113 @@ def test_per_token_maps_a_call_over_the_valid_tokens_and_gives_0_elsewhere():
     assert calls == [(1, 1), (1, 1)]
     assert card.per_token(call, mask[:, :0], a[:, :0], b[:, :0]).shape == (2, 0)
     assert card.per_token(call, mask[:0], a[:0], b[:0]).shape == (0, 3)
+
+
+# ROLL (a checkout only): fixture files written here in the shape of roll/utils/functionals.py
+# at commit 8eb27cc2 (its signatures and call conventions), not its code
+ROLL_FUNCTIONALS = '''
+import torch
+from roll.platforms import current_platform          # an object its package __init__ builds
+from roll.utils.logging import get_logger
+
+logger = get_logger()
+
+
+def _msum(x, m, dim=None):
+    return (x * m).sum() if dim is None else (x * m).sum(dim)
+
+
+def agg_loss(loss_mat, loss_mask, loss_agg_mode, batch_num_tokens=None,
+             global_valid_samples=None, weights=None):
+    n = loss_mask.sum() if batch_num_tokens is None else batch_num_tokens
+    rows = loss_mat.shape[0] if global_valid_samples is None else global_valid_samples
+    if loss_agg_mode == "token-mean":
+        return NUMERATOR / n
+    per_row = _msum(loss_mat, loss_mask, -1)
+    if loss_agg_mode == "seq-mean-token-mean":
+        per_row = per_row / (loss_mask.sum(-1) + 1e-8)
+    if loss_agg_mode == "seq-mean-token-sum-norm":
+        return per_row.sum() / loss_mask.shape[-1]
+    return per_row.sum() / (rows + 1e-8)
+
+
+def masked_whiten(values, mask, shift_mean=True):
+    n = mask.sum()
+    mean = _msum(values, mask) / n
+    var = _msum((values - mean) ** 2, mask) / n * n / (n - 1)
+    out = (values - mean) * torch.rsqrt(var + 1e-8)
+    return out if shift_mean else out + mean
+
+
+def compute_approx_kl(log_probs, log_probs_base, action_mask=None, kl_penalty="kl"):
+    d = log_probs - log_probs_base
+    if kl_penalty == "kl":
+        k = d
+    elif kl_penalty == "abs":
+        k = d.abs()
+    elif kl_penalty == "mse":
+        k = 0.5 * d * d
+    else:
+        k = (torch.exp(-d) - 1 + d).clamp(-10, 10)
+    return k if action_mask is None else k * action_mask
+
+
+def compute_gae_advantage_return(token_level_rewards, values, gamma, lambd):
+    with torch.no_grad():
+        T = token_level_rewards.shape[-1]
+        running, out = 0.0, [None] * T
+        for t in range(T - 1, -1, -1):
+            after = values[:, t + 1] if t + 1 < T else 0.0
+            running = token_level_rewards[:, t] + gamma * after - values[:, t] + \\
+                gamma * lambd * running
+            out[t] = running
+        adv = torch.stack(out, dim=1)
+    return adv, adv + values
+
+
+def reward_norm(response_level_rewards, n_sample=-1, running_ctrl={}, norm_mean_type=None,
+                norm_std_type=None):
+    g = response_level_rewards.reshape(-1, n_sample)
+    return ((g - g.mean(-1, keepdim=True)) / (g.std(-1, keepdim=True) + 1e-6)).reshape(-1)
+'''
+ROLL_PACKAGE = {
+    "roll/__init__.py": "import os\nos.environ.setdefault('RAY_DEDUP_LOGS', '1')\n",
+    "roll/platforms/__init__.py": "class _Cpu:\n    device_type = 'cpu'\n\n\ncurrent_platform = _Cpu()\n",
+    "roll/utils/__init__.py": "",
+    "roll/utils/logging.py": (
+        "import logging, os\n\n\ndef get_logger():\n"
+        "    d = os.environ.get('ROLL_LOG_DIR', './output/logs')\n"
+        "    os.makedirs(d, exist_ok=True)\n    print('Created or verified log directory:', d)\n"
+        "    return logging.getLogger('roll')\n"),
+}
+
+
+def _roll_checkout(root, numerator):
+    for rel, text in ROLL_PACKAGE.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    (root / "roll/utils/functionals.py").write_text(ROLL_FUNCTIONALS.replace("NUMERATOR",
+                                                                            numerator))
+
+
+@pytest.mark.parametrize("numerator, token_mean", [
+    ("_msum(loss_mat, loss_mask)", "CONFORMS"),
+    ("loss_mat.sum()", "DOES NOT CONFORM")])          # ROLL 8eb27cc2's token-mean
+def test_roll_cards_a_checkout_and_finds_an_unmasked_token_mean_and_a_mask_free_gae(
+        tmp_path, monkeypatch, capsys, numerator, token_mean):
+    _roll_checkout(tmp_path, numerator)
+    monkeypatch.chdir(tmp_path)
+    c = card.run(trainers.get("roll"), path=str(tmp_path), cases=24)
+    verdicts = {r.row.name: r.verdict for r in c.rows}
+    assert verdicts.pop("agg_loss [token-mean]") == token_mean
+    # no mask: the critic's value at the first padding position is bootstrapped from
+    assert verdicts.pop("compute_gae_advantage_return") == "DOES NOT CONFORM"
+    assert set(verdicts.values()) == {"CONFORMS"}, verdicts
+    assert c.exit_code == 1
+    assert capsys.readouterr().out == ""                  # its import-time print is dropped
+    assert not (tmp_path / "output").exists()             # ROLL_LOG_DIR was a temporary dir
+
+
+def test_roll_needs_a_path():
+    with pytest.raises(loading.TrainerNotFound):
+        card.run(trainers.get("roll"))
