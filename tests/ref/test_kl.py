@@ -25,6 +25,17 @@ def no_nan(*arrays):
 class TestKlPenalty:
     """kl_penalty: the estimators, their gradients and the clamps."""
 
+    def test_the_squared_log_ratio_penalty_is_twice_k2(self):
+        # prime-rl's kl_tau·(log π − log μ)² and Kimi's squared log-ratio: 2·k2 with β = 2·τ,
+        # in value and in gradient (∂/∂logp = 2(logp − ref)), through both twins
+        logp = np.array([[-0.3, -2.0, -5.0], [-1e-9, -40.0, -0.7]])
+        ref = np.array([[-0.9, -2.0, -1.0], [-3.0, -0.5, -0.71]])
+        for k in both("kl_penalty", logp, ref, kind="k2"):
+            close(2 * np.asarray(k), (logp - ref) ** 2, rtol=1e-15, atol=0)
+        hand, auto, _ = grads("kl_penalty", 0, np.full(logp.shape, 2.0), logp, ref, kind="k2")
+        close(hand["logp"], 2 * (logp - ref), rtol=1e-15, atol=0)
+        close(auto, 2 * (logp - ref), rtol=1e-15, atol=0)
+
     def test_estimators_values_and_gradients(self):
         # logp = log 0.5, ref = log 0.4: x = log 0.8
         # k1 = −x, k2 = ½x², k3 = 0.8 − 1 − x, abs = −x;  ∂/∂logp: 1, −x, 1 − 0.8, 1
