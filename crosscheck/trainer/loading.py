@@ -23,6 +23,7 @@ card leaves the interpreter as it found it. Nothing from a trainer is ever writt
 import ast
 import contextlib
 import dis
+import glob
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -33,7 +34,7 @@ import subprocess
 import sys
 import types
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 # GPU kernels and cluster runtimes: the math never needs them, and importing them without a GPU
 # fails or takes long, so they are stood in even when installed. transformers too: the losses
@@ -51,21 +52,37 @@ class TrainerNotFound(LookupError):
 
 @dataclass
 class Source:
-    """Where a trainer's code is: the directory holding its package, and what version it is."""
+    """Where a trainer's code is: the directory holding its package, and what version it is.
+    A checkout may split one package over several source roots (prime-rl: `src/` and
+    `packages/prime-rl-configs/src/`, neither with a top `__init__.py`): `roots` lists them,
+    `root` first."""
     package: str
     root: str                        # the directory that contains <package>/
     origin: str                      # "installed" or "checkout"
     version: str                     # "0.9.1", or "commit 1a2b3c4 (package version 0.9.1)"
     package_version: str = "unknown"     # what `<package>.__version__` gives the trainer's code
+    more_roots: Tuple[str, ...] = ()     # further directories that contain <package>/
+
+    @property
+    def roots(self) -> Tuple[str, ...]:
+        return (self.root,) + tuple(self.more_roots)
 
     def file(self, module: str) -> str:
-        """The source file of `module` (a dotted name inside the package)."""
+        """The source file of `module` (a dotted name inside the package), in the first root
+        that has it."""
+        for root in self.roots:
+            base = os.path.join(root, *module.split("."))
+            for path in (os.path.join(base, "__init__.py"), base + ".py"):
+                if os.path.isfile(path):
+                    return path
         base = os.path.join(self.root, *module.split("."))
         package = os.path.join(base, "__init__.py")
-        return package if os.path.isfile(package) else base + ".py"
+        return package if os.path.isdir(base) else base + ".py"
 
     def relative(self, path: str) -> str:
-        return os.path.relpath(path, self.root)
+        path = os.path.abspath(path)
+        root = next((r for r in self.roots if path.startswith(os.path.join(r, ""))), self.root)
+        return os.path.relpath(path, root)
 
 
 def _git_commit(path: str) -> Optional[str]:
@@ -103,8 +120,10 @@ def locate(package: str, dist: str, path: Optional[str] = None, version_file=Non
         top = os.path.abspath(os.path.expanduser(path))
         if not os.path.isdir(top):
             raise TrainerNotFound(f"--path {path!r} is not a directory")
-        candidates = [top, os.path.join(top, "src")]
-        root = next((c for c in candidates if os.path.isdir(os.path.join(c, package))), None)
+        candidates = [top, os.path.join(top, "src")] + sorted(
+            glob.glob(os.path.join(top, "packages", "*", "src")))
+        roots = [c for c in candidates if os.path.isdir(os.path.join(c, package))]
+        root = roots[0] if roots else None
         if root is None:
             raise TrainerNotFound(f"--path {path!r} does not hold {package}: no {package}/ "
                                   f"folder in it (nor in its src/)")
@@ -115,7 +134,8 @@ def locate(package: str, dist: str, path: Optional[str] = None, version_file=Non
         commit = _git_commit(top)
         version = (f"commit {commit}" if commit else "not a git checkout") + \
             (f" (package version {own})" if own else "")
-        source = Source(package, root, "checkout", version, own or "unknown")
+        source = Source(package, root, "checkout", version, own or "unknown",
+                        tuple(roots[1:]))
     missing = [m for m in needs if not os.path.isfile(source.file(m))]
     if needs and len(missing) == len(needs):     # a release may lack some: their rows say so
         where = "the installed package" if path is None else f"--path {path!r}"
@@ -219,9 +239,9 @@ class _Package(types.ModuleType):
     """One of the trainer's packages, its `__init__` not run: a name it re-exports from a
     submodule (`from .groupwise import f`) is imported from there on first use."""
 
-    def __init__(self, name, directory, reexports):
+    def __init__(self, name, directories, reexports):
         super().__init__(name)
-        self.__path__ = [directory]
+        self.__path__ = list(directories)
         self._reexports = reexports
 
     def __getattr__(self, name):
@@ -255,7 +275,8 @@ class _Package(types.ModuleType):
         the stand-ins, the first time such a name is asked for."""
         state = self.__dict__.get("_init_run")
         if state is None:
-            init = os.path.join(self.__path__[0], "__init__.py")
+            init = next((os.path.join(d, "__init__.py") for d in self.__path__
+                         if os.path.isfile(os.path.join(d, "__init__.py"))), "")
             self.__dict__["_init_run"] = state = "running"
             try:
                 if os.path.isfile(init):
@@ -418,16 +439,20 @@ class _Finder(importlib.abc.MetaPathFinder):
         return importlib.util.spec_from_loader(name, _Loader(StandInModule), is_package=True)
 
     def _own_spec(self, name, top):
-        base = os.path.join(self.source.root, *name.split("."))
-        init = os.path.join(base, "__init__.py")
-        if os.path.isfile(init) or os.path.isdir(base) and not os.path.isfile(base + ".py"):
+        bases = [os.path.join(root, *name.split(".")) for root in self.source.roots]
+        inits = [os.path.join(b, "__init__.py") for b in bases]
+        dirs = [b for b, i in zip(bases, inits)
+                if os.path.isfile(i) or os.path.isdir(b) and not os.path.isfile(b + ".py")]
+        if dirs:       # a package, or one namespace package spread over several roots
+            init = next((i for i in inits if os.path.isfile(i)), inits[0])
             exports = _reexports(name, init)
             if name == top:
                 exports.setdefault("__version__", (None, self.source.package_version))
             return importlib.util.spec_from_loader(
-                name, _Loader(lambda n: _Package(n, base, exports)), is_package=True)
-        if os.path.isfile(base + ".py"):
-            return importlib.util.spec_from_file_location(name, base + ".py")
+                name, _Loader(lambda n: _Package(n, dirs, exports)), is_package=True)
+        module = next((b + ".py" for b in bases if os.path.isfile(b + ".py")), None)
+        if module is not None:
+            return importlib.util.spec_from_file_location(name, module)
         return None
 
 

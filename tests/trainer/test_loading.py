@@ -319,3 +319,43 @@ def test_a_name_a_package_init_defines_or_serves_lazily_comes_from_running_that_
         why = loaded.failed["lazytrainer.uses_broken"]
         assert "lazytrainer.broken" in why and "ValueError: no cluster here" in why, why
     assert "lazytrainer" not in sys.modules and "lazytrainer.platforms" not in sys.modules
+
+
+def test_a_checkout_split_over_several_source_roots_loads_as_one_package(tmp_path):
+    """prime-rl's layout: src/ and packages/<name>/src/ each hold part of one package, neither
+    with a top __init__.py; a module in one root imports from the other."""
+    _write(tmp_path, {
+        "src/splittrainer/trainer/rl/__init__.py": "",
+        "src/splittrainer/trainer/rl/loss.py": """
+            from splittrainer.configs.trainer import LossConfig
+            from splittrainer.utils.helpers import doubled
+
+            def scaled(x):
+                return doubled(x) * LossConfig.tau
+            """,
+        "src/splittrainer/utils/helpers.py": """
+            def doubled(x):
+                return 2 * x
+            """,
+        "packages/splittrainer-configs/src/splittrainer/configs/__init__.py": "",
+        "packages/splittrainer-configs/src/splittrainer/configs/trainer.py": """
+            import missing_settings_lib_xyz
+
+            class LossConfig:
+                tau = 0.5
+            """,
+        "packages/splittrainer-configs/src/splittrainer/utils/config.py": "X = 1\n",
+    })
+    source = loading.locate("splittrainer", "splittrainer", str(tmp_path))
+    assert source.root == str(tmp_path / "src")
+    assert source.more_roots == (str(tmp_path / "packages/splittrainer-configs/src"),)
+    configs = source.file("splittrainer.configs.trainer")
+    assert configs == str(tmp_path / "packages/splittrainer-configs/src/splittrainer/configs"
+                                     "/trainer.py")
+    assert source.relative(configs) == "splittrainer/configs/trainer.py"
+    with loading.Loaded(source, ["splittrainer.trainer.rl.loss"]) as loaded:
+        assert loaded.module("splittrainer.trainer.rl.loss").scaled(3) == 3.0
+        assert "missing_settings_lib_xyz" in loaded.stood_in
+        assert sys.modules["splittrainer.utils"].__path__ == [
+            str(tmp_path / "src/splittrainer/utils"),
+            str(tmp_path / "packages/splittrainer-configs/src/splittrainer/utils")]
