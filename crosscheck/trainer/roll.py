@@ -121,7 +121,8 @@ TRAINER = Trainer(
            "masked position it enters the loss: the train/infer correction filters tokens by "
            "multiplying response_mask and final_response_mask by its filter mask "
            "(actor_worker.py), but their policy losses stay in the token-mean numerator, so "
-           "the filter does nothing under the default mode. A defect to file upstream",
+           "with loss_agg_mode 'token-mean' (the default is seq-mean-token-mean) the filter "
+           "does nothing to the policy gradient. A defect to file upstream",
            "agg_loss 'seq-mean-token-sum-norm' divides the sum over sequences by T = "
            "loss_mask.shape[-1] (functionals.py:274), not also by the number of sequences: "
            "the form verl had before 0.9, which the reference's mode of that name keeps; verl "
