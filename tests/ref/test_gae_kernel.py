@@ -73,7 +73,7 @@ PATHS = {"right-padded Toeplitz": ("right", 0.95), "scaled (holes)": ("holed", 0
          "scaled at the smallest γλ": ("holed", None), "scan (holes, small γλ)": ("holed", 0.3)}
 
 
-@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("path", PATHS, ids=lambda p: p.replace("γλ", "gamma-lambda"))
 def test_each_path_is_taken_and_gives_the_recursions_values_and_gradients(path, monkeypatch):
     """Which path runs depends on the mask, on γλ (Q_MIN) and on autograd (the scaled path works
     in place, so holed inputs that require grad take the scan); each must be the one expected
