@@ -117,6 +117,9 @@ def test_a_card_names_its_trainer_first_and_each_row_by_function_and_time(name, 
         pytest.skip(f"{name} is not installed (.ci/run installs it with --no-deps)")
     c = cards[name]
     assert c.text().splitlines()[0].startswith(f"report card: {name} {c.source.version}")
+    if any(f.get("counterexample") for r in c.rows for f in r.findings):
+        assert "    minimal counterexample (the inputs as passed, padding included):" in \
+            c.text().splitlines()
     d = c.to_dict()
     assert d["root"] == c.source.root and os.path.isdir(os.path.join(d["root"],
                                                                      trainers.get(name).package))
