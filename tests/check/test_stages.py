@@ -305,3 +305,26 @@ def test_a_flat_index_into_the_second_output_names_it():
     assert stages.unflat_index(outs, 4, ("advantages", "returns")) == ["advantages", 1, 1]
     assert stages.unflat_index(outs, 6 + 7, ("advantages", "returns")) == ["returns", 1, 2]
     assert stages.unflat_index(outs, 26, ("advantages", "returns")) == []
+
+
+def test_the_command_splits_the_check_over_two_processes_and_reports_the_same_results():
+    """Run as a program on two cores the cross-check forks a child for every other function;
+    its results are those one process computes, stage for stage."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.helpers import run_cli
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("one core: the command runs the check in one process")
+    argv = ["--json", "--cases", "3", "--only", "gae,whiten,aggregate,kl_penalty"]
+    proc = subprocess.run([sys.executable, "-m", "crosscheck"] + argv, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    code, out, _ = run_cli(argv)
+    assert code == 0
+    forked, one = json.loads(proc.stdout), json.loads(out)
+    key = lambda r: (r["name"], r["stage"])          # noqa: E731
+    assert sorted(forked["results"], key=key) == sorted(one["results"], key=key)
+    assert {r["name"] for r in forked["results"]} == {"gae", "whiten", "aggregate", "kl_penalty"}
