@@ -408,3 +408,25 @@ def test_roll_cards_a_checkout_and_finds_an_unmasked_token_mean_and_a_mask_free_
 def test_roll_needs_a_path():
     with pytest.raises(loading.TrainerNotFound):
         card.run(trainers.get("roll"))
+
+
+def test_liger_k3_variant_evaluates_the_term_in_float64_rounds_it_once_and_restores_the_coded():
+    """The variant of Liger's k3 precision note: k3 = expm1(x) − x, x = log p − log q, computed
+    in float64 and rounded once to the loss's float32, in place of the module's k3_loss_fn for
+    the duration of the call only."""
+    import torch
+    from crosscheck.trainer.liger import _k3_rounded_once
+    seen = {}
+
+    def adapter(log_p, log_q):
+        seen["k3"] = adapter.loss_globals["k3_loss_fn"](log_p, log_q)
+        return "called"
+    adapter.loss_globals = {"k3_loss_fn": "coded"}
+    log_p = torch.tensor([-1.0, -0.25], dtype=torch.float32)
+    log_q = torch.tensor([-1.5, -0.25], dtype=torch.float32)
+    assert _k3_rounded_once(adapter)(log_p, log_q) == "called"
+    x = log_p.double() - log_q.double()
+    assert seen["k3"].dtype == torch.float32
+    assert torch.equal(seen["k3"], (torch.expm1(x) - x).float())
+    assert seen["k3"][1] == 0.0 and abs(float(seen["k3"][0]) - 0.1487212707) < 1e-7
+    assert adapter.loss_globals["k3_loss_fn"] == "coded"
