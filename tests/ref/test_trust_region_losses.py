@@ -191,3 +191,17 @@ def test_vespo_weight_is_the_sequences_and_follows_the_advantages_sign():
     adv = np.array([[1.0, -1.0]])
     g = ref_numpy.vespo_loss_vjp(np.ones((1, 2)), lp, old, adv)["logp"]
     np.testing.assert_allclose(g, [[-9 * math.exp(-6), 27 * math.exp(-4)]], rtol=1e-13)
+
+
+def test_vespo_clamps_the_sequences_log_weight_at_20_by_default_as_trl_does():
+    # Σ log-ratio = 25 > 20: log w = 20 (TRL's clamp). With λ tiny the weight is w^k itself, so
+    # the bound shows: φ = exp(λ + k·20 − λ·e^20) with k = 1, λ = 1e-9
+    lp = np.array([[-0.5, -0.5]])
+    old = lp - 12.5
+    adv = np.array([[1.0, 1.0]])
+    kw = dict(k_pos=1.0, lambda_pos=1e-9)
+    phi = math.exp(1e-9 + 20.0 - 1e-9 * math.exp(20.0))
+    for got in both("vespo_loss", lp, old, adv, **kw):
+        np.testing.assert_allclose(got, -phi * adv * lp, rtol=1e-12)
+    assert not np.allclose(ref_numpy.vespo_loss(lp, old, adv, log_w_max=21.0, **kw),
+                           -phi * adv * lp, rtol=1e-3)

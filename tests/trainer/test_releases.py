@@ -278,3 +278,21 @@ def test_skyrl_rows_set_every_value_they_are_judged_at_and_refuse_older_forms():
 @torch.no_grad()
 def _no_grad_kl(log_probs, log_probs_base, loss_mask=None, kl_estimator_type="k3"):
     return log_probs - log_probs_base
+
+
+def test_a_row_whose_mode_the_release_lacks_is_reported_not_in_this_version_with_why(tmp_path):
+    (tmp_path / "lacking_xyz").mkdir()
+    (tmp_path / "lacking_xyz" / "__init__.py").write_text("")
+    (tmp_path / "lacking_xyz" / "norm.py").write_text("def whiten(x, mask):\n    return x\n")
+
+    def fits(fn):
+        raise card.NotInVersion("whiten has no shift_mean in this version")
+    row = card.Row("lacking_xyz.norm:whiten", "whiten", lambda fn: fn, fits=fits,
+                   params=("x", "mask"))
+    trainer = card.Trainer(name="lacking_xyz", package="lacking_xyz", dist="lacking_xyz",
+                           profile="verl", pinned="0", modules=("lacking_xyz.norm",),
+                           rows=(row,), inventory=(), installable=False)
+    c = card.run(trainer, path=str(tmp_path), cases=4)
+    (r,) = c.rows
+    assert (r.verdict, r.reason) == ("NOT IN THIS VERSION",
+                                     "whiten has no shift_mean in this version")
