@@ -359,3 +359,21 @@ def test_a_checkout_split_over_several_source_roots_loads_as_one_package(tmp_pat
         assert sys.modules["splittrainer.utils"].__path__ == [
             str(tmp_path / "src/splittrainer/utils"),
             str(tmp_path / "packages/splittrainer-configs/src/splittrainer/utils")]
+
+
+def test_an_unpacked_wheel_gives_its_version_from_the_metadata_beside_the_package(tmp_path):
+    _write(tmp_path, {"wheeltrainer_xyz/__init__.py": "",
+                      "wheeltrainer_xyz-1.2.3.dist-info/METADATA":
+                          "Metadata-Version: 2.1\nName: wheeltrainer-xyz\nVersion: 1.2.3\n"})
+    source = loading.locate("wheeltrainer_xyz", "wheeltrainer-xyz", str(tmp_path))
+    assert source.package_version == "1.2.3"
+    assert source.version == "not a git checkout (package version 1.2.3)"
+
+
+def test_an_importable_package_without_distribution_metadata_reads_its_version_file(
+        tmp_path, monkeypatch):
+    _write(tmp_path, {"bareinstall_xyz/__init__.py": "", "bareinstall_xyz/VERSION": "0.4.2\n"})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    source = loading.locate("bareinstall_xyz", "bareinstall-xyz", version_file=lambda root:
+                            loading.version_of(root, "bareinstall_xyz/VERSION"))
+    assert (source.origin, source.root, source.version) == ("installed", str(tmp_path), "0.4.2")
