@@ -368,3 +368,17 @@ def test_a_kl_cov_selection_that_breaks_ties_otherwise_is_not_flagged():
                    domain=("per_sequence_advantages",))
     assert report.ok, str(report)
     assert any("tie at the selection's boundary" in why for why in report.skipped)
+
+
+def test_a_float32_value_saturated_beyond_float32s_range_is_a_robustness_note():
+    """k3 in float32 whose overflow is caught and saturated at float32's largest value: finite,
+    but not the reference's 1e39..1e52 there. That difference lies only beyond float32's range,
+    so at precision='float32' it is a robustness note, not a deviation."""
+    def k3_saturated(logp, ref_logp, mask):
+        x = (ref_logp - logp).float()
+        big = torch.finfo(torch.float32).max
+        return (torch.nan_to_num(torch.exp(x), posinf=big) - x - 1).clamp(max=big).double() * mask
+    report = audit(k3_saturated, "kl_penalty", kind="k3", cases=N, precision="float32")
+    f = finding(report, "value")
+    assert f.status == "warn" and f.grade == "robustness", str(report)
+    assert report.verdict == "CONFORMS", str(report)
