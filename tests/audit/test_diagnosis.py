@@ -104,3 +104,28 @@ def test_sapo_with_its_temperatures_swapped_is_named():
     from tests.audit import trust_region_bugs as bugs
     report = audit(bugs.sapo_swapped, "sapo_loss", cases=60)
     assert "tau_pos=1.05, tau_neg=1.0" in finding(report, "value").diagnosis
+
+
+def test_a_kl_reward_with_another_coefficient_is_diagnosed_by_its_beta():
+    def kl_rewards_beta_01(scores, logp, ref_logp, mask):
+        m = mask.to(logp.dtype)
+        if scores.dim() == 1:                 # one score per sequence, at its last valid token
+            last = (m * torch.arange(m.shape[1], dtype=m.dtype)).argmax(-1)
+            scores = torch.zeros_like(logp).scatter(1, last[:, None], scores[:, None]) * m
+        return (scores - 0.1 * (logp - ref_logp)) * m
+    report = audit(kl_rewards_beta_01, "kl_rewards", beta=0.05, kind="k1", cases=N)
+    assert finding(report, "value").diagnosis == (
+        "deviates: it computes kl_rewards with beta=0.1 (the declared conventions are "
+        "beta=0.05)")
+
+
+def test_a_dppo_with_a_narrower_low_bound_is_diagnosed_by_its_clip_low():
+    import ref_torch
+
+    def dppo_low_01(logp, old_logp, advantages, mask):
+        return ref_torch.dppo_loss(logp, old_logp, advantages, mask, clip_low=0.1, clip_high=0.2,
+                                   clip_c=None, log_ratio_clamp=None)
+    report = audit(dppo_low_01, "dppo_loss", clip_low=0.2, clip_high=0.2, clip_c=None,
+                   log_ratio_clamp=None, cases=N)
+    f = finding(report, "value")
+    assert f.status == "fail" and "clip_low=0.1" in f.diagnosis, f.diagnosis
