@@ -712,8 +712,8 @@ TRAINER = Trainer(
     inventory=((CA, r"compute_.*|agg_loss|kl_penalty"), (TF, r"masked_whiten")),
     not_covered_why="no reference function yet",
     not_run=(("compute_policy_loss_bypass_mode",
-              "wraps its weights in a DataProto, which needs tensordict (not installed); its "
-              "REINFORCE branch is compute_policy_loss_reinforce's loss with the weights of "
+              "wraps its weights in a DataProto (a TensorDict batch), which no row's adapter "
+              "builds; its REINFORCE branch is compute_policy_loss_reinforce's loss with the weights of "
               "compute_rollout_correction_weights [token TIS], both rows below"),
              ("compute_policy_loss_clip_cov",
               "draws the tokens it un-clips with torch.randperm among its candidates: not a "
@@ -729,7 +729,7 @@ TRAINER = Trainer(
           "log-ratios up to ±30", "rollout correction token and sequence, TIS and IcePop mask",
           "multi-turn masks with holes for GAE and the returns"),
     does_not_run=("agg_loss's 'token-sum' mode", "dp_size > 1 (one rank)",
-                  "the bypass-mode policy loss (its DataProto needs tensordict)",
+                  "the bypass-mode policy loss (its weights travel in a DataProto)",
                   "KL-Cov's default kl_cov_ratio 2e-4 (0.1 is run)", "clip-cov (random)"),
     notes=("agg_loss's 'token-sum' mode and kl_penalty's straight-through '+' forms (k3+: k3's "
            "value, k2's gradient) have no reference yet",
