@@ -133,6 +133,8 @@ class Trainer:
     requires: Tuple[str, ...] = ()
     # modules of loading.ALWAYS_STAND_IN its math needs for real (imported where installed)
     real: Tuple[str, ...] = ()
+    # installed modules its math never uses, stood in to save their import time
+    stand_in: Tuple[str, ...] = ()
     # environment variables set while its card runs ((name, value), ...): "{tmp}" is a
     # temporary directory (ROLL writes log files at import, under ROLL_LOG_DIR)
     environ: Tuple[Tuple[str, str], ...] = ()
@@ -762,7 +764,7 @@ def _run_rows(trainer, source, rows, cases, seed, progress, shown=None):
     total = max(shown, default=0)
     domain = trainer.domain(source) if trainer.domain is not None else None
     with _environ(trainer.environ), \
-            loading.Loaded(source, trainer.modules, trainer.real) as loaded, \
+            loading.Loaded(source, trainer.modules, trainer.real, trainer.stand_in) as loaded, \
             loading.quiet_warnings():
         results = []
         for i, row in zip(shown, rows):

@@ -371,11 +371,13 @@ class _Finder(importlib.abc.MetaPathFinder):
     """Resolves the trainer's own modules from its source folder (package inits not run) and
     stands in for the third-party modules that are missing or in ALWAYS_STAND_IN."""
 
-    def __init__(self, source: Source, real: Sequence[str] = ()):
+    def __init__(self, source: Source, real: Sequence[str] = (), stand_in: Sequence[str] = ()):
         self.source = source
         self.stood_in: Dict[str, str] = {}      # top-level module -> why
-        # ALWAYS_STAND_IN, less the modules this trainer's math needs for real (`real`)
-        self.always = tuple(m for m in ALWAYS_STAND_IN if m not in real)
+        # ALWAYS_STAND_IN, less the modules this trainer's math needs for real (`real`), plus
+        # those its math never uses and that cost time to import (`stand_in`)
+        self.always = tuple(m for m in ALWAYS_STAND_IN if m not in real) + tuple(stand_in)
+        self.for_time = tuple(stand_in)
 
     def _missing(self, top: str) -> bool:
         for finder in sys.meta_path:
@@ -429,7 +431,9 @@ class _Finder(importlib.abc.MetaPathFinder):
                                       f"in)", name=name)
         why = self.stood_in.get(top)
         if why is None:
-            if top in self.always:
+            if top in self.for_time:
+                why = "installed, not used by the math: stood in to save its import"
+            elif top in self.always:
                 why = "GPU or cluster runtime, not used by the math"
             elif name == top and missing:
                 why = "not installed"
@@ -465,6 +469,8 @@ class Loaded:
     # installed modules of ALWAYS_STAND_IN the math needs for real (Unsloth asserts on
     # transformers' types at import): imported, not stood in
     real: Sequence[str] = ()
+    # installed modules the math never uses, stood in to save their import (verl's tensordict)
+    stand_in: Sequence[str] = ()
     how: str = ""                                        # "imported normally" | "loaded by file"
     stood_in: Dict[str, str] = field(default_factory=dict)
     failed: Dict[str, str] = field(default_factory=dict)  # module -> why it could not load
@@ -472,7 +478,7 @@ class Loaded:
     _finder: Optional[_Finder] = None
 
     def __enter__(self):
-        tops = {self.source.package} | set(ALWAYS_STAND_IN)
+        tops = {self.source.package} | set(ALWAYS_STAND_IN) | set(self.stand_in)
         self._saved = {k: v for k, v in sys.modules.items() if k.partition(".")[0] in tops}
         self._before = set(sys.modules)
         self._loaded: Dict[str, types.ModuleType] = {}
@@ -480,7 +486,7 @@ class Loaded:
             self.how = "imported normally"
             return self
         self._forget()
-        self._finder = _Finder(self.source, self.real)
+        self._finder = _Finder(self.source, self.real, self.stand_in)
         sys.meta_path.insert(0, self._finder)
         for m in self.modules:
             if not os.path.isfile(self.source.file(m)):

@@ -228,7 +228,7 @@ def test_trls_sapo_deviation_is_its_float32_temperature():
     lp = np.array([[-0.3, -0.2, -0.3, -0.7], [-0.6, -0.6, -0.7, -0.3]])
     old = np.array([[-0.5, 0.1, -0.6, -1.9], [-0.2, 0.0, -1.9, -0.4]])
     A, m = np.array([-1.2, 1.4]), np.array([[1, 1, 1, 0], [1, 1, 0, 1]], bool)
-    with loading.Loaded(source, t.modules, t.real) as loaded, loading.quiet_warnings():
+    with loading.Loaded(source, t.modules, t.real, t.stand_in) as loaded, loading.quiet_warnings():
         fn = loaded.module(trl.GRPO).GRPOTrainer._compute_loss
         got = float(row.adapt(fn)(torch.tensor(lp), torch.tensor(old), torch.tensor(A),
                                   torch.tensor(m)))

@@ -377,3 +377,19 @@ def test_an_importable_package_without_distribution_metadata_reads_its_version_f
     source = loading.locate("bareinstall_xyz", "bareinstall-xyz", version_file=lambda root:
                             loading.version_of(root, "bareinstall_xyz/VERSION"))
     assert (source.origin, source.root, source.version) == ("installed", str(tmp_path), "0.4.2")
+
+
+def test_an_installed_module_the_math_never_uses_can_be_stood_in_to_save_its_import(tmp_path):
+    """verl's DataProto imports tensordict, which no row uses: the verl card stands it in
+    (Trainer.stand_in) and says why."""
+    _write(tmp_path, {"slowimport_xyz/__init__.py": "",
+                      "slowimport_xyz/math.py": "import cloudpickle\n\ndef f(x):\n    return x\n"})
+    source = loading.locate("slowimport_xyz", "slowimport_xyz", str(tmp_path))
+    with loading.Loaded(source, ["slowimport_xyz.math"], stand_in=("cloudpickle",)) as loaded:
+        assert loaded.module("slowimport_xyz.math").f(2) == 2
+        assert isinstance(loaded.module("slowimport_xyz.math").cloudpickle,
+                          loading.StandInModule)
+        assert loaded.stood_in["cloudpickle"] == ("installed, not used by the math: stood in to "
+                                                  "save its import")
+    import cloudpickle                               # the real module is untouched afterwards
+    assert not isinstance(cloudpickle, loading.StandInModule)
