@@ -379,9 +379,12 @@ def test_an_importable_package_without_distribution_metadata_reads_its_version_f
     assert (source.origin, source.root, source.version) == ("installed", str(tmp_path), "0.4.2")
 
 
-def test_an_installed_module_the_math_never_uses_can_be_stood_in_to_save_its_import(tmp_path):
+def test_an_installed_module_the_math_never_uses_can_be_stood_in_to_save_its_import(
+        tmp_path, monkeypatch):
     """verl's DataProto imports tensordict, which no row uses: the verl card stands it in
-    (Trainer.stand_in) and says why."""
+    (Trainer.stand_in) and says why. (A module some earlier code already imported stays the
+    real one: only a fresh import meets the stand-in.)"""
+    monkeypatch.delitem(sys.modules, "cloudpickle", raising=False)
     _write(tmp_path, {"slowimport_xyz/__init__.py": "",
                       "slowimport_xyz/math.py": "import cloudpickle\n\ndef f(x):\n    return x\n"})
     source = loading.locate("slowimport_xyz", "slowimport_xyz", str(tmp_path))
