@@ -741,20 +741,10 @@ def _environ(settings):
     """The trainer's environment variables (Trainer.environ) while its card runs; "{tmp}" in a
     value is a temporary directory, removed afterwards."""
     import tempfile
-    if not settings:
+    from unittest import mock
+    with tempfile.TemporaryDirectory(prefix="crosscheck-") as tmp, \
+            mock.patch.dict(os.environ, {k: v.replace("{tmp}", tmp) for k, v in settings}):
         yield
-        return
-    saved = {k: os.environ.get(k) for k, _ in settings}
-    with tempfile.TemporaryDirectory(prefix="crosscheck-") as tmp:
-        os.environ.update({k: v.replace("{tmp}", tmp) for k, v in settings})
-        try:
-            yield
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
 
 
 def _run_rows(trainer, source, rows, cases, seed, progress, shown=None):

@@ -268,7 +268,6 @@ class _Package(types.ModuleType):
         setattr(self, name, value)
         return value
 
-
     def _from_init(self, name):
         """A name the `__init__` defines itself (`current_platform = _LazyPlatform()`), or serves
         from a PEP 562 `__getattr__` table: the `__init__` is run once, in this module, under

@@ -19,12 +19,13 @@ Facts read in unsloth-zoo 2026.10.9:
   itself; the file asserts on transformers' `Unpack` type at import, so transformers is
   imported, not stood in.
 """
-import contextlib
 import dataclasses
+import sys
+from unittest import mock
 
 import torch
 
-from .card import Known, Row, Trainer
+from .card import Known, Row, Trainer, owner_class
 from .trl import _LOCAL, MAX_LEN
 
 RL = "unsloth_zoo.rl_replacements"
@@ -51,28 +52,19 @@ def _loss(loss_type, level="token", beta=0.0, **settings):
     return make
 
 
-@contextlib.contextmanager
-def _eager(fn):
+def _eager():
     """torch_compile_with_fallback returning the function itself (UNSLOTH_COMPILE_DISABLE),
     for the duration of one call."""
-    import sys
-    utils = sys.modules[UTILS]
-    saved = utils.UNSLOTH_COMPILE_DISABLE
-    utils.UNSLOTH_COMPILE_DISABLE = True
-    try:
-        yield
-    finally:
-        utils.UNSLOTH_COMPILE_DISABLE = saved
+    return mock.patch.object(sys.modules[UTILS], "UNSLOTH_COMPILE_DISABLE", True)
 
 
 def _efficient(loss_type, beta=0.0, **settings):
     """The trainer's path: UnslothEfficientGRPO.apply with n_chunks 1, its loss output."""
     def make(fn):
-        from .card import owner_class
         cls = owner_class(fn)
 
         def adapter(logp, old_logp, advantages, mask, ref_logp=None, n_tokens_global=None):
-            with _eager(fn):
+            with _eager():
                 out = cls.apply(logp, old_logp, ref_logp if beta else None, None,
                                 torch.zeros((2, 2), dtype=logp.dtype),
                                 torch.zeros(logp.shape, dtype=torch.long), mask.to(torch.long),
