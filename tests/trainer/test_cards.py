@@ -74,9 +74,21 @@ def _installed(name):
                  reason=f"{name} is not installed (.ci/run installs it with --no-deps)")
 
 
+class _Cards(dict):
+    """Each installed trainer's card, computed on first use: inside that trainer's own test, so
+    that mutmut's per-test call records tie each adapter to the test that checks its verdicts."""
+
+    def __contains__(self, name):
+        return name in INSTALLED
+
+    def __missing__(self, name):
+        self[name] = c = card.run(trainers.get(name))
+        return c
+
+
 @pytest.fixture(scope="module")
 def cards():
-    return {n: card.run(trainers.get(n)) for n in INSTALLED}
+    return _Cards()
 
 
 @pytest.mark.parametrize("name", list(EXPECTED))
