@@ -499,14 +499,16 @@ class Dppo(NamedTuple):
     hi: float            # δ_high: for A > 0
     clip_c: Optional[float]
     kl_eps: float
+    form: str = "logp"
 
 
-def dppo(divergence, clip_low, clip_high, clip_c, kl_eps) -> Dppo:
+def dppo(divergence, clip_low, clip_high, clip_c, kl_eps, form="logp") -> Dppo:
     divergence = checks.choice("divergence", divergence, vocab.DPPO_DIVERGENCES)
     lo = checks.positive("clip_low", clip_low)
     hi = lo if clip_high is None else checks.positive("clip_high", clip_high)
     clip_c = checks.positive("clip_c", clip_c, allow_none=True, allow_inf=True)
-    return Dppo(divergence, lo, hi, clip_c, checks.non_negative("kl_eps", kl_eps))
+    return Dppo(divergence, lo, hi, clip_c, checks.non_negative("kl_eps", kl_eps),
+                checks.choice("form", form, vocab.DPPO_FORMS))
 
 
 def not_a_log_probability(name: str, index, value) -> None:
@@ -690,10 +692,11 @@ class Objective(NamedTuple):
     kl_kind: str
     kl_clamp: Any
     kl_weight: Optional[str] = None
+    kl_anchor: str = "ref"
 
 
 def policy_objective(mask_, ref_logp, loss, beta, kl_kind, kl_clamp, agg,
-                     kl_weight=None) -> Objective:
+                     kl_weight=None, kl_anchor="ref") -> Objective:
     """policy_objective's own keywords; its parts validate their inputs themselves. The KL term's
     and the aggregation's conventions are checked here under policy_objective's names
     (kl_penalty calls them kind and clamp, aggregate calls agg mode), so a wrong value is
@@ -702,12 +705,14 @@ def policy_objective(mask_, ref_logp, loss, beta, kl_kind, kl_clamp, agg,
     checks.choice("agg", agg, vocab.AGG_MODES)
     beta = checks.non_negative("beta", beta)
     policy_mask(mask_ is None, "policy_objective")
-    if beta > 0 and ref_logp is None:
-        raise ValueError(f"beta is {beta} but ref_logp is None; a KL term needs ref_logp")
+    kl_anchor = checks.choice("kl_anchor", kl_anchor, vocab.KL_ANCHORS)
+    if beta > 0 and ref_logp is None and kl_anchor == "ref":
+        raise ValueError(f"beta is {beta} but ref_logp is None; a KL term needs ref_logp (or "
+                         f"kl_anchor='old', the KL to the sampling policy)")
     checks.choice("kl_kind", kl_kind, vocab.KL_KINDS)
     checks.clamp_pair("kl_clamp", kl_clamp)
     checks.choice("kl_weight", kl_weight, vocab.KL_WEIGHTS)
-    return Objective(loss, beta, kl_kind, kl_clamp, kl_weight)
+    return Objective(loss, beta, kl_kind, kl_clamp, kl_weight, kl_anchor)
 
 
 # ====================================================================== exact estimator analysis

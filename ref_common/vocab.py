@@ -17,9 +17,11 @@ SINGLETONS = ("zero", "keep", "error")         # a group of one: A = 0, baseline
 KL_KINDS = ("k1", "k2", "k3", "abs")          # kl_penalty (abs: |log ratio|)
 ESTIMATOR_KINDS = ("k1", "k2", "k3")          # approx_kl and the exact estimator analysis
 CISPO_BOUNDS = ("absolute", "relative")
-POLICY_LOSSES = ("ppo", "cispo", "gspo", "sapo", "vespo")
+POLICY_LOSSES = ("ppo", "cispo", "gspo", "sapo", "vespo", "dppo")
 KL_WEIGHTS = (None, "ratio")   # policy_objective's KL term as it is, or times the attached token
                                # ratio exp(logp − old_logp) (TRL's use_bias_correction_kl)
+KL_ANCHORS = ("ref", "old")     # policy_objective's KL term against ref_logp, or against old_logp
+                                # (a trust-region penalty toward the sampling policy)
 GSPO_FORMS = ("token", "sequence")
 SAPO_LEVELS = ("token", "sequence")     # SAPO's ratio: per token, or the sequence's geometric mean
 CLIP_FRACTIONS = ("loss", "sign", "ratio")
@@ -33,6 +35,8 @@ IS_SEQ_STATS = ("sum", "mean")          # a sequence's log weight: Σ log-ratios
 IS_KEPT = ("unit", "token")             # mask mode: a kept token carries its unit's weight, or
                                         # its own token ratio
 DPPO_DIVERGENCES = ("tv", "kl")         # DPPO's trust region: binary total variation or KL
+DPPO_FORMS = ("logp", "ratio")          # DPPO's value: −A·sg(w)·logp (verl), or −A·w with the
+                                        # ratio attached (prime-rl's default loss)
 
 # kl_estimator_gradient: how the trainer uses the estimator, and the importance weight on it
 USES = ("loss", "reward")

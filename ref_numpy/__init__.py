@@ -9,10 +9,10 @@ from .entropy import entropy, entropy_vjp
 from .estimators import kl_estimator_gradient, kl_estimator_moments, kl_estimator_moments_vjp
 from .kl import (approx_kl, approx_kl_vjp, kl_penalty, kl_penalty_vjp, kl_rewards,
                  kl_rewards_vjp)
+from .objective import policy_objective, policy_objective_vjp
 from .policy_losses import (cispo_loss, cispo_loss_vjp, clip_fraction, gspo_loss, gspo_loss_vjp,
-                            policy_objective, policy_objective_vjp, ppo_clip_loss,
-                            ppo_clip_loss_vjp, sapo_loss, sapo_loss_vjp, value_loss,
-                            value_loss_vjp, vespo_loss, vespo_loss_vjp)
+                            ppo_clip_loss, ppo_clip_loss_vjp, sapo_loss, sapo_loss_vjp,
+                            value_loss, value_loss_vjp, vespo_loss, vespo_loss_vjp)
 from .outcome import (gpg_advantages, gpg_advantages_vjp, opo_advantages, opo_advantages_vjp,
                       optimal_token_baseline_advantages,
                       optimal_token_baseline_advantages_vjp,

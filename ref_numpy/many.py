@@ -29,7 +29,7 @@ from .outcome import (_gpg_parts, _whitened_parts, gpg_advantages, gpg_alpha, gr
                       whitened_group_advantages)
 from .pg_losses import (_gmpo_parts, _kl_cov_parts, gmpo_loss, kl_cov_loss, kl_cov_loss_vjp,
                         kl_cov_selection, kl_cov_slope)
-from .policy_losses import _finite_objective, _policy_parts, kl_term, policy_objective
+from .objective import _finite_objective, _policy_parts, kl_term, policy_objective
 from .reduce import _weights, aggregate
 
 
@@ -81,7 +81,8 @@ def _whiten(v, mask=None, ddof=0, eps=1e-8, eps_mode="var", shift_mean=True,
 
 def _policy_objective(v, advantages, mask, ref_logp=None, loss="ppo",
                       agg="seq-mean-token-mean", beta=0.0, kl_kind="k3", kl_clamp=None,
-                      norm=None, empty_rows="exclude", kl_weight=None, **loss_kwargs):
+                      norm=None, empty_rows="exclude", kl_weight=None, kl_anchor="ref",
+                      **loss_kwargs):
     """aggregate(policy_loss + β·kl_penalty) at every point: the per-token losses are
     independent across rows, so the points are stacked as rows of one batch for them; the
     aggregation is then taken per point."""
@@ -89,14 +90,15 @@ def _policy_objective(v, advantages, mask, ref_logp=None, loss="ppo",
     if lp0.ndim != 2:
         return None
     fn, _, use_kl, beta, kl_kw = _policy_parts(mask, ref_logp, loss, beta, kl_kind, kl_clamp,
-                                               agg, kl_weight)
+                                               agg, kl_weight, kl_anchor)
     P = len(v["logp"])
     rows = lambda a: None if a is None else np.concatenate([np.asarray(a)] * P)  # noqa: E731
     as_rows = lambda a: np.broadcast_to(a, (P,) + lp0.shape).reshape(P * lp0.shape[0], -1)  # noqa
     logp, old = as_rows(v["logp"]), as_rows(v["old_logp"])
     per_token = fn(logp, old, rows(advantages), rows(mask), **loss_kwargs)
-    if ref_logp is not None:
-        kl = kl_term(logp, old, rows(ref_logp), rows(mask), **kl_kw)
+    anchor = old if kl_anchor == "old" else rows(ref_logp)
+    if anchor is not None:
+        kl = kl_term(logp, old, anchor, rows(mask), **kl_kw)
         if use_kl:
             with np.errstate(over="ignore", invalid="ignore"):
                 per_token = per_token + beta * kl

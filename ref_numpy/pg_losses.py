@@ -152,14 +152,18 @@ def reinforce_loss_vjp(g, logp, old_logp, advantages, mask=None, *, beta=0.0, is
 
 # ====================================================================== DPPO
 def _dppo_parts(logp, old_logp, advantages, mask, divergence, clip_low, clip_high, clip_c,
-                log_ratio_clamp, kl_eps):
+                log_ratio_clamp, kl_eps, form):
+    """(logp, A, mask, w = min(r, C), kept, form, ∂w/∂logp) on the valid tokens."""
     lp, old, adv, m, clamp = loss_inputs(logp, old_logp, advantages, mask, log_ratio_clamp)
-    p = args.dppo(divergence, clip_low, clip_high, clip_c, kl_eps)
+    p = args.dppo(divergence, clip_low, clip_high, clip_c, kl_eps, form)
     rho = lp - old
+    inside = np.ones(rho.shape, bool)       # where w moves with logp: inside both clamps
     if clamp is not None:
+        inside = np.abs(rho) <= clamp
         rho = np.clip(rho, -clamp, clamp)
     w = ar.capped_exp(rho)
     if p.clip_c is not None:
+        inside = inside & (w <= p.clip_c)
         w = np.minimum(w, p.clip_c)
     pi, q = np.exp(lp), np.exp(old)
     if p.divergence == "tv":
@@ -177,11 +181,11 @@ def _dppo_parts(logp, old_logp, advantages, mask, divergence, clip_low, clip_hig
             d = q * (old - lp) + second
         pos_ok, neg_ok = (d <= p.hi) | (pi <= q), (d <= p.lo) | (pi >= q)
     keep = np.where(adv > 0, pos_ok, neg_ok) & m
-    return lp, adv, m, w, keep
+    return lp, adv, m, w, keep, p.form, np.where(inside, w, 0.0)
 
 
 def dppo_loss(logp, old_logp, advantages, mask=None, *, divergence="tv", clip_low=0.2,
-              clip_high=None, clip_c=3.0, log_ratio_clamp=20.0, kl_eps=0.0):
+              clip_high=None, clip_c=3.0, log_ratio_clamp=20.0, kl_eps=0.0, form="logp"):
     """DPPO: a trust region on the sampled token's probability instead of on the ratio.
 
         p = e^logp, q = e^old_logp, r = exp(clip(logp − old_logp, ±log_ratio_clamp))
@@ -189,9 +193,12 @@ def dppo_loss(logp, old_logp, advantages, mask=None, *, divergence="tv", clip_lo
         kl:  D = q·log(q/p) + (1 − q)·log((1 − q + ε)/(1 − p + ε)), the binary KL, whose
              second term is 0 at q = 1 (the limit of x·log x), so D = −log p there;
              kept where A > 0: D ≤ δ_high or p ≤ q,  A ≤ 0: D ≤ δ_low or p ≥ q
-        l_t = −A_t·sg(min(r_t, C))·logp_t·sg(kept_t)
+        form "logp":   l_t = −A_t·sg(min(r_t, C))·logp_t·sg(kept_t)
+        form "ratio":  l_t = −A_t·min(r_t, C)·sg(kept_t), the ratio attached
 
     A token leaves the update only when it has moved too far in its advantage's direction.
+    Both forms have the gradient −A·r·kept where r < C (and inside the log-ratio clamp); above
+    C, "logp" keeps the truncated weight −A·C while "ratio" gives 0 (min(r, C) is then flat).
 
     Reference: "DPPO" (arXiv:2602.04879) as verl writes it in `compute_policy_loss_dppo_tv` and
     `compute_policy_loss_dppo_kl` (δ = actor.clip_ratio(_low/_high); C = the actor config's
@@ -199,12 +206,16 @@ def dppo_loss(logp, old_logp, advantages, mask=None, *, divergence="tv", clip_lo
     is only the fallback where the key is absent; log-ratio clamp ±20; ε = 1e-8 in the binary
     KL: `kl_eps`). float32 log-softmax returns old_logp = 0 exactly for a confident token:
     with ε = 0 its D is −log p, not 0·log 0.
-    Note: the value carries logp itself, weighted by the detached truncated ratio, so the
-    gradient is −A·min(r, C) inside the region and 0 outside: the truncated-IS policy gradient.
+    Note: in form "logp" the value carries logp itself, weighted by the detached truncated
+    ratio, so the gradient is −A·min(r, C) inside the region and 0 outside: the truncated-IS
+    policy gradient. Form "ratio" is the surrogate −A·r that prime-rl's default loss writes
+    (`default_loss_fn`: −keep·A·r, no C and no clamp; with C = None the two forms' gradients
+    agree everywhere and only the values differ).
 
     Worked example: A = 1, logp = log 0.5, old = log 0.4, tv, δ = 0.2: D = 0.1 ≤ 0.2, kept;
     r = 1.25, l = −1.25·log 0.5 = 0.8664, ∂l/∂logp = −1.25. With old = log 0.2 instead,
-    D = 0.3 > 0.2: l = 0 and no gradient.
+    D = 0.3 > 0.2: l = 0 and no gradient. In form "ratio" the first token's value is
+    −1.25 and its gradient −1.25 (C = 3 is not reached).
 
     Args:
       logp, old_logp: [B, T] float (or [T]); log-probabilities (≤ 0 for "kl").
@@ -213,30 +224,39 @@ def dppo_loss(logp, old_logp, advantages, mask=None, *, divergence="tv", clip_lo
       divergence: "tv" | "kl".  clip_low, clip_high: δ > 0 (clip_high None: δ_low).
       clip_c: None or the truncation C > 0 of the weight.  log_ratio_clamp: None or > 0.
       kl_eps: ε ≥ 0 inside the binary KL's second log.
+      form: "logp" | "ratio" (see above).
 
     Returns:
       [B, T] float64, 0 at masked positions.
     """
-    lp, adv, m, w, keep = _dppo_parts(logp, old_logp, advantages, mask, divergence, clip_low,
-                                      clip_high, clip_c, log_ratio_clamp, kl_eps)
-    return np.where(keep, -adv * w * lp, 0.0)
+    lp, adv, m, w, keep, form, _ = _dppo_parts(logp, old_logp, advantages, mask, divergence,
+                                               clip_low, clip_high, clip_c, log_ratio_clamp,
+                                               kl_eps, form)
+    return np.where(keep, -adv * w * (lp if form == "logp" else 1.0), 0.0)
 
 
 def dppo_loss_vjp(g, logp, old_logp, advantages, mask=None, *, divergence="tv", clip_low=0.2,
-                  clip_high=None, clip_c=3.0, log_ratio_clamp=20.0, kl_eps=0.0):
+                  clip_high=None, clip_c=3.0, log_ratio_clamp=20.0, kl_eps=0.0, form="logp"):
     """VJP of `dppo_loss` wrt logp.
 
-    Gradient: min(r, C) and the region indicator are stop-gradient factors, so
-        ∂l_t/∂logp_t = −A_t·min(r_t, C)·kept_t,   ∂L/∂logp = g·(that).
-    (Differentiating the weight too would add −A·logp·r·1[r < C], which the trainers do not.)
+    Gradient: the region indicator is a stop-gradient factor (a step function of logp besides).
+      form "logp": min(r, C) is stop-gradient too, so
+          ∂l_t/∂logp_t = −A_t·min(r_t, C)·kept_t.
+        (Differentiating the weight would add −A·logp·r·1[r < C], which the trainers do not.)
+      form "ratio": w = min(exp(clip(ρ, ±c)), C) with ρ = logp − old_logp; ∂ρ/∂logp = 1, the
+        clamp passes it where |ρ| ≤ c, exp gives r, the min passes it where r ≤ C, so
+          ∂l_t/∂logp_t = −A_t·r_t·1[|ρ_t| ≤ c]·1[r_t ≤ C]·kept_t
+        (the ties pass, as torch.clamp's gradient does at its bounds).
+      ∂L/∂logp = g·(that).
 
     Returns:
       {"logp": [B, T]} float64.
     """
-    _, adv, m, w, keep = _dppo_parts(logp, old_logp, advantages, mask, divergence, clip_low,
-                                     clip_high, clip_c, log_ratio_clamp, kl_eps)
+    _, adv, m, w, keep, form, dw = _dppo_parts(logp, old_logp, advantages, mask, divergence,
+                                               clip_low, clip_high, clip_c, log_ratio_clamp,
+                                               kl_eps, form)
     gm = ar.zero_masked(args.cotangent(OPS, g, "g", OPS.spec("logp", logp)), m)
-    return {"logp": np.where(keep, -gm * adv * w, 0.0)}
+    return {"logp": np.where(keep, -gm * adv * (w if form == "logp" else dw), 0.0)}
 
 
 # ====================================================================== GMPO

@@ -7,8 +7,9 @@ from .advantages import discounted_returns, gae, group_advantages, whiten
 from .entropy import entropy
 from .estimators import kl_estimator_gradient, kl_estimator_moments
 from .kl import approx_kl, kl_penalty, kl_rewards
-from .policy_losses import (cispo_loss, clip_fraction, gspo_loss, policy_objective, ppo_clip_loss,
-                            sapo_loss, value_loss, vespo_loss)
+from .objective import policy_objective
+from .policy_losses import (cispo_loss, clip_fraction, gspo_loss, ppo_clip_loss, sapo_loss,
+                            value_loss, vespo_loss)
 from .outcome import (gpg_advantages, opo_advantages, optimal_token_baseline_advantages,
                       passk_advantages, remax_advantages,
                       whitened_group_advantages)

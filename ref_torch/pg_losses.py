@@ -68,15 +68,16 @@ def reinforce_loss(logp, old_logp, advantages, mask=None, *, beta=0.0, is_level=
 
 
 def dppo_loss(logp, old_logp, advantages, mask=None, *, divergence="tv", clip_low=0.2,
-              clip_high=None, clip_c=3.0, log_ratio_clamp=20.0, kl_eps=0.0):
-    """DPPO (arXiv:2602.04879): l = −A·sg(min(r, C))·logp·sg(kept), kept where the binary TV
-    (p − q) or binary KL between the token's new and old probabilities is inside δ in the
-    advantage's direction.
+              clip_high=None, clip_c=3.0, log_ratio_clamp=20.0, kl_eps=0.0, form="logp"):
+    """DPPO (arXiv:2602.04879): l = −A·sg(min(r, C))·logp·sg(kept) (form "logp"), or
+    l = −A·min(r, C)·sg(kept) with the ratio attached (form "ratio", prime-rl's default loss);
+    kept where the binary TV (p − q) or binary KL between the token's new and old probabilities
+    is inside δ in the advantage's direction.
     Args/Returns: as ref_numpy.dppo_loss, with tensors.
     """
     lp0, old0, adv0, m, ratio, zero = _prepare(logp, old_logp, advantages, mask,
                                                log_ratio_clamp)
-    p = args.dppo(divergence, clip_low, clip_high, clip_c, kl_eps)
+    p = args.dppo(divergence, clip_low, clip_high, clip_c, kl_eps, form)
     w = ratio if p.clip_c is None else torch.clamp(ratio, max=p.clip_c)
     with torch.no_grad():
         pi, q = torch.exp(lp0), torch.exp(old0)
@@ -95,6 +96,8 @@ def dppo_loss(logp, old_logp, advantages, mask=None, *, divergence="tv", clip_lo
             pos_ok = (binary_kl <= p.hi) | (pi <= q)
             neg_ok = (binary_kl <= p.lo) | (pi >= q)
         kept = torch.where(adv0 > 0, pos_ok, neg_ok) & m
+    if p.form == "ratio":
+        return torch.where(kept, -adv0 * w, zero)
     return torch.where(kept, -adv0 * w.detach() * lp0, zero)
 
 

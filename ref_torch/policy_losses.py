@@ -8,8 +8,6 @@ from ref_common import args
 
 from . import _tensors as tt
 from ._tensors import OPS
-from .kl import kl_penalty
-from .reduce import aggregate
 
 
 def _prepare(logp, old_logp, advantages, mask, log_ratio_clamp):
@@ -179,36 +177,3 @@ def value_loss(values, old_values, returns, mask=None, *, clip=0.2):
     err_clipped = (v_clipped - target).pow(2)
     worse = torch.where(err_clipped > err_unclipped, err_clipped, err_unclipped)
     return torch.where(m, 0.5 * worse, zero)
-
-
-def policy_objective(logp, old_logp, advantages, mask, ref_logp=None, *, loss="ppo",
-                     agg="seq-mean-token-mean", beta=0.0, kl_kind="k3", kl_clamp=None, norm=None,
-                     empty_rows="exclude", kl_weight=None, **loss_kwargs):
-    """aggregate(policy_loss + β·kl_penalty): the scalar actor loss a trainer back-propagates.
-    With kl_weight="ratio" the KL term is β·exp(logp − old_logp)·k, the ratio attached (TRL's
-    use_bias_correction_kl).
-
-    Args/Returns: as ref_numpy.policy_objective, with tensors.
-    """
-    p = args.policy_objective(mask, ref_logp, loss, beta, kl_kind, kl_clamp, agg, kl_weight)
-    policy = {"ppo": ppo_clip_loss, "cispo": cispo_loss, "gspo": gspo_loss,
-              "sapo": sapo_loss, "vespo": vespo_loss}[p.loss]
-    per_token = policy(logp, old_logp, advantages, mask, **loss_kwargs)
-    if ref_logp is not None:            # checked even at beta = 0: a wrong one is still a bug
-        kl = kl_penalty(logp, ref_logp, mask, kind=kl_kind, clamp=kl_clamp)
-        if p.kl_weight == "ratio":
-            valid = mask.bool()
-            # the log-ratio is zeroed at padding first, so an overflow there reaches no gradient
-            log_r = torch.where(valid, logp - old_logp, torch.zeros_like(logp))
-            kl = torch.where(valid, torch.exp(log_r) * kl, torch.zeros_like(kl))
-        if p.beta > 0:
-            per_token = per_token + p.beta * kl
-    bad = mask.bool() & ~torch.isfinite(per_token)
-    if bool(bad.any()):        # finite inputs whose loss overflowed: name the inputs there
-        at = tuple(int(i) for i in torch.nonzero(bad)[0])
-        adv = advantages if advantages.dim() == 2 else advantages[:, None].expand_as(logp)
-        inputs = {"logp": logp, "old_logp": old_logp, "advantages": adv}
-        if ref_logp is not None:
-            inputs["ref_logp"] = ref_logp
-        args.objective_overflow(at, {k: float(v[at]) for k, v in inputs.items()})
-    return aggregate(per_token, mask, mode=agg, norm=norm, empty_rows=empty_rows)

@@ -163,6 +163,12 @@ PROFILES: Dict[str, Profile] = {p.name: p for p in (
                           loss="sapo", agg="seq-mean-token-mean", kl_kind="k3",
                           kl_clamp=(20.0, 10.0), tau_pos=1.0, tau_neg=1.05,
                           log_ratio_clamp=20.0),
+            "dppo": _rule("verl/workers/utils/losses.py::ppo_loss with "
+                          "compute_policy_loss_dppo_tv (aggregated by actor.loss_agg_mode, "
+                          "default token-mean)", loss="dppo", agg="token-mean", kl_kind="k3",
+                          kl_clamp=(20.0, 10.0), divergence="tv", clip_low=0.2,
+                          clip_high=0.2, clip_c=3.0, log_ratio_clamp=20.0, kl_eps=1e-8,
+                          form="logp"),
         },
         default_loss="ppo",
         accumulation=("sum", "verl/workers/utils/losses.py::ppo_loss: each micro-batch's "

@@ -394,7 +394,7 @@ def dppo_loss_case(rng, i):
     params = dict(divergence=divergence, clip_low=lo, clip_high=hi,
                   clip_c=_cycle(i // 3, [20.0, None, 2.0]),
                   log_ratio_clamp=_cycle(i // 4, [20.0, None]),
-                  kl_eps=_cycle(i // 5, [0.0, 1e-8]))
+                  kl_eps=_cycle(i // 5, [0.0, 1e-8]), form=_cycle(i // 7, ["logp", "ratio"]))
     hi = lo if hi is None else hi
     q = rng.uniform(0.05, 0.95, size=(B, T))
     d = away(rng.normal(0.0, 0.15, size=(B, T)), [hi, -lo])
@@ -403,6 +403,10 @@ def dppo_loss_case(rng, i):
         D = q * np.log(q / p) + (1 - q) * np.log((1 - q) / (1 - p))
         near = (np.abs(D - lo) < 0.1 * lo) | (np.abs(D - hi) < 0.1 * hi)
         p = np.where(near, q, p)
+    if params["clip_c"] is not None:
+        # form "ratio"'s attached min(r, C) bends at r = C (policy_objective may set that form
+        # on these arrays): move p to q where log r is near log C
+        p = np.where(np.abs(np.log(p / q) - math.log(params["clip_c"])) < 0.05, q, p)
     arrays = dict(logp=_garbage(np.log(p), m, rng), old_logp=_garbage(np.log(q), m, rng),
                   advantages=_advantages(rng, B, T, i, m), mask=m)
     label = f"{kind} mask, " + ", ".join(f"{k}={v}" for k, v in params.items()) + \
@@ -664,9 +668,16 @@ def aggregate_case(rng, i):
 
 
 def policy_objective_case(rng, i):
-    loss = _cycle(i, ["ppo", "cispo", "gspo", "sapo", "vespo"])
+    # every twelfth case is DPPO's (in VESPO's second slot of twelve), with the KL to the
+    # sampling policy (prime-rl's default loss)
+    loss = "dppo" if i % 12 == 9 else _cycle(i, ["ppo", "cispo", "gspo", "sapo", "vespo"])
     # GSPO's form alternates with its case index: i // 5 gives both forms within the default 12
-    base = gspo_loss_case(rng, i // 5) if loss == "gspo" else _ratio_case(rng, i // 3, loss)
+    if loss == "dppo":
+        base = dppo_loss_case(rng, i // 3)
+    elif loss == "gspo":
+        base = gspo_loss_case(rng, i // 5)
+    else:
+        base = _ratio_case(rng, i // 3, loss)
     B, T = base.shape()
     m = base.arrays["mask"]
     empty = _empty_micro_batch(i, B) and "rows empty" not in base.label
@@ -682,14 +693,23 @@ def policy_objective_case(rng, i):
         ref = lp + away(ref - lp, [0.0])
     arrays = dict(base.arrays, ref_logp=_garbage(ref, m, rng), mask=m)
     params = dict(base.params, loss=loss, agg=agg, beta=beta, kl_kind=kl_kind)
-    if beta and i % 2:                  # TRL's use_bias_correction_kl: the KL term times r
+    if loss == "dppo":          # the KL to the sampling policy: logp = old_logp can happen in
+        # DPPO's cases (p moved to q off a region's edge), a kink of "abs" there
+        params.update(beta=0.1, kl_kind=_cycle(i // 12, ["k2", "k3", "k1"]), kl_anchor="old",
+                      form=_cycle(i // 12, ["ratio", "logp"]))
+    elif loss == "cispo" and beta and i % 12 == 6:   # a frozen ratio beside the KL to old_logp
+        params["kl_anchor"] = "old"
+    # TRL's use_bias_correction_kl: the KL term times r (DPPO's cases: every other one)
+    if params["beta"] and (i // 12 if loss == "dppo" else i) % 2:
         params["kl_weight"] = "ratio"
     # An extreme token's loss (up to |A|·e^30) sums into the same scalar as every other token's,
     # so the objective's round-off swamps small gradients: finite differences cannot judge such
     # a case (the per-token losses, whose Jacobian is diagonal, are checked on extremes instead).
     stages = ("value", "vjp") if "extreme" in base.label else ALL_STAGES
     weight = ", kl_weight=ratio" if params.get("kl_weight") else ""
-    return Case(f"loss={loss}, agg={agg}, beta={beta}, kl_kind={kl_kind}{weight}; " + base.label +
+    weight += ", kl_anchor=old" if params.get("kl_anchor") == "old" else ""
+    return Case(f"loss={loss}, agg={agg}, beta={params['beta']}, kl_kind={params['kl_kind']}"
+                f"{weight}; " + base.label +
                 (", first half of the rows empty" if empty else ""),
                 arrays, params, stages=stages)
 

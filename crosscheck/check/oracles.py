@@ -67,12 +67,12 @@ def gspo_rule(params):
 
 def objective_rule(params):
     """policy_objective holds its policy loss's stop-gradient (CISPO's weight, VESPO's φ(w),
-    GSPO-token's sequence ratio). The KL term must see the real logp: the aggregation is linear, so the
+    DPPO's truncated ratio in form 'logp', GSPO-token's sequence ratio). The KL term must see the real logp: the aggregation is linear, so the
     frozen objective is the policy part on the frozen arrays (β = 0) plus the KL part on the
     real ones (ratio 1 and A = 0 switch the policy loss off)."""
     loss = params.get("loss", "ppo")
-    if loss in ("cispo", "vespo"):
-        return freeze_ratio
+    if loss in ("cispo", "vespo") or loss == "dppo" and params.get("form", "logp") == "logp":
+        return freeze_ratio_apart_from_kl if _kl_reads_ratio(params) else freeze_ratio
     if loss != "gspo" or gspo_rule(params) is None:
         return None
 
@@ -81,8 +81,60 @@ def objective_rule(params):
         rest = {k: v for k, v in params.items()
                 if k not in ("form", "log_ratio_max", "clip_low", "clip_high", "loss")}
         out["real_logp"] = arrays["logp"] + delta
+        out["real_old_logp"] = arrays["old_logp"]      # the KL's attached ratio, if any
         return _frozen_sequence_objective(fn, tuple(sorted(ppo.items()))), out, rest
     return rule
+
+
+def _kl_reads_ratio(params):
+    """Whether policy_objective's KL term reads old_logp: as its anchor (kl_anchor='old') or
+    through the attached ratio (kl_weight='ratio'). A stop-gradient of the policy loss must then
+    not freeze it."""
+    return bool(params.get("beta")) and (params.get("kl_anchor", "ref") == "old" or
+                                         params.get("kl_weight") == "ratio")
+
+
+def freeze_ratio_apart_from_kl(fn, arrays, params, name, delta):
+    """policy_objective with a frozen-ratio loss and a KL term that reads old_logp (its anchor,
+    or its attached ratio r): freezing r moves old_logp with logp, which would freeze the KL's
+    r, or k(logp, old_logp), too. The aggregation is linear, so the frozen objective is the
+    policy part on the frozen arrays (β = 0) plus the whole objective on the real ones with
+    A = 0 (which switches every policy loss off and leaves the KL term)."""
+    _, out, _ = freeze_ratio(fn, arrays, params, name, delta)
+    out["real_old_logp"] = arrays["old_logp"]      # logp moves in both parts; old_logp here only
+    return _frozen_ratio_objective(fn), out, params
+
+
+@functools.lru_cache(maxsize=None)
+def _frozen_ratio_objective(fn):
+    """The objective of `freeze_ratio_apart_from_kl`: one object per fn, the same at every
+    point."""
+    def parts(logp, old_logp, advantages, mask, ref_logp, real_old_logp, kw):
+        data = dict(logp=logp, mask=mask, ref_logp=ref_logp)
+        return [(dict(data, old_logp=old_logp, advantages=advantages), dict(kw, beta=0.0)),
+                (dict(data, old_logp=real_old_logp, advantages=np.zeros_like(advantages)), kw)]
+
+    def objective(logp, old_logp, advantages, mask=None, ref_logp=None, real_old_logp=None,
+                  **kw):
+        return sum(fn(**a, **p) for a, p in parts(logp, old_logp, advantages, mask, ref_logp,
+                                                   real_old_logp, kw))
+
+    def at_many(shared, varying, params):
+        """The same sum at every point: each part through ref_numpy.many."""
+        whole = dict(shared, **varying)
+        totals = []
+        for arrays, kw in parts(*(whole.get(k) for k in ("logp", "old_logp", "advantages",
+                                                          "mask", "ref_logp",
+                                                          "real_old_logp")), params):
+            # the real old_logp is the same at every point: given one copy per point
+            moving = {k: np.broadcast_to(arrays[k], np.shape(arrays["logp"]))
+                      for k in ("logp", "old_logp")}
+            fixed = {k: val for k, val in arrays.items() if k not in moving}
+            totals.append(many.evaluate("policy_objective", fixed, moving, kw))
+        return [sum(t[j] for t in totals) for j in range(len(totals[0]))]
+
+    objective.many = at_many if fn is ref_numpy.policy_objective else None
+    return objective
 
 
 @functools.lru_cache(maxsize=None)
@@ -93,27 +145,30 @@ def _frozen_sequence_objective(fn, ppo):
     points together (`many`, when fn is the reference itself)."""
     ppo = dict(ppo)
 
-    def parts(logp, old_logp, advantages, mask, ref_logp, real_logp, kw):
+    def parts(logp, old_logp, advantages, mask, ref_logp, real_logp, real_old_logp, kw):
         data = dict(old_logp=old_logp, advantages=advantages, mask=mask, ref_logp=ref_logp)
         policy = (dict(logp=logp, **data), dict(kw, beta=0.0, loss="ppo", **ppo))
         if kw.get("beta", 0.0) == 0.0:
             return [policy]
-        real = dict(data, logp=real_logp, old_logp=real_logp,
+        real = dict(data, logp=real_logp, old_logp=real_old_logp,
                     advantages=np.zeros_like(advantages))
         return [policy, (real, dict(kw, loss="ppo", **ppo))]
 
-    def objective(logp, old_logp, advantages, mask=None, ref_logp=None, real_logp=None, **kw):
+    def objective(logp, old_logp, advantages, mask=None, ref_logp=None, real_logp=None,
+                  real_old_logp=None, **kw):
         return sum(fn(**a, **p) for a, p in parts(logp, old_logp, advantages, mask, ref_logp,
-                                                   real_logp, kw))
+                                                   real_logp, real_old_logp, kw))
 
     def at_many(shared, varying, params):
         """The same sum at every point: each part through ref_numpy.many."""
         whole = dict(shared, **varying)
         args = {k: whole.get(k) for k in ("logp", "old_logp", "advantages", "mask", "ref_logp",
-                                           "real_logp")}
+                                           "real_logp", "real_old_logp")}
         totals = []
         for arrays, kw in parts(**args, kw=params):
-            moving = {k: arrays[k] for k in ("logp", "old_logp")}
+            # the real old_logp is the same at every point: given one copy per point
+            moving = {k: np.broadcast_to(arrays[k], np.shape(arrays["logp"]))
+                      for k in ("logp", "old_logp")}
             fixed = {k: val for k, val in arrays.items() if k not in moving}
             totals.append(many.evaluate("policy_objective", fixed, moving, kw))
         return [sum(t[j] for t in totals) for j in range(len(totals[0]))]

@@ -156,7 +156,7 @@ def _objective_undetached(params):
 
 # the policy loss entry that policy_objective's `loss` convention names
 POLICY_LOSS_ENTRIES = {"ppo": "ppo_clip_loss", "cispo": "cispo_loss", "gspo": "gspo_loss",
-                       "sapo": "sapo_loss", "vespo": "vespo_loss"}
+                       "sapo": "sapo_loss", "vespo": "vespo_loss", "dppo": "dppo_loss"}
 assert tuple(POLICY_LOSS_ENTRIES) == vocab.POLICY_LOSSES
 
 _PPO_GRID = dict(clip_low=(0.2, 0.1, 0.28), clip_high=(None, 0.2, 0.28), clip_c=(None, 3.0),
@@ -203,12 +203,13 @@ def build() -> Dict[str, Entry]:
         _entry("aggregate", ("loss",), checks=("microbatch",), stack="many",
                grid=dict(mode=vocab.AGG_MODES, empty_rows=vocab.EMPTY_ROWS)),
         _entry("policy_objective", ("logp",),
-               detached="CISPO's weight, VESPO's φ(w), or GSPO-token's sequence ratio",
+               detached="CISPO's weight, VESPO's φ(w), GSPO-token's sequence ratio, or DPPO's",
                freeze=oracles.objective_rule, undetached=_objective_undetached,
                checks=("microbatch",), stack="many",
                grid=dict(agg=vocab.AGG_MODES, empty_rows=vocab.EMPTY_ROWS,
                          loss=vocab.POLICY_LOSSES),
-               unused=lambda params: () if params.get("beta") else ("ref_logp",)),
+               unused=lambda params: () if params.get("beta") and
+               params.get("kl_anchor", "ref") == "ref" else ("ref_logp",)),
         _entry("kl_estimator_moments", ("logits",), outputs=vocab.MOMENT_KEYS, dict_output=True,
                optional_outputs=("log_var",), trainer_grad=False, stack="many"),
         _entry("kl_estimator_gradient", ("logits",), outputs=vocab.GRADIENT_KEYS,
@@ -237,9 +238,11 @@ def build() -> Dict[str, Entry]:
                grid=dict(beta=(0.0,), is_level=(None,) + vocab.IS_LEVELS,
                          is_log_ratio_clamp=(20.0, None))),
         _entry("dppo_loss", ("logp",), stack="rows",
-               detached="min(r, C) and the trust-region indicator",
-               freeze=lambda params: oracles.freeze_ratio,
-               grid=dict(divergence=vocab.DPPO_DIVERGENCES, clip_c=(20.0, None),
+               detached="min(r, C) (in form 'logp') and the trust-region indicator",
+               freeze=lambda params: oracles.freeze_ratio
+               if params.get("form", "logp") == "logp" else None,
+               grid=dict(form=vocab.DPPO_FORMS, divergence=vocab.DPPO_DIVERGENCES,
+                         clip_c=(20.0, None),
                          kl_eps=(0.0, 1e-8), log_ratio_clamp=(20.0, None),
                          clip_low=(0.2, 0.1, 0.28), clip_high=(None, 0.2, 0.28))),
         _entry("gmpo_loss", ("logp",), stack="many",

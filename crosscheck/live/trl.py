@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 import ref_numpy
-from ref_numpy.policy_losses import kl_term
+from ref_numpy.objective import kl_term
 
 from .. import bridge
 from ..audit.profiles import PROFILES

@@ -81,7 +81,8 @@ def test_a_known_bug_and_the_convention_it_amounts_to_are_both_named():
 
 
 @pytest.mark.parametrize("fn, ref, conventions, says", [
-    ("dppo_undetached", "dppo_loss", {}, "min(r, C) and the trust-region indicator"),
+    ("dppo_undetached", "dppo_loss", {},
+     "min(r, C) (in form 'logp') and the trust-region indicator"),
     ("vespo_undetached", "vespo_loss", {}, "φ(w): the gamma weight of the sequence ratio"),
 ], ids=["dppo", "vespo"])
 def test_a_missing_stop_gradient_in_the_newer_losses_is_diagnosed_as_detach(fn, ref,

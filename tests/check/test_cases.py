@@ -74,7 +74,7 @@ def test_estimator_gradient_cases_reach_the_kl_term_as_loss_and_as_reward():
 
 def test_policy_objective_cases_reach_every_loss_aggregation_and_kl_term():
     cs = drawn("policy_objective")
-    assert {(c.params["loss"]) for c in cs} == {"ppo", "cispo", "gspo", "sapo", "vespo"}
+    assert {(c.params["loss"]) for c in cs} == {"ppo", "cispo", "gspo", "sapo", "vespo", "dppo"}
     assert {c.params["agg"] for c in cs} == {"token-mean", "seq-mean-token-mean",
                                              "seq-mean-token-sum", "seq-mean-token-sum-norm"}
     assert {c.params["kl_kind"] for c in cs if c.params["beta"] > 0} == {"k1", "k2", "k3", "abs"}
@@ -83,6 +83,21 @@ def test_policy_objective_cases_reach_every_loss_aggregation_and_kl_term():
     assert any(c.params.get("bound") == "relative" for c in cs)
     assert any(c.params.get("clip_c") == 3.0 for c in cs)
     assert any(c.params.get("tau_pos", 1.0) != 1.0 for c in cs if c.params["loss"] == "sapo")
+    # the KL to the sampling policy, beside DPPO's loss and beside a frozen ratio (CISPO's)
+    anchored = {c.params["loss"] for c in cs if c.params.get("kl_anchor") == "old" and
+                c.params["beta"] > 0}
+    assert anchored == {"dppo", "cispo"}
+
+
+def test_dppo_cases_reach_both_forms_and_keep_the_attached_ratio_off_its_truncation():
+    cs = drawn("dppo_loss", 48)
+    assert {c.params["form"] for c in cs} == {"logp", "ratio"}
+    for c in cs:
+        if c.params["form"] == "ratio" and c.params["clip_c"] is not None:
+            m = c.arrays["mask"]
+            with np.errstate(invalid="ignore"):               # garbage at padding
+                x = np.where(m, c.arrays["logp"] - c.arrays["old_logp"], np.inf)
+            assert np.abs(x - math.log(c.params["clip_c"])).min() >= 0.05, c.label
 
 
 def test_policy_objective_abs_kl_keeps_the_log_ratio_off_its_kink():

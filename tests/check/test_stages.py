@@ -328,3 +328,37 @@ def test_the_command_splits_the_check_over_two_processes_and_reports_the_same_re
     key = lambda r: (r["name"], r["stage"])          # noqa: E731
     assert sorted(forked["results"], key=key) == sorted(one["results"], key=key)
     assert {r["name"] for r in forked["results"]} == {"gae", "whiten", "aggregate", "kl_penalty"}
+
+
+@pytest.mark.parametrize("params", [
+    dict(loss="cispo", bound="absolute", clip_high=5.0, beta=0.1, kl_kind="k3",
+         kl_weight="ratio"),
+    dict(loss="cispo", bound="absolute", clip_high=5.0, beta=0.1, kl_kind="k2", kl_anchor="old"),
+    dict(loss="dppo", clip_low=0.9, clip_c=None, beta=0.1, kl_kind="k2", kl_anchor="old"),
+    dict(loss="gspo", form="token", clip_low=0.5, clip_high=0.5, beta=0.1, kl_kind="k1",
+         kl_weight="ratio"),
+    dict(loss="gspo", form="token", clip_low=0.5, clip_high=0.5, beta=0.1, kl_kind="k1",
+         kl_anchor="old"),
+], ids=lambda p: f"{p['loss']}-{p.get('kl_weight') or p.get('kl_anchor')}")
+def test_a_frozen_stop_gradient_leaves_the_kl_terms_ratio_and_anchor_live(params):
+    # the fd stage's frozen objective holds the policy loss's detached ratio, while the KL term
+    # reads old_logp through its attached ratio or as its anchor: its central differences must
+    # give the hand VJP (freezing the whole objective gave r·∂k alone for CISPO with the ratio)
+    rng = np.random.default_rng(3)
+    logp = np.log(rng.uniform(0.2, 0.8, (2, 3)))
+    old = logp - rng.normal(0.0, 0.1, (2, 3))
+    arrays = dict(logp=logp, old_logp=old, advantages=rng.normal(size=(2, 3)),
+                  mask=np.ones((2, 3), bool), ref_logp=logp + rng.normal(0.0, 0.3, (2, 3)))
+    params = dict(params, agg="token-mean")
+    rule = registry.REGISTRY["policy_objective"].freeze_for(params)
+    assert rule is not None
+    h = 1e-6
+    fd = np.zeros(logp.shape)
+    for i in np.ndindex(logp.shape):
+        step = np.zeros(logp.shape)
+        step[i] = h
+        up, down = (rule(ref_numpy.policy_objective, arrays, params, "logp", s) for s in
+                    (step, -step))
+        fd[i] = (up[0](**up[1], **up[2]) - down[0](**down[1], **down[2])) / (2 * h)
+    hand = ref_numpy.policy_objective_vjp(1.0, **arrays, **params)["logp"]
+    np.testing.assert_allclose(fd, hand, rtol=1e-6, atol=1e-9)

@@ -384,6 +384,35 @@ class TestPolicyObjective:
                            agg="token-mean", beta=0.5)
         close(hand["logp"], [[-0.5, 0.0]])
 
+    def test_kl_anchor_old_takes_the_kl_to_the_sampling_policy_and_ignores_ref_logp(self):
+        # prime-rl's default loss: −keep·A·r + τ·(log r)² = DPPO's ratio form + 2τ·k2(logp, old)
+        # Token 1: p = 0.5, q = 0.4 (kept, A = 1), log r = ln 1.25; token 2 padding.
+        # τ = 1e-3: J = −1.25 + 1e-3·ln²1.25 (one valid token),
+        #           ∂J/∂logp = −1.25 + 2e-3·ln 1.25
+        logp = np.array([[math.log(0.5), 0.0]])
+        old = np.array([[math.log(0.4), 0.0]])
+        m = np.array([[True, False]])
+        lr = math.log(1.25)
+        kw = dict(loss="dppo", form="ratio", clip_c=None, log_ratio_clamp=None,
+                  agg="token-mean", beta=2e-3, kl_kind="k2", kl_anchor="old")
+        for ref in (None, np.full((1, 2), -9.0)):       # not read: the same either way
+            for v in both("policy_objective", logp, old, np.ones(1), m, ref, **kw):
+                close(v, -1.25 + 1e-3 * lr * lr, atol=1e-15)
+            hand, auto, _ = grads("policy_objective", 0, 1.0, logp, old, np.ones(1), m, ref,
+                                  **kw)
+            close(hand["logp"], [[-1.25 + 2e-3 * lr, 0.0]])
+            close(auto, [[-1.25 + 2e-3 * lr, 0.0]])
+
+    def test_kl_anchor_ref_with_beta_still_needs_ref_logp(self):
+        x, m = np.zeros((1, 2)), np.ones((1, 2), bool)
+        for ref in (ref_numpy, ref_torch):
+            a = x if ref is ref_numpy else torch.zeros((1, 2), dtype=torch.float64)
+            mm = m if ref is ref_numpy else torch.ones((1, 2), dtype=torch.bool)
+            with pytest.raises(ValueError, match="beta is 0.1 but ref_logp is None"):
+                ref.policy_objective(a, a, a[:, 0], mm, None, beta=0.1)
+            with pytest.raises(ValueError, match="kl_anchor is 'reference'; expected one of"):
+                ref.policy_objective(a, a, a[:, 0], mm, a, beta=0.1, kl_anchor="reference")
+
     def test_kl_weight_ratio_keeps_an_overflowing_padded_ratio_out(self):
         logp = np.array([[-1.0, 900.0]])                  # padding: e^(900 − 0) overflows
         m = np.array([[True, False]])

@@ -84,6 +84,45 @@ def test_dppo_truncates_at_verls_default_clip_ratio_c():
         np.testing.assert_allclose(got, [3.0], rtol=1e-15)
 
 
+def test_dppo_ratio_form_carries_the_ratio_itself_with_the_same_gradient_inside_the_region():
+    # p = 0.5, q = 0.4, A = 1: kept (D = 0.1); form "ratio": l = −A·r = −1.25, ∂l/∂logp = −r
+    lp, old, adv = np.array([math.log(0.5)]), np.array([math.log(0.4)]), np.array([1.0])
+    for got in both("dppo_loss", lp, old, adv, clip_c=None, form="ratio"):
+        np.testing.assert_allclose(got, [-1.25], rtol=1e-15)
+    for got in grads("dppo_loss", np.ones(1), lp, old, adv, clip_c=None, form="ratio"):
+        np.testing.assert_allclose(got, [-1.25], rtol=1e-15)
+    # dropped (p − q = 0.3 > 0.2 with A > 0): value and gradient 0 in this form too
+    for got in grads("dppo_loss", np.ones(1), np.array([math.log(0.5)]),
+                     np.array([math.log(0.2)]), adv, clip_c=None, form="ratio"):
+        np.testing.assert_array_equal(got, [0.0])
+
+
+def test_dppo_ratio_form_is_flat_above_the_truncation_and_outside_the_log_ratio_clamp():
+    # r = e^2 > C = 3, A = −1, kept: form "logp" has the truncated weight −A·C = 3 as its
+    # gradient, form "ratio" has min(r, C) = C, a constant: value 3, gradient 0
+    lp, old, adv = np.array([-0.05]), np.array([-2.05]), np.array([-1.0])
+    for got in both("dppo_loss", lp, old, adv, clip_low=10.0, form="ratio"):
+        np.testing.assert_allclose(got, [3.0], rtol=1e-15)
+    for got in grads("dppo_loss", np.ones(1), lp, old, adv, clip_low=10.0, form="ratio"):
+        np.testing.assert_array_equal(got, [0.0])
+    # log r = 2 beyond a clamp of 1.5: r = e^1.5 held, gradient 0; at a clamp of 2.5, e^2
+    for clamp, value, grad in ((1.5, math.exp(1.5), 0.0), (2.5, math.exp(2.0), math.exp(2.0))):
+        for got in both("dppo_loss", lp, old, adv, clip_low=10.0, clip_c=None, form="ratio",
+                        log_ratio_clamp=clamp):
+            np.testing.assert_allclose(got, [value], rtol=1e-15)
+        for got in grads("dppo_loss", np.ones(1), lp, old, adv, clip_low=10.0, clip_c=None,
+                         form="ratio", log_ratio_clamp=clamp):
+            np.testing.assert_allclose(got, [grad], rtol=1e-15)
+
+
+def test_dppo_refuses_an_unknown_form_by_name():
+    x = np.array([[-0.5]])
+    with pytest.raises(ValueError, match="form is 'prob'; expected one of"):
+        ref_numpy.dppo_loss(x, x, x, form="prob")
+    with pytest.raises(ValueError, match="form is 'prob'; expected one of"):
+        ref_torch.dppo_loss(torch.tensor(x), torch.tensor(x), torch.tensor(x), form="prob")
+
+
 def test_dppo_kl_refuses_a_positive_log_probability():
     x = np.array([[0.5]])
     with pytest.raises(ValueError, match="logp at valid position"):

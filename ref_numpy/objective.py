@@ -1,0 +1,154 @@
+"""The actor objective: a policy loss plus a KL term, aggregated (`policy_objective`), with its
+hand-derived VJP. Every policy loss of `policy_losses` and DPPO of `pg_losses` can be its loss."""
+import numpy as np
+
+from ref_common import args
+
+from . import _arrays as ar
+from .kl import kl_penalty, kl_penalty_vjp
+from .pg_losses import dppo_loss, dppo_loss_vjp
+from .policy_losses import (cispo_loss, cispo_loss_vjp, gspo_loss, gspo_loss_vjp, ppo_clip_loss,
+                            ppo_clip_loss_vjp, sapo_loss, sapo_loss_vjp, vespo_loss,
+                            vespo_loss_vjp)
+from .reduce import aggregate, aggregate_vjp
+
+
+def _policy_parts(mask, ref_logp, loss, beta, kl_kind, kl_clamp, agg, kl_weight, kl_anchor):
+    p = args.policy_objective(mask, ref_logp, loss, beta, kl_kind, kl_clamp, agg, kl_weight,
+                              kl_anchor)
+    fn, vjp = {"ppo": (ppo_clip_loss, ppo_clip_loss_vjp), "cispo": (cispo_loss, cispo_loss_vjp),
+               "gspo": (gspo_loss, gspo_loss_vjp), "sapo": (sapo_loss, sapo_loss_vjp),
+               "vespo": (vespo_loss, vespo_loss_vjp), "dppo": (dppo_loss, dppo_loss_vjp)}[p.loss]
+    return fn, vjp, p.beta > 0, p.beta, dict(kind=kl_kind, clamp=kl_clamp, weight=kl_weight)
+
+
+def _kl_anchor(old_logp, ref_logp, kl_anchor):
+    """The log-probs the KL term is taken against: ref_logp, or old_logp for kl_anchor='old'."""
+    return old_logp if kl_anchor == "old" else ref_logp
+
+
+def _kl_ratio(logp, old_logp, mask):
+    """exp(logp − old_logp) at valid tokens, 1 at padding (never read there)."""
+    m = np.asarray(mask).astype(bool)
+    with np.errstate(invalid="ignore", over="ignore"):      # garbage at padding is never read
+        x = np.where(m, np.asarray(logp, dtype=np.float64) - np.asarray(old_logp,
+                                                                         dtype=np.float64), 0.0)
+    return ar.capped_exp(x)
+
+
+def kl_term(logp, old_logp, ref_logp, mask, kind, clamp, weight):
+    """The per-token KL term of `policy_objective`: k(logp, ref_logp), times the attached
+    ratio r = exp(logp − old_logp) where weight = "ratio"."""
+    kl = kl_penalty(logp, ref_logp, mask, kind=kind, clamp=clamp)
+    if weight == "ratio":
+        with np.errstate(over="ignore", invalid="ignore"):
+            kl = ar.zero_masked(_kl_ratio(logp, old_logp, mask) * kl, np.asarray(mask, bool))
+    return kl
+
+
+def kl_term_vjp(g, logp, old_logp, ref_logp, mask, kind, clamp, weight):
+    """VJP of `kl_term` wrt logp.
+
+    Gradient: without a weight it is kl_penalty's. With r = exp(logp − old_logp) (∂r/∂logp = r,
+    old_logp a constant), the product rule gives
+        ∂(r·k)/∂logp = r·∂k/∂logp + r·k.
+    """
+    if weight != "ratio":
+        return kl_penalty_vjp(g, logp, ref_logp, mask, kind=kind, clamp=clamp)["logp"]
+    r = _kl_ratio(logp, old_logp, mask)
+    k = kl_penalty(logp, ref_logp, mask, kind=kind, clamp=clamp)
+    with np.errstate(over="ignore", invalid="ignore"):
+        d = kl_penalty_vjp(g * r, logp, ref_logp, mask, kind=kind, clamp=clamp)["logp"] + g * r * k
+    return ar.zero_masked(d, np.asarray(mask, bool))
+
+
+def _finite_objective(per_token, logp, old_logp, advantages, mask, ref_logp):
+    """Refuse a per-token loss that overflowed at a valid position, naming the inputs there."""
+    m = np.asarray(mask).astype(bool)
+    bad = m & ~np.isfinite(per_token)
+    if bad.any():
+        at = tuple(int(i) for i in np.argwhere(bad)[0])
+        adv = np.asarray(advantages)
+        inputs = {"logp": logp, "old_logp": old_logp,
+                  "advantages": adv if adv.ndim == 2 else adv[:, None].repeat(m.shape[1], 1)}
+        if ref_logp is not None:
+            inputs["ref_logp"] = ref_logp
+        args.objective_overflow(at, {k: float(np.asarray(v)[at]) for k, v in inputs.items()})
+
+
+def policy_objective(logp, old_logp, advantages, mask, ref_logp=None, *, loss="ppo",
+                     agg="seq-mean-token-mean", beta=0.0, kl_kind="k3", kl_clamp=None, norm=None,
+                     empty_rows="exclude", kl_weight=None, kl_anchor="ref", **loss_kwargs):
+    """The actor loss a trainer minimises: aggregate(policy_loss + β·kl_penalty).
+
+        J = aggregate(l_policy(logp) + β·k(logp, ref_logp), mask, mode=agg)
+
+    With kl_weight="ratio" the KL term is β·r·k, r = exp(logp − old_logp) attached (TRL's
+    use_bias_correction_kl at importance_sampling_level='token': the KL estimate importance-
+    weighted from the sampling policy to the current one).
+    With kl_anchor="old" the KL term is k(logp, old_logp), a penalty toward the sampling policy
+    instead of a reference model, and ref_logp is not read: prime-rl's default loss adds
+    τ·(log r)² = 2τ·k2(logp, old_logp), the regulariser of Kimi k1.5 (arXiv:2501.12599, eq. 3,
+    τ/2 there).
+
+    Reference: GRPO, arXiv:2402.03300, eq. (3) (KL as a per-token loss term); the aggregation
+    modes of verl `agg_loss`.
+    Note: `loss` is "ppo" (`ppo_clip_loss`), "cispo" (`cispo_loss`), "gspo" (`gspo_loss`),
+    "sapo" (`sapo_loss`), "vespo" (`vespo_loss`) or "dppo" (`dppo_loss`);
+    `**loss_kwargs` go to it.
+    `norm`, `empty_rows` go to `aggregate`; `kl_kind`, `kl_clamp` to `kl_penalty`.
+
+    Args:
+      logp, old_logp: [B, T] float.
+      advantages: [B, T] or [B] float.
+      mask: [B, T] bool or 0/1 (required).
+      ref_logp: [B, T] float, or None when beta = 0 or kl_anchor = "old".
+      loss, agg, beta (≥ 0), kl_kind, kl_clamp, norm, empty_rows: see above.
+      kl_weight: None | "ratio" (see above).
+      kl_anchor: "ref" | "old" (see above).
+
+    Returns:
+      float64 scalar.
+    """
+    fn, _, use_kl, beta, kl_kw = _policy_parts(mask, ref_logp, loss, beta, kl_kind,
+                                               kl_clamp, agg, kl_weight, kl_anchor)
+    per_token = fn(logp, old_logp, advantages, mask, **loss_kwargs)
+    anchor = _kl_anchor(old_logp, ref_logp, kl_anchor)
+    if anchor is not None:              # checked even at beta = 0: a wrong one is still a bug
+        kl = kl_term(logp, old_logp, anchor, mask, **kl_kw)
+        if use_kl:
+            with np.errstate(over="ignore", invalid="ignore"):   # reported just below
+                per_token = per_token + beta * kl
+    _finite_objective(per_token, logp, old_logp, advantages, mask, ref_logp)
+    return aggregate(per_token, mask, mode=agg, norm=norm, empty_rows=empty_rows)
+
+
+def policy_objective_vjp(g, logp, old_logp, advantages, mask, ref_logp=None, *, loss="ppo",
+                         agg="seq-mean-token-mean", beta=0.0, kl_kind="k3", kl_clamp=None,
+                         norm=None, empty_rows="exclude", kl_weight=None, kl_anchor="ref",
+                         **loss_kwargs):
+    """VJP of `policy_objective` wrt logp, by the chain rule through its parts.
+
+    Gradient:
+      aggregate is linear: J = Σ_bt w_bt·l_bt with the per-token weights w of `aggregate_vjp`.
+      So the cotangent reaching the per-token losses is g·w, and
+          ∂J/∂logp = policy_vjp(g·w) + β·kl_term_vjp(g·w)
+      (ref_logp, old_logp and A are constants; kl_term_vjp is kl_penalty's, or with
+      kl_weight="ratio" the product rule r·∂k/∂logp + r·k; with kl_anchor="old" the KL's
+      second argument is old_logp, still a constant, so the same formulas hold with it).
+
+    Returns:
+      {"logp": [B, T]} float64.
+    """
+    fn, vjp, use_kl, beta, kl_kw = _policy_parts(mask, ref_logp, loss, beta, kl_kind,
+                                                 kl_clamp, agg, kl_weight, kl_anchor)
+    per_token = fn(logp, old_logp, advantages, mask, **loss_kwargs)
+    _finite_objective(per_token, logp, old_logp, advantages, mask, ref_logp)
+    w = aggregate_vjp(g, per_token, mask, mode=agg, norm=norm, empty_rows=empty_rows)["loss"]
+    grad = vjp(w, logp, old_logp, advantages, mask, **loss_kwargs)["logp"]
+    anchor = _kl_anchor(old_logp, ref_logp, kl_anchor)
+    if anchor is not None:
+        kl_grad = kl_term_vjp(w, logp, old_logp, anchor, mask, **kl_kw)
+        if use_kl:
+            grad = grad + beta * kl_grad
+    return {"logp": grad}
