@@ -102,7 +102,8 @@ def describe(aud: Auditor, case, outcome: Outcome):
                       o.replay is not None), None)
         if again is not None:
             data = again.replay
-    ce = {k: bridge.json_safe(v) for k, v in data.items()}
+    # an input kept only for the reference (one it does not read either) was not passed
+    ce = {k: bridge.json_safe(v) for k, v in data.items() if aud.accepts(k)}
     try:
         ce["reference output"] = _labelled(aud, aud.reference_outputs(data))
         raw, _ = aud.call(data)

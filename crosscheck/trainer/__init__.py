@@ -6,14 +6,14 @@ Importing this package imports neither torch nor any trainer.
 import importlib
 
 TRAINERS = ("verl", "trl", "openrlhf", "skyrl", "liger", "trinity", "torchrl", "areal",
-            "unsloth", "roll", "minimind")
+            "unsloth", "roll", "prime-rl", "slime", "minimind")
 
 
 def get(name: str):
     """The `Trainer` declaration of `name` (one of TRAINERS)."""
     if name not in TRAINERS:
         raise KeyError(f"unknown trainer {name!r}; known: {', '.join(TRAINERS)}")
-    return importlib.import_module(f"{__name__}.{name}").TRAINER
+    return importlib.import_module(f"{__name__}.{name.replace('-', '')}").TRAINER
 
 
 def installed():

@@ -520,6 +520,17 @@ def owner_class(method):
     return inner.__globals__[inner.__qualname__.split(".")[0]]
 
 
+EAGER = ("the function torch.compile wraps, run eagerly: the same statements without a compiler "
+         "(compiling costs seconds per call shape on a CPU)")
+
+
+def eager(fn):
+    """The Python function a `torch.compile` wrapper compiles (its `_torchdynamo_orig_callable`),
+    else fn itself."""
+    inner = getattr(fn, "_torchdynamo_orig_callable", None)
+    return inner if callable(inner) else fn
+
+
 def _resolve(module, qualname: str):
     obj = module
     for part in qualname.split("."):
@@ -586,6 +597,9 @@ def run_row(row: Row, loaded: loading.Loaded, source: loading.Source, profile: s
             result.verdict = "NOT IN THIS VERSION"
             result.reason = f"{row.qualname} is not defined in {rel}"
             return result
+    uncompiled = eager(fn)
+    if uncompiled is not fn:
+        fn, older = uncompiled, "; ".join(c for c in (older, EAGER) if c)
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):
@@ -687,6 +701,10 @@ def reproduces(report, variant_report, check: str) -> bool:
     return all(after.get(c) != "fail" for c, st in before.items() if st != "fail")
 
 
+BEYOND_FLOAT32 = ("robustness: only where the reference lies beyond float32's range (the edge "
+                  "of the float range), where this trainer's float32 code overflows")
+
+
 def grade(row: Row, report, precision: str, root: str, audit_row) -> List[dict]:
     """The graded findings of a row's audit (see the module docstring): each failure, and each
     robustness note of the audit."""
@@ -711,9 +729,7 @@ def grade(row: Row, report, precision: str, root: str, audit_row) -> List[dict]:
                 grade_ = known.grade
                 said = f"{known.kind}: {known.what}" + (f" ({known.cite})" if known.cite else "")
             elif f.edge_only and precision == "float32":
-                grade_ = "robustness"
-                said = ("robustness: only where the reference lies beyond float32's range (the "
-                        "edge of the float range), where this trainer's float32 code overflows")
+                grade_, said = "robustness", BEYOND_FLOAT32
             elif f.float32_ok and precision == "float32":
                 grade_ = "precision"
                 said = ("within the float32 row of the tolerance table: below the precision "
@@ -726,6 +742,7 @@ def grade(row: Row, report, precision: str, root: str, audit_row) -> List[dict]:
         else:
             note = next((k for k in entries if k.grade == grade_), None)
             said = (f"{note.kind}: {note.what}" if note is not None else
+                    BEYOND_FLOAT32 if f.edge_only else
                     "robustness: only with garbage at padding, which no trainer's batch holds")
         out.append(dict(check=f.check, grade=grade_, known=known is not None or
                         grade_ != "deviation",

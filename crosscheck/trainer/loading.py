@@ -30,6 +30,7 @@ import importlib.machinery
 import importlib.metadata
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 import types
@@ -181,6 +182,11 @@ class StandIn(metaclass=_StandInMeta):
     def __init__(self, *args, **kwargs):
         pass
 
+    def __init_subclass__(cls, **keywords):
+        """A subclass's class keywords (`class T(msgspec.Struct, array_like=True)`) go to its
+        stood-in base, which ignores them."""
+        super().__init_subclass__()
+
     def __getattr__(self, name):
         if name.startswith("__") and name.endswith("__"):
             raise AttributeError(name)
@@ -220,7 +226,8 @@ StandIn._stand_in = True
 
 
 class StandInModule(types.ModuleType):
-    """A module none of whose code runs: every attribute is a stand-in class."""
+    """A module none of whose code runs: every attribute is a stand-in class (Megatron's
+    parallel state is a `ParallelState`)."""
 
     def __init__(self, name):
         super().__init__(name, "stand-in for " + name)
@@ -230,9 +237,46 @@ class StandInModule(types.ModuleType):
     def __getattr__(self, name):
         if name.startswith("__") and name.endswith("__"):
             raise AttributeError(name)
-        cls = _StandInMeta(name, (StandIn,), {"__module__": self.__name__, "_stand_in": True})
-        setattr(self, name, cls)
-        return cls
+        full = f"{self.__name__}.{name}"
+        if full in PARALLEL_STATE:         # `from megatron.core import mpu`
+            value = sys.modules.setdefault(full, ParallelState(full))
+        else:
+            value = _StandInMeta(name, (StandIn,), {"__module__": self.__name__,
+                                                    "_stand_in": True})
+        setattr(self, name, value)
+        return value
+
+
+class ParallelState(StandInModule):
+    """Megatron's parallel state as one process has it: every parallel world size 1, every
+    rank 0, no process group (None: torch.distributed's default), the one pipeline stage both
+    first and last. The math of a trainer built on Megatron branches on these (slime's
+    per-sample mean takes its context-parallel path unless the size is 1); any other name is a
+    stand-in."""
+
+    def __getattr__(self, name):
+        if re.fullmatch(r"get_\w*world_size", name):
+            value = _constant(name, 1)
+        elif re.fullmatch(r"get_\w*rank", name):
+            value = _constant(name, 0)
+        elif re.fullmatch(r"get_\w*groups?(_\w+)?", name):
+            value = _constant(name, None)
+        elif re.fullmatch(r"is_pipeline_(first|last)_stage|model_parallel_is_initialized", name):
+            value = _constant(name, True)
+        else:
+            return super().__getattr__(name)
+        setattr(self, name, value)
+        return value
+
+
+def _constant(name, value):
+    def constant(*args, **kwargs):
+        return value
+    constant.__name__ = constant.__qualname__ = name
+    return constant
+
+
+PARALLEL_STATE = ("megatron.core.mpu", "megatron.core.parallel_state")
 
 
 class _Package(types.ModuleType):
@@ -439,7 +483,9 @@ class _Finder(importlib.abc.MetaPathFinder):
             else:
                 return None
             self.stood_in[top] = why
-        return importlib.util.spec_from_loader(name, _Loader(StandInModule), is_package=True)
+        return importlib.util.spec_from_loader(
+            name, _Loader(ParallelState if name in PARALLEL_STATE else StandInModule),
+            is_package=True)
 
     def _own_spec(self, name, top):
         bases = [os.path.join(root, *name.split(".")) for root in self.source.roots]

@@ -328,13 +328,10 @@ def _reward(fn):
 
 
 def _entropy(fn):
-    """compute_entropy is wrapped by torch.compile; the adapter runs the Python function it
-    wraps, eagerly (the same statements, without a compiler)."""
-    eager = getattr(fn, "_torchdynamo_orig_callable", fn)
-
+    """compute_entropy (the eager function torch.compile wraps: the card unwraps it)."""
     def adapter(logits, mask):
         zero = logits.new_zeros(())
-        return torch.where(mask.bool(), eager(torch.where(mask.bool()[..., None], logits, zero)),
+        return torch.where(mask.bool(), fn(torch.where(mask.bool()[..., None], logits, zero)),
                            zero)
     return adapter
 
@@ -397,8 +394,7 @@ ROWS = (
         _grouped("dr_grpo"), label="dr_grpo", choices=_GROUPED,
         conventions=dict(scale="none"), params=("experiences",), fits=_fits_grouped),
     Row(f"{UTILS}:compute_entropy", "entropy", _entropy,
-        choices=("the function torch.compile wraps, run eagerly (_torchdynamo_orig_callable)",
-                 "logits 0 at padding, the entropy read at valid tokens"),
+        choices=("logits 0 at padding, the entropy read at valid tokens",),
         params=("logits",)),
     Row(f"{UTILS}:compute_reward", "kl_rewards", _reward,
         choices=(f"kl_coef = {KL_COEF} (beta); kl = logp − ref_logp at valid tokens (k1)",

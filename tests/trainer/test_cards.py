@@ -422,6 +422,308 @@ def test_roll_needs_a_path():
         card.run(trainers.get("roll"))
 
 
+# prime-rl (a checkout only): fixture files written here in the shape of prime-rl at commit
+# 559b44772 (two source roots, namespace packages, its signatures and imports), not its code
+PRIMERL_LOSS = '''
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from beartype import beartype as typechecker               # not installed: stood in
+from jaxtyping import Bool, Float, jaxtyped
+from torch import Tensor
+
+from prime_rl.configs.trainer import CustomLossConfig, DefaultLossConfig, IPOLossConfig
+from prime_rl.utils.utils import import_object
+
+
+@dataclass
+class LossInputs:
+    trainer_logprobs: Float[Tensor, " seq"]
+    inference_logprobs: Float[Tensor, " seq"]
+    ref_logprobs: Float[Tensor, " seq"] | None
+    advantages: Float[Tensor, " seq"]
+    loss_mask: Bool[Tensor, " seq"]
+    loss_weights: Float[Tensor, " seq"] | None = None
+
+
+@dataclass
+class LossOutputs:
+    loss: Tensor
+    metrics: dict
+
+
+@jaxtyped(typechecker=typechecker)
+def selective_log_softmax(logits, index):
+    return torch.log_softmax(logits, -1).gather(-1, index[..., None])[..., 0]
+
+
+def default_loss_fn(inputs, loss_config):
+    lp, q = inputs.trainer_logprobs, inputs.inference_logprobs
+    log_r = lp - q
+    r = torch.exp(log_r)
+    moved = torch.exp(lp) - torch.exp(q)
+    out = torch.where(inputs.advantages > 0, moved > loss_config.dppo_mask_high,
+                      moved < -loss_config.dppo_mask_low)
+    keep = inputs.loss_mask & ~out
+    pg = keep * (loss_config.adv_tau * inputs.advantages) * r
+    kl = KL_MASK * log_r ** 2
+    per_token = -pg + loss_config.kl_tau * kl
+    if inputs.loss_weights is not None:
+        per_token = per_token * inputs.loss_weights
+    return LossOutputs(loss=per_token.sum(), metrics={})
+
+
+def setup_rl_loss_fn(loss_config) -> Callable:
+    if isinstance(loss_config, CustomLossConfig):
+        fn = import_object(loss_config.import_path)
+        return lambda inputs: fn(inputs, **loss_config.kwargs)
+    return lambda inputs: default_loss_fn(inputs, loss_config)
+
+
+def compute_loss(trainer_logprobs, inference_logprobs, ref_logprobs, advantages, loss_mask,
+                 rl_weights, ce_weights, ref_kl_weights, rl_loss_fn, rl_scale, ce_scale,
+                 ref_kl_scale):
+    n = len(trainer_logprobs)
+    ref_logprobs = [None] * n if ref_logprobs is None else ref_logprobs
+    total = trainer_logprobs[0].sum() * 0.0
+    for t, i, ref, a, m in zip(trainer_logprobs, inference_logprobs, ref_logprobs, advantages,
+                               loss_mask):
+        total = total + rl_loss_fn(LossInputs(t, i, ref, a, m)).loss
+    return total / rl_scale, {}
+'''
+PRIMERL_GRPO = '''
+from __future__ import annotations
+
+import torch
+import verifiers.v1 as vf
+
+from prime_rl.configs.algorithm import GRPOAlgoConfig
+from prime_rl.orchestrator.algo.base import Algorithm, iter_trainable_traces
+from prime_rl.orchestrator.algo.routing import assign_advantages
+
+
+class GRPOAlgorithm(Algorithm):
+    def __init__(self, config: GRPOAlgoConfig, policy_pool):
+        super().__init__(config, policy_pool)
+        self.length_penalty = config.length_penalty
+
+    async def score_group(self, episodes: list[vf.Episode]) -> None:
+        traces = [trace for _, trace in iter_trainable_traces(episodes)]
+        rewards = torch.tensor([t.reward for t in traces], dtype=torch.float32)
+        advantages = SHAPE
+        for trace, advantage in zip(traces, advantages.tolist(), strict=True):
+            assign_advantages(trace, advantage)
+'''
+PRIMERL_PACKAGE = {
+    "packages/prime-rl-configs/src/prime_rl/configs/__init__.py": "",
+    "packages/prime-rl-configs/src/prime_rl/configs/trainer.py": (
+        "from pydantic import Field\nfrom pydantic_config import BaseConfig\n\n\n"
+        "class DefaultLossConfig(BaseConfig):\n    dppo_mask_low: float = Field(0.2, ge=0)\n\n\n"
+        "class IPOLossConfig(BaseConfig):\n    ipo_threshold: float = Field(0.1, ge=0)\n\n\n"
+        "class CustomLossConfig(BaseConfig):\n    import_path: str\n"),
+    "packages/prime-rl-configs/src/prime_rl/configs/algorithm.py": (
+        "import verifiers.v1 as vf\nfrom renderers import RendererConfig\n"
+        "from pydantic_config import BaseConfig\n\n\n"
+        "class GRPOAlgoConfig(BaseConfig):\n    length_penalty: None = None\n"),
+    "src/prime_rl/utils/utils.py": (
+        "import importlib\n\nimport torch.distributed as dist\nimport wandb\n\n\n"
+        "def import_object(path):\n    module, _, name = path.rpartition('.')\n"
+        "    return getattr(importlib.import_module(module), name)\n"),
+    "src/prime_rl/trainer/rl/__init__.py": "",
+    "src/prime_rl/orchestrator/__init__.py": "",
+    "src/prime_rl/orchestrator/algo/__init__.py": "from .grpo import GRPOAlgorithm\n",
+    "src/prime_rl/orchestrator/algo/base.py": (
+        "import verifiers.v1 as vf\n\n\n"
+        "def iter_trainable_traces(episodes):\n    for episode in episodes:\n"
+        "        for trace in episode.traces:\n"
+        "            if trace.has_error or not trace.agent.trainable:\n                continue\n"
+        "            if any(any(node.mask) for node in trace.nodes):\n"
+        "                yield episode, trace\n\n\n"
+        "class Algorithm:\n    def __init__(self, config, policy_pool):\n"
+        "        self.policy_pool = policy_pool\n"),
+    "src/prime_rl/orchestrator/algo/routing.py": (
+        "import verifiers.v1 as vf\n\nfrom prime_rl.transports.rollouts import TrainingSample\n\n\n"
+        "def assign_advantages(trace, value):\n"
+        "    for node in trace.nodes:\n        node.advantages = [float(value)] * sum(node.mask)\n"),
+    "src/prime_rl/transports/rollouts.py": (
+        "import msgspec\n\n\nclass TrainingSample(msgspec.Struct, array_like=True, gc=False):\n"
+        "    token_ids: list\n"),
+}
+
+
+def _primerl_checkout(root, kl_mask, shape):
+    for rel, text in PRIMERL_PACKAGE.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    (root / "src/prime_rl/trainer/rl/loss.py").write_text(PRIMERL_LOSS.replace("KL_MASK", kl_mask))
+    (root / "src/prime_rl/orchestrator/algo/grpo.py").write_text(
+        PRIMERL_GRPO.replace("SHAPE", shape))
+
+
+@pytest.mark.parametrize("kl_mask, shape, loss, grpo", [
+    ("inputs.loss_mask", "rewards - rewards.mean()", "CONFORMS", "CONFORMS"),
+    # the KL pull-back only inside the trust region; a std the default does not divide by
+    ("keep", "(rewards - rewards.mean()) / (rewards.std() + 1e-6)", "DOES NOT CONFORM",
+     "DOES NOT CONFORM")])
+def test_primerl_cards_a_checkout_of_two_source_roots(tmp_path, kl_mask, shape, loss, grpo):
+    _primerl_checkout(tmp_path, kl_mask, shape)
+    c = card.run(trainers.get("prime-rl"), path=str(tmp_path), cases=24)
+    verdicts = {r.row.name: r.verdict for r in c.rows}
+    assert verdicts == {"compute_loss [default loss]": loss,
+                        "GRPOAlgorithm.score_group": grpo}, [r.reason for r in c.rows]
+    assert c.exit_code == (0 if loss == "CONFORMS" else 1)
+
+
+def test_primerl_needs_a_path():
+    with pytest.raises(loading.TrainerNotFound):
+        card.run(trainers.get("prime-rl"))
+
+
+# slime (a checkout only): fixture files written here in the shape of slime at commit 624b824a8
+# (torch.compile'd losses, Megatron's parallel state, a ray actor), not its code
+SLIME_PPO = '''
+import torch
+
+
+@torch.compile(dynamic=True)
+def compute_approx_kl(log_probs, log_probs_base, kl_loss_type, importance_ratio=None):
+    d = log_probs.float() - log_probs_base.float()
+    kl = {"k1": d, "k2": d * d / 2}.get(kl_loss_type)
+    if kl is None:
+        kl = torch.exp(-d) - 1 + d
+    return torch.clamp(kl, -10, 10) if kl_loss_type == "low_var_kl" else kl
+
+
+@torch.compile(dynamic=True)
+def compute_policy_loss(ppo_kl, advantages, eps_clip, eps_clip_high, eps_clip_c=None):
+    r = torch.exp(-ppo_kl)
+    a, b = -r * advantages, -r.clamp(1 - eps_clip, 1 + eps_clip_high) * advantages
+    loss = PESSIMISTIC(a, b)
+    if eps_clip_c is not None:
+        loss = torch.where(advantages < 0, torch.min(-eps_clip_c * advantages, loss), loss)
+    return loss, (b > a).float()
+
+
+@torch.compile(dynamic=True)
+def compute_cispo_loss(ppo_kl, log_probs, advantages, eps_clip, eps_clip_high):
+    w = torch.clamp(torch.exp(-ppo_kl), 1 - eps_clip, 1 + eps_clip_high)
+    return -w.detach() * advantages * log_probs, w
+
+
+def compute_gspo_kl(full_log_probs, full_old_log_probs, local_log_probs, loss_masks):
+    kl = [((o - n) * m).sum() / torch.clamp_min(m.sum(), 1)
+          for n, o, m in zip(full_log_probs, full_old_log_probs, loss_masks)]
+    return torch.cat([k.expand_as(x) for k, x in zip(kl, local_log_probs)])
+
+
+def vanilla_gae(rewards, values, gamma, lambd):
+    last, out = torch.zeros_like(rewards[:, 0]), []
+    for t in reversed(range(rewards.shape[1])):
+        nxt = values[:, t + 1] if t + 1 < rewards.shape[1] else 0.0
+        last = rewards[:, t] + gamma * nxt - values[:, t] + gamma * lambd * last
+        out.append(last)
+    adv = torch.stack(out[::-1], 1)
+    return adv, adv + values
+
+
+chunked_gae = vanilla_gae
+
+
+def chunked_discounted_returns(rewards, discount, chunk_size=128):
+    out, g = [], torch.zeros_like(rewards[:, 0])
+    for t in reversed(range(rewards.shape[1])):
+        g = rewards[:, t] + discount * g
+        out.append(g)
+    return torch.stack(out[::-1], 1)
+'''
+SLIME_PACKAGE = {
+    "slime/__init__.py": "raise ImportError('the package init needs the GPU stack')\n",
+    "slime/utils/__init__.py": "",
+    "slime/backends/__init__.py": "",
+    "slime/backends/megatron_utils/__init__.py": "import megatron.training\n",
+    "slime/backends/megatron_utils/cp_utils.py": (
+        "import torch\nfrom megatron.core import mpu\n\n\n"
+        "def get_sum_of_sample_mean(total_lengths, response_lengths, loss_masks,\n"
+        "                           sample_denoms=None, calculate_per_token_loss=False):\n"
+        "    denoms = [m.sum() for m in loss_masks] if sample_denoms is None else sample_denoms\n"
+        "    if mpu.get_context_parallel_world_size() != 1:\n"
+        "        raise RuntimeError('context parallel')\n"
+        "    def f(x):\n"
+        "        return sum((x_i * m).sum() / torch.clamp_min(d, 1) for x_i, m, d in\n"
+        "                   zip(x.split(response_lengths), loss_masks, denoms))\n"
+        "    return f\n"),
+    "slime/backends/megatron_utils/loss.py": (
+        "import torch\nfrom megatron.core import mpu\n\n\n"
+        "def vanilla_tis_function(args, *, pg_loss, train_log_probs, rollout_log_probs,\n"
+        "                         loss_masks, **kwargs):\n"
+        "    w = torch.exp(torch.cat(train_log_probs) - torch.cat(rollout_log_probs))\n"
+        "    return pg_loss * w.clamp(args.tis_clip_low, args.tis_clip), loss_masks, {}\n\n\n"
+        "def icepop_function(args, *, pg_loss, train_log_probs, rollout_log_probs, loss_masks,\n"
+        "                    **kwargs):\n"
+        "    w = torch.exp(torch.cat(train_log_probs) - torch.cat(rollout_log_probs))\n"
+        "    w = torch.where((w >= args.tis_clip_low) & (w <= args.tis_clip), w, 0 * w)\n"
+        "    return pg_loss * w, loss_masks, {}\n"),
+    "slime/ray/__init__.py": "",
+    "slime/ray/rollout.py": (
+        "import ray\nimport torch\n\n\n@ray.remote\nclass RolloutManager:\n"
+        "    def _post_process_rewards(self, samples):\n"
+        "        raw = [s.get_reward_value(self.args) for s in samples]\n"
+        "        r = torch.tensor(raw, dtype=torch.float).reshape(-1, "
+        "self.args.n_samples_per_prompt)\n"
+        "        r = r - r.mean(dim=-1, keepdim=True)\n"
+        "        r = r / (r.std(dim=-1, keepdim=True) + 1e-6)\n"
+        "        return raw, r.flatten().tolist()\n"),
+}
+
+
+def _slime_checkout(root, pessimistic):
+    for rel, text in SLIME_PACKAGE.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    (root / "slime/utils/ppo_utils.py").write_text(SLIME_PPO.replace("PESSIMISTIC", pessimistic))
+
+
+@pytest.mark.parametrize("pessimistic, ppo", [
+    ("torch.maximum", "CONFORMS"),
+    ("torch.minimum", "DOES NOT CONFORM")])           # the optimistic branch of the clip
+def test_slime_cards_compiled_losses_eagerly_under_a_one_process_megatron(tmp_path, pessimistic,
+                                                                          ppo):
+    _slime_checkout(tmp_path, pessimistic)
+    c = card.run(trainers.get("slime"), path=str(tmp_path), cases=24)
+    verdicts = {r.row.name: r.verdict for r in c.rows}
+    for name in ("compute_policy_loss [ε 0.2/0.28]", "compute_policy_loss [dual clip 3]",
+                 "compute_gspo_kl [GSPO]"):
+        assert verdicts.pop(name) == ppo, name
+    assert set(verdicts.values()) == {"CONFORMS"}, [(r.row.name, r.reason) for r in c.rows]
+    compiled = {r.row.name for r in c.rows if card.EAGER in r.choices}
+    assert compiled == {r.row.name for r in c.rows if r.row.qualname in (
+        "compute_approx_kl", "compute_policy_loss", "compute_cispo_loss")}
+    assert c.exit_code == (0 if ppo == "CONFORMS" else 1)
+
+
+def test_megatrons_parallel_state_stands_in_as_one_process():
+    state = loading.ParallelState("megatron.core.mpu")
+    assert state.get_context_parallel_world_size() == 1
+    assert state.get_data_parallel_world_size(with_context_parallel=True) == 1
+    assert state.get_tensor_model_parallel_rank() == 0
+    assert state.get_data_parallel_group(with_context_parallel=True) is None
+    assert state.is_pipeline_last_stage() is True
+    assert isinstance(state.initialize_model_parallel, type)       # anything else: a stand-in
+    core = loading.StandInModule("megatron.core")
+    assert isinstance(core.mpu, loading.ParallelState)
+    assert isinstance(core.tensor_parallel, type)
+
+
+def test_a_stood_in_base_takes_class_keywords():
+    base = loading.StandInModule("msgspec").Struct
+
+    class Sample(base, array_like=True, gc=False):
+        token_ids: list
+
+    assert issubclass(Sample, base)
+
+
 def test_liger_k3_variant_evaluates_the_term_in_float64_rounds_it_once_and_restores_the_coded():
     """The variant of Liger's k3 precision note: k3 = expm1(x) − x, x = log p − log q, computed
     in float64 and rounded once to the loss's float32, in place of the module's k3_loss_fn for
