@@ -297,6 +297,7 @@ def _whitened_parts(rewards, mask, group_size, group_ids, scale, eps, whiten_eps
     if len(ms.shape) != 2 or len(s.shape) != 1 or ms.shape[0] != s.shape[0]:
         raise ValueError(f"mask has shape {tuple(ms.shape)} but rewards has {tuple(s.shape)}; "
                          "expected one reward per sequence [B] and a [B, T] mask")
+    args.group_rule(OPS, "whitened_group_advantages", s.shape[0], group_size, group_ids)
     group = dict(group_size=group_size, group_ids=group_ids, ddof=1, eps=eps, scale=scale,
                  baseline="mean", singleton="keep")
     whitening = dict(ddof=1, eps=whiten_eps, eps_mode="var", shift_mean=True)

@@ -101,6 +101,7 @@ def whitened_group_advantages(rewards, mask, *, group_size=None, group_ids=None,
     if len(ms.shape) != 2 or len(s.shape) != 1 or ms.shape[0] != s.shape[0]:
         raise ValueError(f"mask has shape {tuple(ms.shape)} but rewards has {tuple(s.shape)}; "
                          "expected one reward per sequence [B] and a [B, T] mask")
+    args.group_rule(OPS, "whitened_group_advantages", s.shape[0], group_size, group_ids)
     a = group_advantages(rewards, group_size=group_size, group_ids=group_ids, ddof=1, eps=eps,
                          scale=scale, baseline="mean", singleton="keep")
     m = args.mask(OPS, mask, ms, mask)   # 0/1 or bool only, as gae's

@@ -4,6 +4,7 @@ not disturbed."""
 import json
 import math
 
+import numpy as np
 import pytest
 
 pytest.importorskip("trl")
@@ -233,3 +234,19 @@ def test_watch_refuses_bad_arguments_by_name(root):
         live.watch(object(), every="10")
     with pytest.raises(TypeError, match="expected a TRL GRPOTrainer"):
         live.watch(object())
+
+
+def test_log_probs_returned_alone_are_captured_whole_as_from_a_tuple():
+    # older TRL releases return the log-probs alone, newer ones (log-probs, entropies)
+    from types import SimpleNamespace
+
+    from crosscheck.live.trl import TRLWatch
+    watch = TRLWatch.__new__(TRLWatch)
+    watch.t = SimpleNamespace(accelerator=SimpleNamespace(scaler=None))
+    lp = torch.tensor([[-0.5, -1.0, -2.0], [-0.1, -0.2, -0.3]])
+    for out in (lp, (lp, None), (lp, lp.exp())):
+        cap = {}
+        watch._capture_logps(out, cap)
+        np.testing.assert_array_equal(cap["logp"], lp.numpy())
+        assert cap["dtype"] == "float32"
+        assert ("entropy" in cap) == (isinstance(out, tuple) and out[1] is not None)

@@ -191,3 +191,15 @@ def test_a_pass_at_k_group_of_one_is_refused_naming_its_row_and_the_rule():
     with pytest.raises(ValueError, match=r"rewards of row 2 form a group of one; pass@k compares "
                                          r"the best and second-best of a group of at least 2"):
         ref_numpy.passk_advantages(np.array([1.0, 0.0, 1.0]), group_ids=np.array([0, 0, 1]))
+
+
+@pytest.mark.parametrize("name", ["opo_advantages", "gpg_advantages", "passk_advantages",
+                                  "whitened_group_advantages"])
+def test_an_outcome_estimator_given_no_groups_names_itself(name):
+    args = {"whitened_group_advantages": (np.ones(4), np.ones((4, 3), bool)),
+            "opo_advantages": (np.ones(4), np.ones(4))}.get(name, (np.ones(4),))
+    for ref in (ref_numpy, ref_torch):
+        a = args if ref is ref_numpy else tuple(torch.tensor(x) for x in args)
+        with pytest.raises(ValueError, match=f"^{name} needs exactly one of group_size= or "
+                                             f"group_ids="):
+            getattr(ref, name)(*a)

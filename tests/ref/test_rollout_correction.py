@@ -94,6 +94,15 @@ def test_reinforce_and_dro_match_hand_computed_numbers():
     np.testing.assert_allclose(g, [-1.8], rtol=1e-15)
 
 
+def test_reinforce_by_default_is_plain_reinforce_without_dros_term():
+    # beta defaults to 0 and is_level to None: l = −A·logp off-policy too (logp ≠ old)
+    args = (np.array([-0.5]), np.array([-0.7]), np.array([2.0]))
+    for got in both("reinforce_loss", *args):
+        np.testing.assert_allclose(got, [1.0], rtol=1e-15)
+    np.testing.assert_allclose(ref_numpy.reinforce_loss_vjp(np.ones(1), *args)["logp"], [-2.0],
+                               rtol=1e-15)
+
+
 def test_on_policy_reinforce_has_ppos_gradient():
     # at logp = old the PPO surrogate −A·r and −A·logp have the same gradient, −A
     rng = np.random.default_rng(1)

@@ -271,6 +271,28 @@ def test_a_nested_block_ends_at_the_compound_statement_that_assigns_its_last_nam
     assert (lo, hi) == (2, 3)
 
 
+def test_a_block_is_found_in_an_else_branch_and_a_finally_clause(tmp_path):
+    # MiniMind's loops put math under if/else; a try's finally body is searched too
+    from crosscheck.trainer import blocks
+    f = tmp_path / "script.py"
+    f.write_text("def step(x, warm):\n"
+                 "    if warm:\n"
+                 "        return x\n"
+                 "    else:\n"
+                 "        y = x + 1\n"
+                 "        w = y * 2\n"
+                 "    try:\n"
+                 "        pass\n"
+                 "    finally:\n"
+                 "        u = x - 1\n"
+                 "        v = u * 3\n"
+                 "    return w + v\n")
+    run, lo, hi = blocks.compile_block(str(f), "step", "y", "w", ("w",))
+    assert (lo, hi) == (5, 6) and run(x=1.0) == 4.0
+    run, lo, hi = blocks.compile_block(str(f), "step", "u", "v", ("v",))
+    assert (lo, hi) == (10, 11) and run(x=1.0) == 0.0
+
+
 @_installed("openrlhf")
 def test_the_command_splits_a_card_over_two_processes_and_prints_the_same_card():
     # run as a program on two cores the card forks a child for every other row; the card it

@@ -154,6 +154,30 @@ def test_an_openrlhf_policy_loss_without_counts_is_judged_as_its_trainer_accumul
     assert "n_tokens_global" not in inspect.signature(adapter).parameters
 
 
+class _Maker:
+    """compute_advantages_and_returns as an OpenRLHF release before 0.10.2 reads its config."""
+
+    def compute_advantages_and_returns(self, experiences):
+        n = self.strategy.args.n_samples_per_prompt
+        return experiences, n
+
+
+class _NestedMaker:
+    """... and as 0.10.2 and later read it."""
+
+    def compute_advantages_and_returns(self, experiences):
+        n = self.strategy.args.rollout.n_samples_per_prompt
+        return experiences, n
+
+
+def test_an_openrlhf_release_before_0_10_2_is_adapted_to_its_flat_config_and_says_so():
+    row = next(r for r in orl.TRAINER.rows if r.label == "group_norm")
+    fit = row.fits(_Maker.compute_advantages_and_returns)
+    assert fit["choice"].startswith("this release's flat strategy.args (before 0.10.2): "
+                                    "n_samples_per_prompt")
+    assert row.fits(_NestedMaker.compute_advantages_and_returns) == {}
+
+
 def test_an_unknown_correction_interface_does_not_fit():
     class Odd(Loss085):
         def forward(self, log_probs, old_log_probs, advantages, action_mask=None,
