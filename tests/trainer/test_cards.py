@@ -746,6 +746,60 @@ def test_a_stood_in_base_takes_class_keywords():
     assert issubclass(Sample, base)
 
 
+# rLLM (a checkout only): fixture files written here in the shape of rLLM at commit 9beb6e0f
+RLLM_PACKAGE = {
+    "rllm/__init__.py": "import rllm.engine\n",
+    "rllm/trainer/__init__.py": "",
+    "rllm/trainer/algorithms/__init__.py": "",
+    "rllm/trainer/algorithms/config.py": (
+        "from omegaconf import DictConfig\n\n\nclass AlgorithmConfig:\n"
+        "    norm_adv_by_std_in_grpo = True\n"),
+    "rllm/trainer/algorithms/advantage.py": (
+        "import numpy as np\n\n"
+        "from rllm.trainer.algorithms.config import AlgorithmConfig\n"
+        "from rllm.trainer.algorithms.rl_algo import (calculate_grpo_advantages_per_group,\n"
+        "                                             calculate_rloo_advantages_per_group)\n\n\n"
+        "def calculate_grpo_advantages(rewards, algorithm_config, **kwargs):\n"
+        "    out = [calculate_grpo_advantages_per_group(r, algorithm_config."
+        "norm_adv_by_std_in_grpo)[0]\n"
+        "           for r in rewards]\n"
+        "    return out, out\n\n\n"
+        "def calculate_rloo_advantages(rewards, algorithm_config, **kwargs):\n"
+        "    out = [calculate_rloo_advantages_per_group(r)[0] for r in rewards]\n"
+        "    return out, out\n"),
+}
+RLLM_ALGO = '''
+import numpy as np
+
+
+def calculate_grpo_advantages_per_group(rewards, norm_adv_by_std_in_grpo=True, episilon=1e-6):
+    mean, std = (0.0, 1.0) if len(rewards) <= 1 else (np.mean(rewards), STD)
+    a = rewards - mean
+    return (a / (std + episilon) if norm_adv_by_std_in_grpo else a), None
+
+
+def calculate_rloo_advantages_per_group(rewards):
+    n = len(rewards)
+    return (rewards if n <= 1 else n / (n - 1) * (rewards - rewards.mean())), None
+'''
+
+
+@pytest.mark.parametrize("std, verdict", [
+    ("np.std(rewards)", "CONFORMS"),
+    ("np.std(rewards, ddof=1)", "DOES NOT CONFORM")])     # Bessel's, where rLLM's is ddof 0
+def test_rllm_cards_a_checkout_of_its_numpy_estimators(tmp_path, std, verdict):
+    for rel, text in RLLM_PACKAGE.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    (tmp_path / "rllm/trainer/algorithms/rl_algo.py").write_text(RLLM_ALGO.replace("STD", std))
+    c = card.run(trainers.get("rllm"), path=str(tmp_path), cases=24)
+    verdicts = {r.row.name: r.verdict for r in c.rows}
+    assert verdicts == {"calculate_grpo_advantages [std-normalised]": verdict,
+                        "calculate_grpo_advantages [Dr. GRPO]": "CONFORMS",
+                        "calculate_rloo_advantages [RLOO]": "CONFORMS"}, \
+        [r.reason for r in c.rows]
+
+
 def test_liger_k3_variant_evaluates_the_term_in_float64_rounds_it_once_and_restores_the_coded():
     """The variant of Liger's k3 precision note: k3 = expm1(x) − x, x = log p − log q, computed
     in float64 and rounded once to the loss's float32, in place of the module's k3_loss_fn for
