@@ -105,27 +105,24 @@ def freeze_ratio_apart_from_kl(fn, arrays, params, name, delta):
     return _frozen_ratio_objective(fn), out, params
 
 
-@functools.lru_cache(maxsize=None)
-def _frozen_ratio_objective(fn):
-    """The objective of `freeze_ratio_apart_from_kl`: one object per fn, the same at every
-    point."""
-    def parts(logp, old_logp, advantages, mask, ref_logp, real_old_logp, kw):
-        data = dict(logp=logp, mask=mask, ref_logp=ref_logp)
-        return [(dict(data, old_logp=old_logp, advantages=advantages), dict(kw, beta=0.0)),
-                (dict(data, old_logp=real_old_logp, advantages=np.zeros_like(advantages)), kw)]
+_PART_INPUTS = ("logp", "old_logp", "advantages", "mask", "ref_logp", "real_logp",
+                "real_old_logp")
 
-    def objective(logp, old_logp, advantages, mask=None, ref_logp=None, real_old_logp=None,
-                  **kw):
-        return sum(fn(**a, **p) for a, p in parts(logp, old_logp, advantages, mask, ref_logp,
-                                                   real_old_logp, kw))
+
+def _sum_of_parts(fn, parts):
+    """The objective Σ fn(**arrays, **params) over parts(inputs, kw), a list of (arrays, params)
+    pairs, and its evaluation at many points (`many`, when fn is the reference itself): each
+    part through ref_numpy.many."""
+    def objective(logp, old_logp, advantages, mask=None, ref_logp=None, real_logp=None,
+                  real_old_logp=None, **kw):
+        inputs = dict(logp=logp, old_logp=old_logp, advantages=advantages, mask=mask,
+                      ref_logp=ref_logp, real_logp=real_logp, real_old_logp=real_old_logp)
+        return sum(fn(**a, **p) for a, p in parts(inputs, kw))
 
     def at_many(shared, varying, params):
-        """The same sum at every point: each part through ref_numpy.many."""
         whole = dict(shared, **varying)
         totals = []
-        for arrays, kw in parts(*(whole.get(k) for k in ("logp", "old_logp", "advantages",
-                                                          "mask", "ref_logp",
-                                                          "real_old_logp")), params):
+        for arrays, kw in parts({k: whole.get(k) for k in _PART_INPUTS}, params):
             # the real old_logp is the same at every point: given one copy per point
             moving = {k: np.broadcast_to(arrays[k], np.shape(arrays["logp"]))
                       for k in ("logp", "old_logp")}
@@ -135,6 +132,19 @@ def _frozen_ratio_objective(fn):
 
     objective.many = at_many if fn is ref_numpy.policy_objective else None
     return objective
+
+
+@functools.lru_cache(maxsize=None)
+def _frozen_ratio_objective(fn):
+    """The objective of `freeze_ratio_apart_from_kl`: one object per fn, the same at every
+    point."""
+    def parts(x, kw):
+        data = dict(logp=x["logp"], mask=x["mask"], ref_logp=x["ref_logp"])
+        return [(dict(data, old_logp=x["old_logp"], advantages=x["advantages"]),
+                 dict(kw, beta=0.0)),
+                (dict(data, old_logp=x["real_old_logp"],
+                      advantages=np.zeros_like(x["advantages"])), kw)]
+    return _sum_of_parts(fn, parts)
 
 
 @functools.lru_cache(maxsize=None)
@@ -145,36 +155,16 @@ def _frozen_sequence_objective(fn, ppo):
     points together (`many`, when fn is the reference itself)."""
     ppo = dict(ppo)
 
-    def parts(logp, old_logp, advantages, mask, ref_logp, real_logp, real_old_logp, kw):
-        data = dict(old_logp=old_logp, advantages=advantages, mask=mask, ref_logp=ref_logp)
-        policy = (dict(logp=logp, **data), dict(kw, beta=0.0, loss="ppo", **ppo))
+    def parts(x, kw):
+        data = dict(old_logp=x["old_logp"], advantages=x["advantages"], mask=x["mask"],
+                    ref_logp=x["ref_logp"])
+        policy = (dict(logp=x["logp"], **data), dict(kw, beta=0.0, loss="ppo", **ppo))
         if kw.get("beta", 0.0) == 0.0:
             return [policy]
-        real = dict(data, logp=real_logp, old_logp=real_old_logp,
-                    advantages=np.zeros_like(advantages))
+        real = dict(data, logp=x["real_logp"], old_logp=x["real_old_logp"],
+                    advantages=np.zeros_like(x["advantages"]))
         return [policy, (real, dict(kw, loss="ppo", **ppo))]
-
-    def objective(logp, old_logp, advantages, mask=None, ref_logp=None, real_logp=None,
-                  real_old_logp=None, **kw):
-        return sum(fn(**a, **p) for a, p in parts(logp, old_logp, advantages, mask, ref_logp,
-                                                   real_logp, real_old_logp, kw))
-
-    def at_many(shared, varying, params):
-        """The same sum at every point: each part through ref_numpy.many."""
-        whole = dict(shared, **varying)
-        args = {k: whole.get(k) for k in ("logp", "old_logp", "advantages", "mask", "ref_logp",
-                                           "real_logp", "real_old_logp")}
-        totals = []
-        for arrays, kw in parts(**args, kw=params):
-            # the real old_logp is the same at every point: given one copy per point
-            moving = {k: np.broadcast_to(arrays[k], np.shape(arrays["logp"]))
-                      for k in ("logp", "old_logp")}
-            fixed = {k: val for k, val in arrays.items() if k not in moving}
-            totals.append(many.evaluate("policy_objective", fixed, moving, kw))
-        return [sum(t[j] for t in totals) for j in range(len(totals[0]))]
-
-    objective.many = at_many if fn is ref_numpy.policy_objective else None
-    return objective
+    return _sum_of_parts(fn, parts)
 
 
 def estimator_objectives(arrays, params):

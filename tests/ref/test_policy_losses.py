@@ -403,15 +403,19 @@ class TestPolicyObjective:
             close(hand["logp"], [[-1.25 + 2e-3 * lr, 0.0]])
             close(auto, [[-1.25 + 2e-3 * lr, 0.0]])
 
-    def test_kl_anchor_ref_with_beta_still_needs_ref_logp(self):
-        x, m = np.zeros((1, 2)), np.ones((1, 2), bool)
-        for ref in (ref_numpy, ref_torch):
-            a = x if ref is ref_numpy else torch.zeros((1, 2), dtype=torch.float64)
-            mm = m if ref is ref_numpy else torch.ones((1, 2), dtype=torch.bool)
-            with pytest.raises(ValueError, match="beta is 0.1 but ref_logp is None"):
-                ref.policy_objective(a, a, a[:, 0], mm, None, beta=0.1)
-            with pytest.raises(ValueError, match="kl_anchor is 'reference'; expected one of"):
-                ref.policy_objective(a, a, a[:, 0], mm, a, beta=0.1, kl_anchor="reference")
+    @pytest.mark.parametrize("ref", [ref_numpy, ref_torch], ids=["numpy", "torch"])
+    @pytest.mark.parametrize("keywords, words", [
+        (dict(kl_weight="sequence"), "kl_weight is 'sequence'; expected one of"),
+        (dict(kl_anchor="reference"), "kl_anchor is 'reference'; expected one of"),
+        (dict(no_ref=True), "beta is 0.1 but ref_logp is None")])
+    def test_refuses_a_wrong_kl_keyword_by_name(self, ref, keywords, words):
+        # kl_anchor 'ref' (the default) with beta > 0 still needs ref_logp
+        x = np.zeros((1, 2)) if ref is ref_numpy else torch.zeros((1, 2), dtype=torch.float64)
+        m = np.ones((1, 2), bool) if ref is ref_numpy else torch.ones((1, 2), dtype=torch.bool)
+        keywords = dict(keywords)
+        given = None if keywords.pop("no_ref", False) else x
+        with pytest.raises(ValueError, match=words):
+            ref.policy_objective(x, x, x[:, 0], m, given, beta=0.1, **keywords)
 
     def test_kl_weight_ratio_keeps_an_overflowing_padded_ratio_out(self):
         logp = np.array([[-1.0, 900.0]])                  # padding: e^(900 − 0) overflows
@@ -420,14 +424,6 @@ class TestPolicyObjective:
                               m, np.zeros((1, 2)), agg="token-mean", beta=0.1, kl_weight="ratio")
         close(hand["logp"], auto)
         assert np.isfinite(auto).all() and auto[0, 1] == 0.0
-
-    def test_refuses_an_unknown_kl_weight_by_name(self):
-        logp, m = np.zeros((1, 2)), np.ones((1, 2), bool)
-        for ref in (ref_numpy, ref_torch):
-            x = logp if ref is ref_numpy else torch.zeros((1, 2), dtype=torch.float64)
-            mm = m if ref is ref_numpy else torch.ones((1, 2), dtype=torch.bool)
-            with pytest.raises(ValueError, match="kl_weight is 'sequence'; expected one of"):
-                ref.policy_objective(x, x, x[:, 0], mm, x, beta=0.1, kl_weight="sequence")
 
     def test_is_aggregate_of_its_parts(self, rng):
         logp = np.log(rng.uniform(0.1, 0.9, size=(3, 6)))

@@ -413,10 +413,15 @@ ROLL_PACKAGE = {
 }
 
 
-def _roll_checkout(root, numerator):
-    for rel, text in ROLL_PACKAGE.items():
+def _checkout(root, files):
+    """A fake checkout: each file (a path relative to root) written with its text."""
+    for rel, text in files.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(text)
+
+
+def _roll_checkout(root, numerator):
+    _checkout(root, ROLL_PACKAGE)
     (root / "roll/utils/functionals.py").write_text(ROLL_FUNCTIONALS.replace("NUMERATOR",
                                                                             numerator))
 
@@ -575,9 +580,7 @@ PRIMERL_PACKAGE = {
 
 
 def _primerl_checkout(root, kl_mask, shape):
-    for rel, text in PRIMERL_PACKAGE.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(text)
+    _checkout(root, PRIMERL_PACKAGE)
     (root / "src/prime_rl/trainer/rl/loss.py").write_text(PRIMERL_LOSS.replace("KL_MASK", kl_mask))
     (root / "src/prime_rl/orchestrator/algo/grpo.py").write_text(
         PRIMERL_GRPO.replace("SHAPE", shape))
@@ -700,9 +703,7 @@ SLIME_PACKAGE = {
 
 
 def _slime_checkout(root, pessimistic):
-    for rel, text in SLIME_PACKAGE.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(text)
+    _checkout(root, SLIME_PACKAGE)
     (root / "slime/utils/ppo_utils.py").write_text(SLIME_PPO.replace("PESSIMISTIC", pessimistic))
 
 
@@ -788,9 +789,7 @@ def calculate_rloo_advantages_per_group(rewards):
     ("np.std(rewards)", "CONFORMS"),
     ("np.std(rewards, ddof=1)", "DOES NOT CONFORM")])     # Bessel's, where rLLM's is ddof 0
 def test_rllm_cards_a_checkout_of_its_numpy_estimators(tmp_path, std, verdict):
-    for rel, text in RLLM_PACKAGE.items():
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / rel).write_text(text)
+    _checkout(tmp_path, RLLM_PACKAGE)
     (tmp_path / "rllm/trainer/algorithms/rl_algo.py").write_text(RLLM_ALGO.replace("STD", std))
     c = card.run(trainers.get("rllm"), path=str(tmp_path), cases=24)
     verdicts = {r.row.name: r.verdict for r in c.rows}
