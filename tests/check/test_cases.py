@@ -301,3 +301,17 @@ def test_only_gspo_token_form_has_an_undetached_variant_the_sequence_form():
     objective = registry.REGISTRY["policy_objective"].undetached
     assert objective({"loss": "gspo", "form": "sequence"}) is None
     assert objective({"loss": "ppo"}) is None
+
+
+def test_kl_kinks_of_an_output_clamp_alone_are_where_each_estimator_reaches_it():
+    # clamp (None, 10): no input clamp; k1 and abs reach ±10 at x = ±10, k2 = x²/2 at ±√20,
+    # k3 = e^x − 1 − x at its two roots of e^x − 1 − x = 10
+    assert cases_mod._kl_edges("k1", (None, 10.0)) == [-10.0, 10.0]
+    assert cases_mod._kl_edges("k2", (None, 10.0)) == pytest.approx([-math.sqrt(20),
+                                                                     math.sqrt(20)])
+    lo, hi = cases_mod._kl_edges("k3", (None, 10.0))
+    for x in (lo, hi):
+        assert math.expm1(x) - x == pytest.approx(10.0, rel=1e-9)
+    assert lo < 0 < hi
+    assert cases_mod._kl_edges("abs", (None, 10.0)) == [-10.0, 10.0, 0.0]
+    assert cases_mod._kl_edges("k3", (20.0, 10.0))[:2] == [-20.0, 20.0]

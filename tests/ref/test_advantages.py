@@ -379,3 +379,13 @@ class TestGroupAdvantages:
                 fn(*args, group_ids=ids if fn is ref_numpy.group_advantages else torch.tensor(ids),
                    singleton="error")
         assert ref_numpy.group_advantages(r[:2], group_size=2, singleton="error").shape == (2,)
+
+
+@pytest.mark.parametrize("eps_mode, scale", [("std", 1e-6), ("var", 1e-3), ("clamp", 1e-3)])
+def test_whitening_equal_values_differentiates_through_the_numerator_alone(eps_mode, scale):
+    # x = [2, 2, 2]: y = (x − μ)/(σ + ε) ("std") or (x − μ)/√(σ² + ε) ("var", "clamp" at
+    # σ² < ε); with x − μ = 0 the product rule leaves d(x − μ)/s, s = ε or √ε:
+    # g = [1, 0, 0] gives (g − mean g)/s = [2/3, −1/3, −1/3]/s
+    x = np.full(3, 2.0)
+    got = ref_numpy.whiten_vjp(np.array([1.0, 0.0, 0.0]), x, eps=1e-6, eps_mode=eps_mode)["x"]
+    np.testing.assert_allclose(got, np.array([2.0, -1.0, -1.0]) / 3.0 / scale, rtol=1e-12)

@@ -598,6 +598,9 @@ def test_primerl_cards_a_checkout_of_two_source_roots(tmp_path, kl_mask, shape, 
     assert verdicts == {"compute_loss [default loss]": loss,
                         "GRPOAlgorithm.score_group": grpo}, [r.reason for r in c.rows]
     assert c.exit_code == (0 if loss == "CONFORMS" else 1)
+    # the --json card says how it loaded the code and what it stood in
+    loaded = " ".join(c.to_dict()["loaded"])
+    assert "loaded by file" in loaded and "msgspec (not installed)" in loaded
 
 
 def test_primerl_needs_a_path():

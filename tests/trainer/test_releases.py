@@ -320,3 +320,6 @@ def test_a_row_whose_mode_the_release_lacks_is_reported_not_in_this_version_with
     (r,) = c.rows
     assert (r.verdict, r.reason) == ("NOT IN THIS VERSION",
                                      "whiten has no shift_mean in this version")
+    # the card's coverage line counts it in words
+    assert "coverage: 0 of 1 functions (0 %) have a reference and ran; 0 not covered, 1 not " \
+           "in this version" in c.text()
