@@ -133,7 +133,8 @@ class Trainer:
     requires: Tuple[str, ...] = ()
     # modules of loading.ALWAYS_STAND_IN its math needs for real (imported where installed)
     real: Tuple[str, ...] = ()
-    # installed modules its math never uses, stood in to save their import time
+    # installed modules its math never uses, stood in to save their import time (a dotted name:
+    # a submodule of a library that is otherwise real, torch.utils.tensorboard)
     stand_in: Tuple[str, ...] = ()
     # environment variables set while its card runs ((name, value), ...): "{tmp}" is a
     # temporary directory (ROLL writes log files at import, under ROLL_LOG_DIR)

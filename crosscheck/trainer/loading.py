@@ -461,6 +461,9 @@ class _Finder(importlib.abc.MetaPathFinder):
         top = name.partition(".")[0]
         if top == self.source.package:
             return self._own_spec(name, top)
+        if name in self.for_time and "." in name:      # a submodule of torch (tensorboard's)
+            self.stood_in[name] = "not used by the math: stood in"
+            return importlib.util.spec_from_loader(name, _Loader(StandInModule), is_package=True)
         if top in REAL or top in sys.stdlib_module_names:
             return None
         frame = self._importer()
@@ -583,7 +586,9 @@ class Loaded:
         if self._finder is not None and self._finder in sys.meta_path:
             sys.meta_path.remove(self._finder)
         tops = {self.source.package} | set(self.stood_in)
-        for k in [k for k in sys.modules if k.partition(".")[0] in tops]:
+        dotted = tuple(t + "." for t in tops if "." in t)     # a stood-in submodule of torch
+        for k in [k for k in sys.modules if k.partition(".")[0] in tops or k in tops or
+                  k.startswith(dotted)]:
             del sys.modules[k]
         sys.modules.update(self._saved)
         importlib.invalidate_caches()

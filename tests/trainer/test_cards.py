@@ -6,6 +6,7 @@ The expected verdicts come from reading each trainer's code at its pinned versio
 import importlib.util
 import os
 import shutil
+import sys
 import textwrap
 
 import pytest
@@ -800,6 +801,93 @@ def test_rllm_cards_a_checkout_of_its_numpy_estimators(tmp_path, std, verdict):
                         "calculate_grpo_advantages [Dr. GRPO]": "CONFORMS",
                         "calculate_rloo_advantages [RLOO]": "CONFORMS"}, \
         [r.reason for r in c.rows]
+
+
+# NeMo-RL (a checkout only): fixture files written here in the shape of NeMo-RL at commit
+# 7ea279abf (a loss class called on a data dict with global counts), not its code
+NEMORL_UTILS = '''
+import torch
+from torch.utils.tensorboard import SummaryWriter      # tensorboard: stood in
+
+
+def masked_mean(values, mask, dim=None, global_normalization_factor=None):
+    n = mask.sum(dim) if global_normalization_factor is None else global_normalization_factor
+    return (values * mask).sum(dim) / (n + 1e-8)
+
+
+def calculate_kl(logprobs, logprobs_reference, kl_type="k3", input_clamp_value=20.0,
+                 output_clamp_value=10.0, importance_sampling_weights=None):
+    x = (logprobs_reference - logprobs).clamp(-input_clamp_value, input_clamp_value)
+    kl = {"k1": -x, "k2": x * x / 2}.get(kl_type)
+    kl = torch.exp(x) - 1 - x if kl is None else kl
+    return kl.clamp(-output_clamp_value, output_clamp_value)
+'''
+NEMORL_LOSS = '''
+import torch
+
+from nemo_rl.algorithms.utils import masked_mean
+
+
+class ClippedPGLossFn:
+    def __init__(self, cfg):
+        self.cfg = cfg
+
+    def __call__(self, next_token_logprobs, data, global_valid_seqs, global_valid_toks):
+        c = self.cfg
+        lp = next_token_logprobs
+        token_mask, adv = data["token_mask"][:, 1:], data["advantages"][:, 1:]
+        mask = token_mask * data["sample_mask"].unsqueeze(-1)
+        log_r = lp - data["prev_logprobs"][:, 1:]
+        if c.sequence_level_importance_ratios:
+            log_r = masked_mean(log_r, token_mask, dim=-1).unsqueeze(-1).repeat(1, lp.shape[1])
+        r = log_r.exp()
+        clipped = r.clamp(1 - c.ratio_clip_min, 1 + c.ratio_clip_max)
+        if c.use_cispo:
+            loss = -clipped.detach() * adv * lp
+        else:
+            loss = PESSIMISTIC(-adv * r, -adv * clipped)
+        if c.ratio_clip_c is not None:
+            loss = torch.where(adv < 0, torch.min(loss, -c.ratio_clip_c * adv), loss)
+        if c.token_level_loss:
+            return masked_mean(loss, mask, global_normalization_factor=global_valid_toks), {}
+        per_seq = masked_mean(loss, token_mask, dim=-1)
+        return masked_mean(per_seq, data["sample_mask"],
+                           global_normalization_factor=global_valid_seqs), {}
+
+
+class MseValueLossFn:
+    def __init__(self, cfg):
+        self.cliprange = cfg.cliprange
+
+    def __call__(self, values, data, global_valid_seqs, global_valid_toks):
+        mask = data["token_mask"] * data["sample_mask"].unsqueeze(-1)
+        v_old, ret = data["values"], data["returns"]
+        clipped = v_old + (values - v_old).clamp(-self.cliprange, self.cliprange)
+        loss = 0.5 * torch.maximum((values - ret) ** 2, (clipped - ret) ** 2)
+        return masked_mean(loss, mask, global_normalization_factor=global_valid_toks), {}
+'''
+
+
+@pytest.mark.parametrize("pessimistic, ppo", [
+    ("torch.maximum", "CONFORMS"),
+    ("torch.minimum", "DOES NOT CONFORM")])           # the optimistic branch of the clip
+def test_nemorl_cards_a_checkout_whose_losses_take_a_data_dict_and_global_counts(tmp_path,
+                                                                                 pessimistic,
+                                                                                 ppo):
+    _checkout(tmp_path, {
+        "nemo_rl/__init__.py": "import ray\n", "nemo_rl/algorithms/__init__.py": "",
+        "nemo_rl/algorithms/loss/__init__.py": "from .loss_functions import ClippedPGLossFn\n",
+        "nemo_rl/algorithms/utils.py": NEMORL_UTILS,
+        "nemo_rl/algorithms/loss/loss_functions.py": NEMORL_LOSS.replace("PESSIMISTIC",
+                                                                         pessimistic)})
+    modules = dict(sys.modules)
+    c = card.run(trainers.get("nemo-rl"), path=str(tmp_path), cases=24)
+    verdicts = {r.row.name: r.verdict for r in c.rows}
+    for name in ("ClippedPGLossFn.__call__ [ppo]", "ClippedPGLossFn.__call__ [0.2/0.28, dual "
+                 "clip 3]", "ClippedPGLossFn.__call__ [gspo]"):
+        assert verdicts.pop(name) == ppo, name
+    assert set(verdicts.values()) == {"CONFORMS"}, [(r.row.name, r.reason) for r in c.rows]
+    assert "torch.utils.tensorboard" not in set(sys.modules) - set(modules)   # restored
 
 
 def test_liger_k3_variant_evaluates_the_term_in_float64_rounds_it_once_and_restores_the_coded():
