@@ -815,6 +815,20 @@ def masked_mean(values, mask, dim=None, global_normalization_factor=None):
     return (values * mask).sum(dim) / (n + 1e-8)
 
 
+def calculate_baseline_and_std_per_prompt(prompts, rewards, valid_mask,
+                                          leave_one_out_baseline=True):
+    baseline, std = torch.zeros_like(rewards), torch.zeros_like(rewards)
+    for p in torch.unique(prompts, dim=0):
+        idx = torch.nonzero((prompts == p).all(1))[:, 0]
+        r, n = rewards[idx], len(idx)
+        others = (1 - torch.eye(n)) if leave_one_out_baseline else torch.ones((n, n))
+        k = torch.tensor(float(n - int(leave_one_out_baseline)))   # a tensor: 1/0 is inf
+        mean = others @ r / k
+        baseline[idx] = mean
+        std[idx] = (VARIANCE * (k / (k - 1))).sqrt().nan_to_num(0)
+    return baseline, std
+
+
 def calculate_kl(logprobs, logprobs_reference, kl_type="k3", input_clamp_value=20.0,
                  output_clamp_value=10.0, importance_sampling_weights=None):
     x = (logprobs_reference - logprobs).clamp(-input_clamp_value, input_clamp_value)
@@ -868,16 +882,46 @@ class MseValueLossFn:
 '''
 
 
-@pytest.mark.parametrize("pessimistic, ppo", [
-    ("torch.maximum", "CONFORMS"),
-    ("torch.minimum", "DOES NOT CONFORM")])           # the optimistic branch of the clip
-def test_nemorl_cards_a_checkout_whose_losses_take_a_data_dict_and_global_counts(tmp_path,
-                                                                                 pessimistic,
-                                                                                 ppo):
+NEMORL_ADV = '''
+import torch
+
+from nemo_rl.algorithms.utils import calculate_baseline_and_std_per_prompt
+
+
+class GRPOAdvantageEstimator:
+    def __init__(self, estimator_config, loss_config):
+        self.use_leave_one_out_baseline = estimator_config.use_leave_one_out_baseline
+        self.normalize_rewards = estimator_config.normalize_rewards
+
+    def compute_advantage(self, prompt_ids, rewards, mask, **kwargs):
+        baseline, std = calculate_baseline_and_std_per_prompt(
+            prompt_ids, rewards, torch.ones_like(rewards),
+            leave_one_out_baseline=self.use_leave_one_out_baseline)
+        adv = (rewards - baseline).unsqueeze(-1)
+        if self.normalize_rewards:
+            spread = std > 0
+            adv[spread] = adv[spread] / (std.unsqueeze(-1)[spread] + 1e-6)
+        return adv.expand(mask.shape)
+'''
+TWO_PASS = "(others * (r[None, :] - mean[:, None]).square()).sum(1) / k"   # Σ (r_j − m_i)²
+ONE_PASS = "(others @ r.square() / k - mean.square())"                       # E[r²] − E[r]²
+_GRPO_ROWS = ("GRPOAdvantageEstimator.compute_advantage [leave-one-out (the default)]",
+              "GRPOAdvantageEstimator.compute_advantage [group mean]")
+
+
+@pytest.mark.parametrize("pessimistic, variance, ppo, grpo", [
+    ("torch.maximum", TWO_PASS, "CONFORMS", "CONFORMS"),
+    ("torch.minimum", TWO_PASS, "DOES NOT CONFORM", "CONFORMS"),   # the clip's optimistic side
+    # NeMo-RL 7ea279abf's E[r²] − E[r]² in float32: cancels for rewards such as 1 ± 1e-4
+    ("torch.maximum", ONE_PASS, "CONFORMS", "DOES NOT CONFORM")],
+    ids=["as coded", "optimistic clip", "one-pass variance"])
+def test_nemorl_cards_a_checkout_whose_losses_take_a_data_dict_and_global_counts(
+        tmp_path, pessimistic, variance, ppo, grpo):
     _checkout(tmp_path, {
         "nemo_rl/__init__.py": "import ray\n", "nemo_rl/algorithms/__init__.py": "",
         "nemo_rl/algorithms/loss/__init__.py": "from .loss_functions import ClippedPGLossFn\n",
-        "nemo_rl/algorithms/utils.py": NEMORL_UTILS,
+        "nemo_rl/algorithms/utils.py": NEMORL_UTILS.replace("VARIANCE", variance),
+        "nemo_rl/algorithms/advantage_estimator.py": NEMORL_ADV,
         "nemo_rl/algorithms/loss/loss_functions.py": NEMORL_LOSS.replace("PESSIMISTIC",
                                                                          pessimistic)})
     modules = dict(sys.modules)
@@ -886,6 +930,8 @@ def test_nemorl_cards_a_checkout_whose_losses_take_a_data_dict_and_global_counts
     for name in ("ClippedPGLossFn.__call__ [ppo]", "ClippedPGLossFn.__call__ [0.2/0.28, dual "
                  "clip 3]", "ClippedPGLossFn.__call__ [gspo]"):
         assert verdicts.pop(name) == ppo, name
+    for name in _GRPO_ROWS:
+        assert verdicts.pop(name) == grpo, name
     assert set(verdicts.values()) == {"CONFORMS"}, [(r.row.name, r.reason) for r in c.rows]
     assert "torch.utils.tensorboard" not in set(sys.modules) - set(modules)   # restored
 
