@@ -10,7 +10,7 @@ import textwrap
 import pytest
 import torch
 
-from crosscheck.trainer import blocks, card
+from crosscheck.trainer import blocks, card, get
 from crosscheck.trainer import openrlhf as orl
 from crosscheck.trainer import trl as trl_card
 
@@ -323,3 +323,16 @@ def test_a_row_whose_mode_the_release_lacks_is_reported_not_in_this_version_with
     # the card's coverage line counts it in words
     assert "coverage: 0 of 1 functions (0 %) have a reference and ran; 0 not covered, 1 not " \
            "in this version" in c.text()
+
+
+def test_a_checkout_reads_the_trainers_version_file(tmp_path):
+    # verl keeps its version in verl/version/version; a copy outside git shows it on the card
+    for rel in ("verl/trainer/ppo/core_algos.py", "verl/utils/torch_functional.py",
+                "verl/trainer/ppo/rollout_corr_helper.py"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("")
+    (tmp_path / "verl/version").mkdir()
+    (tmp_path / "verl/version/version").write_text("0.7.0\n")
+    c = card.run(get("verl"), path=str(tmp_path), only=["no such row"])
+    assert c.source.version == "not a git checkout (package version 0.7.0)"
+    assert c.rows == []
