@@ -377,6 +377,9 @@ def test_an_importable_package_without_distribution_metadata_reads_its_version_f
     source = loading.locate("bareinstall_xyz", "bareinstall-xyz", version_file=lambda root:
                             loading.version_of(root, "bareinstall_xyz/VERSION"))
     assert (source.origin, source.root, source.version) == ("installed", str(tmp_path), "0.4.2")
+    # without a version file either, the card says it does not know
+    bare = loading.locate("bareinstall_xyz", "bareinstall-xyz")
+    assert bare.version == "unknown version"
 
 
 def test_an_installed_module_the_math_never_uses_can_be_stood_in_to_save_its_import(
