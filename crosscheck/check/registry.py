@@ -242,7 +242,7 @@ def build() -> Dict[str, Entry]:
                freeze=lambda params: oracles.freeze_ratio
                if params.get("form", "logp") == "logp" else None,
                grid=dict(form=vocab.DPPO_FORMS, divergence=vocab.DPPO_DIVERGENCES,
-                         clip_c=(20.0, None),
+                         clip_c=(3.0, 20.0, None),
                          kl_eps=(0.0, 1e-8), log_ratio_clamp=(20.0, None),
                          clip_low=(0.2, 0.1, 0.28), clip_high=(None, 0.2, 0.28))),
         _entry("gmpo_loss", ("logp",), stack="many",

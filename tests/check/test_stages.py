@@ -362,3 +362,14 @@ def test_a_frozen_stop_gradient_leaves_the_kl_terms_ratio_and_anchor_live(params
         fd[i] = (up[0](**up[1], **up[2]) - down[0](**down[1], **down[2])) / (2 * h)
     hand = ref_numpy.policy_objective_vjp(1.0, **arrays, **params)["logp"]
     np.testing.assert_allclose(fd, hand, rtol=1e-6, atol=1e-9)
+
+
+def test_every_diagnosis_grid_lists_distinct_values_its_default_among_them():
+    # the diagnosis searches these values (crosscheck.audit.diagnose): a repeated value is a
+    # lost one, and a function's own default must be among the conventions it can suggest
+    for name, entry in registry.REGISTRY.items():
+        for key, values in (entry.grid or {}).items():
+            assert isinstance(values, tuple) and values, (name, key)
+            assert len({repr(v) for v in values}) == len(values), (name, key, values)
+            if key in entry.defaults:
+                assert entry.defaults[key] in values, (name, key, entry.defaults[key])
