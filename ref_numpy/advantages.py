@@ -329,9 +329,10 @@ def _whiten_vjp_values(gm, xs, m, ddof, eps, eps_mode, shift_mean, restore_mean)
     g_bar = gm.sum(axis=axes, keepdims=True) / N
     base = gm - m * g_bar if centred else gm
     if s == 0.0:
-        # eps > 0 and every deviation exactly 0 (`_ratio`): y = base/s_true with s_true = sqrt(eps)
-        # or eps, and the spread term vanishes with the deviations
-        gx = base / (eps if eps_mode == "std" else np.sqrt(eps))
+        # eps > 0 and every deviation exactly 0, with eps·2^−2e below the smallest float (`_ratio`):
+        # "var" and "clamp" only (in "std" mode s ≥ eps·2^−e > 0); y = base/s_true with
+        # s_true = sqrt(eps), and the spread term vanishes with the deviations
+        gx = base / np.sqrt(eps)
     else:
         # in units of 2^e (`_whiten_stats`): x' = x·2^−e, so ∂/∂x = 2^−e·∂/∂x'
         num = dev if centred else np.ldexp(xs, -e)
@@ -342,9 +343,11 @@ def _whiten_vjp_values(gm, xs, m, ddof, eps, eps_mode, shift_mean, restore_mean)
             ds = 1.0 / (2.0 * s) if var >= np.ldexp(eps, -2 * e) else 0.0
         else:
             ds = 1.0 / (2.0 * np.sqrt(var)) if var > 0 else 0.0
-        with np.errstate(over="ignore"):    # ∂y/∂x ~ 1/|x|: beyond float64 for x below 1e−308
-            gx = np.ldexp(gx - (gm * num).sum(axis=axes, keepdims=True) / s ** 2 * ds * 2.0 *
-                          dev / (N - ddof), -e)
+        if ds:          # the spread term; none where the std does not move (ds = 0)
+            with np.errstate(over="ignore"):  # ∂y/∂x ~ 1/|x|: beyond float64 for x below 1e−308
+                gx = gx - (gm * num).sum(axis=axes, keepdims=True) / s ** 2 * ds * 2.0 * \
+                    dev / (N - ddof)
+        gx = np.ldexp(gx, -e)
     if restore_mean:
         gx = gx + m * g_bar
     return np.where(m, gx, 0.0)

@@ -381,11 +381,14 @@ class TestGroupAdvantages:
         assert ref_numpy.group_advantages(r[:2], group_size=2, singleton="error").shape == (2,)
 
 
+@pytest.mark.parametrize("value", [2.0, 1e200], ids=["2", "1e200"])
 @pytest.mark.parametrize("eps_mode, scale", [("std", 1e-6), ("var", 1e-3), ("clamp", 1e-3)])
-def test_whitening_equal_values_differentiates_through_the_numerator_alone(eps_mode, scale):
-    # x = [2, 2, 2]: y = (x − μ)/(σ + ε) ("std") or (x − μ)/√(σ² + ε) ("var", "clamp" at
-    # σ² < ε); with x − μ = 0 the product rule leaves d(x − μ)/s, s = ε or √ε:
-    # g = [1, 0, 0] gives (g − mean g)/s = [2/3, −1/3, −1/3]/s
-    x = np.full(3, 2.0)
+def test_whitening_equal_values_differentiates_through_the_numerator_alone(eps_mode, scale,
+                                                                         value):
+    # x = [v, v, v]: y = (x − μ)/(σ + ε) ("std") or (x − μ)/√(σ² + ε) ("var", "clamp" at
+    # σ² < ε); with x − μ = 0 the product rule leaves d(x − μ)/s, s = ε or √ε, whatever v:
+    # g = [1, 0, 0] gives (g − mean g)/s = [2/3, −1/3, −1/3]/s (at v = 1e200 the "std" VJP
+    # gave NaN: its spread term, 0 there, was 0 · 1/s² with s² below the smallest float)
+    x = np.full(3, value)
     got = ref_numpy.whiten_vjp(np.array([1.0, 0.0, 0.0]), x, eps=1e-6, eps_mode=eps_mode)["x"]
     np.testing.assert_allclose(got, np.array([2.0, -1.0, -1.0]) / 3.0 / scale, rtol=1e-12)
