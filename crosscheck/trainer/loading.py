@@ -177,7 +177,8 @@ class _StandInMeta(type):
 
 class StandIn(metaclass=_StandInMeta):
     """An inert object: it accepts any arguments, every attribute is another stand-in, calling
-    it returns itself (or, given a function, the function), it is falsy and empty."""
+    it returns itself (or, given a function, the function), it is falsy and empty, and every
+    order comparison with it holds."""
 
     def __init__(self, *args, **kwargs):
         pass
@@ -199,6 +200,13 @@ class StandIn(metaclass=_StandInMeta):
 
     def __bool__(self):
         return False
+
+    def _compare(self, other):
+        """Every order comparison holds: an import-time version gate on a stood-in library
+        (`assert Version(transformers.__version__) < Version("5.12")`, NeMo-RL) passes."""
+        return True
+
+    __lt__ = __le__ = __gt__ = __ge__ = _compare
 
     def __iter__(self):
         """Empty, except where the caller unpacks a call's result (`a, b = stood_in(...)`):

@@ -399,3 +399,11 @@ def test_an_installed_module_the_math_never_uses_can_be_stood_in_to_save_its_imp
                                                   "save its import")
     import cloudpickle                               # the real module is untouched afterwards
     assert not isinstance(cloudpickle, loading.StandInModule)
+
+
+def test_an_import_time_version_gate_on_a_stood_in_library_passes():
+    # NeMo-RL's policy package asserts Version(transformers.__version__) < Version("5.12.0")
+    # at import; with packaging itself stood in (a bare environment) the gate must not raise
+    version = loading.StandInModule("packaging.version").Version
+    assert version("0+stand.in") < version("5.12.0")
+    assert version("1") >= version("2") and version("1") <= version("2")
