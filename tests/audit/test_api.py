@@ -127,3 +127,14 @@ def test_a_long_audit_shows_progress_on_the_stream_it_is_given_and_is_silent_wit
     code, out, err = run_cli(["audit", "examples/buggy.py:kl_sign_flipped", "--ref",
                               "kl_penalty", "--cases", "5"])
     assert "\r" not in err and "audit: case" not in err + out       # piped: silent
+
+
+def test_an_optional_input_a_function_requires_gets_the_value_that_means_none():
+    # a GAE that requires last_value, dones or valid is called with what a case without them
+    # has: no bootstrap (zeros per row), no episode ends, every row valid
+    from crosscheck.audit import calls
+    data = dict(rewards=np.ones((2, 3)), mask=np.ones((2, 3), bool))
+    np.testing.assert_array_equal(calls.neutral("last_value", data), np.zeros(2))
+    np.testing.assert_array_equal(calls.neutral("dones", data), np.zeros((2, 3), bool))
+    np.testing.assert_array_equal(calls.neutral("valid", data), np.ones(2, bool))
+    assert calls.neutral("last_value", dict(mask=data["mask"])) is None

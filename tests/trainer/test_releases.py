@@ -336,3 +336,11 @@ def test_a_checkout_reads_the_trainers_version_file(tmp_path):
     c = card.run(get("verl"), path=str(tmp_path), only=["no such row"])
     assert c.source.version == "not a git checkout (package version 0.7.0)"
     assert c.rows == []
+
+
+def test_the_verl_fits_of_several_merge_their_keywords_and_join_their_choices():
+    from crosscheck.trainer import verl
+    fit = verl._fits_all(lambda fn: dict(choice="a", conventions=dict(x=1)),
+                         lambda fn: None,
+                         lambda fn: dict(choice="b", audit=dict(y=2), conventions=dict(z=3)))
+    assert fit(None) == dict(choice="a; b", conventions=dict(x=1, z=3), audit=dict(y=2))
