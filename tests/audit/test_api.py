@@ -138,3 +138,14 @@ def test_an_optional_input_a_function_requires_gets_the_value_that_means_none():
     np.testing.assert_array_equal(calls.neutral("dones", data), np.zeros((2, 3), bool))
     np.testing.assert_array_equal(calls.neutral("valid", data), np.ones(2, bool))
     assert calls.neutral("last_value", dict(mask=data["mask"])) is None
+
+
+def test_a_batch_is_degenerate_only_with_a_group_of_one_or_too_few_tokens():
+    # where a trainer may rightly refuse a batch: groups by id or by size, and the mask
+    from crosscheck.audit import calls
+    assert calls.degenerate(dict(group_ids=np.array([0, 0, 1, 1]))) is None
+    assert calls.degenerate(dict(group_ids=np.array([0, 0, 1]))) == "a group of one"
+    assert calls.degenerate(dict(group_size=1)) == "a group of one"
+    assert calls.degenerate(dict(mask=np.array([[True, True], [True, False]]))) == \
+        "a one-token row"
+    assert calls.degenerate(dict(mask=np.array([[True, False]]))) == "fewer than two valid tokens"

@@ -203,3 +203,12 @@ def test_an_outcome_estimator_given_no_groups_names_itself(name):
         with pytest.raises(ValueError, match=f"^{name} needs exactly one of group_size= or "
                                              f"group_ids="):
             getattr(ref, name)(*a)
+
+
+def test_the_optimal_token_baseline_names_a_non_boolean_zero_tail():
+    rewards, lp = np.ones((2, 3)), np.full((2, 3), -0.5)
+    for ref in (ref_numpy, ref_torch):
+        a = (rewards, lp, lp) if ref is ref_numpy else tuple(torch.tensor(x) for x in
+                                                             (rewards, lp, lp))
+        with pytest.raises(TypeError, match="zero_tail"):
+            ref.optimal_token_baseline_advantages(*a, group_size=2, zero_tail="yes")
