@@ -149,3 +149,15 @@ def test_dro_and_in_loss_weights_together_are_refused():
     x = np.zeros((1, 2))
     with pytest.raises(ValueError, match="beta is 0.5 but is_level is 'token'"):
         ref_numpy.reinforce_loss(x, x, x, beta=0.5, is_level="token")
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_a_masked_weight_exactly_at_either_bound_is_kept(level):
+    # IcePop keeps lower ≤ w ≤ upper: w = 0.5 and w = 2 are both kept
+    lp = np.log(np.array([[0.5], [2.0]]))
+    for ref in (ref_numpy, ref_torch):
+        a = (lp, np.zeros_like(lp)) if ref is ref_numpy else (torch.tensor(lp),
+                                                               torch.zeros((2, 1)).double())
+        got = np.asarray(ref.rollout_is_weights(*a, level=level, mode="mask", lower=0.5,
+                                                upper=2.0))
+        np.testing.assert_allclose(got, [[0.5], [2.0]], rtol=1e-15)

@@ -344,3 +344,10 @@ def test_the_verl_fits_of_several_merge_their_keywords_and_join_their_choices():
                          lambda fn: None,
                          lambda fn: dict(choice="b", audit=dict(y=2), conventions=dict(z=3)))
     assert fit(None) == dict(choice="a; b", conventions=dict(x=1, z=3), audit=dict(y=2))
+
+
+def test_a_function_whose_source_cannot_be_read_does_not_fit_and_is_named():
+    fn = eval("lambda x: x")                  # no file behind it
+    fn.__qualname__ = "made_at_run_time"
+    with pytest.raises(card.DoesNotFit, match="the source of made_at_run_time cannot be read"):
+        card.source_of(fn)
