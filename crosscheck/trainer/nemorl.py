@@ -208,7 +208,10 @@ TRAINER = Trainer(
            "1e-3 of the offset the variance is already ~10 % off. The card's counterexample is "
            "rewards 1.00018, 1.00017, 1.00009, 1.00020: NeMo-RL gives 3.2e-5 where the "
            "leave-one-out GRPO advantage is 0.52. A two-pass variance (or torch.var) is exact to "
-           "float32. A defect to file upstream; the card exits 1 for it",
+           "float32. NVIDIA-NeMo/RL#4158, merged after this commit, flags the groups whose "
+           "rewards are all one value, where the same rounding made the std spuriously non-zero; "
+           "rewards that differ slightly are a different case. A defect to file upstream; the "
+           "card exits 1 for it",
            "judged under the verl profile with every convention the rows need set explicitly: "
            "NeMo-RL's losses clamp no log-ratio",),
 )
