@@ -67,9 +67,10 @@ def gspo_rule(params):
 
 def objective_rule(params):
     """policy_objective holds its policy loss's stop-gradient (CISPO's weight, VESPO's φ(w),
-    DPPO's truncated ratio in form 'logp', GSPO-token's sequence ratio). The KL term must see the real logp: the aggregation is linear, so the
-    frozen objective is the policy part on the frozen arrays (β = 0) plus the KL part on the
-    real ones (ratio 1 and A = 0 switch the policy loss off)."""
+    DPPO's truncated ratio in form 'logp', GSPO-token's sequence ratio). The KL term must see
+    the real logp (and, where it reads it, the real old_logp): the aggregation is linear, so
+    the frozen objective is the policy part on the frozen arrays (β = 0) plus the KL part on the
+    real ones (A = 0 switches the policy loss off)."""
     loss = params.get("loss", "ppo")
     if loss in ("cispo", "vespo") or loss == "dppo" and params.get("form", "logp") == "logp":
         return freeze_ratio_apart_from_kl if _kl_reads_ratio(params) else freeze_ratio

@@ -508,6 +508,12 @@ def per_token(call, mask, *tensors):
     return torch.stack(rows) if rows else tensors[0].new_zeros((0, T))
 
 
+def zero_padding(mask, x):
+    """x with 0 at masked positions: a trainer's output read at the valid tokens, or an input
+    given as a trainer's batch holds it (finite at padding)."""
+    return x.where(mask.bool(), x.new_zeros(()))
+
+
 def per_sequence(advantages, like):
     """Adapters' broadcast: a per-sequence advantage [B] over the response, as trainers store
     it ([B, T] passes through)."""

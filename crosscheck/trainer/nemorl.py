@@ -21,7 +21,7 @@ from types import SimpleNamespace
 
 import torch
 
-from .card import Known, Row, Trainer, owner_class, per_sequence, per_token
+from .card import Known, Row, Trainer, owner_class, per_sequence, per_token, zero_padding
 
 LOSS = "nemo_rl.algorithms.loss.loss_functions"
 UTILS = "nemo_rl.algorithms.utils"
@@ -93,8 +93,7 @@ def _grpo(leave_one_out):
 def _kl(kind):
     def make(fn):
         def adapter(logp, ref_logp, mask):
-            out = fn(logp, ref_logp, kl_type=kind)
-            return torch.where(mask.bool(), out, out.new_zeros(()))
+            return zero_padding(mask, fn(logp, ref_logp, kl_type=kind))
         return adapter
     return make
 

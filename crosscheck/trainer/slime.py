@@ -30,7 +30,7 @@ from types import SimpleNamespace
 
 import torch
 
-from .card import Known, Row, Trainer, eager, per_sequence
+from .card import Known, Row, Trainer, eager, per_sequence, zero_padding
 
 PPO = "slime.utils.ppo_utils"
 CP = "slime.backends.megatron_utils.cp_utils"
@@ -42,14 +42,10 @@ def _rows(x):
     return list(x.unbind(0))
 
 
-def _masked(out, mask):
-    return torch.where(mask.bool(), out, out.new_zeros(()))
-
-
 def _kl(kind):
     def make(fn):
         def adapter(logp, ref_logp, mask):
-            return _masked(fn(logp, ref_logp, kl_loss_type=kind), mask)
+            return zero_padding(mask, fn(logp, ref_logp, kl_loss_type=kind))
         return adapter
     return make
 
@@ -58,7 +54,7 @@ def _ppo(**settings):
     def make(fn):
         def adapter(logp, old_logp, advantages, mask):
             loss, _ = fn(old_logp - logp, per_sequence(advantages, logp), **settings)
-            return _masked(loss, mask)
+            return zero_padding(mask, loss)
         return adapter
     return make
 
@@ -67,7 +63,7 @@ def _cispo(fn):
     def adapter(logp, old_logp, advantages, mask):
         loss, _ = fn(old_logp - logp, logp, per_sequence(advantages, logp), eps_clip=0.2,
                      eps_clip_high=0.28)
-        return _masked(loss, mask)
+        return zero_padding(mask, loss)
     return adapter
 
 
@@ -81,24 +77,21 @@ def _gspo(fn):
         ppo_kl = fn(_rows(logp), _rows(old_logp), _rows(logp), _rows(m)).reshape(logp.shape)
         loss, _ = policy(ppo_kl, per_sequence(advantages, logp), eps_clip=3e-4,
                          eps_clip_high=4e-4)
-        return _masked(loss, mask)
+        return zero_padding(mask, loss)
     return adapter
 
 
 def _gae(fn):
     def adapter(rewards, values, mask):
-        m = mask.bool()
-        zero = rewards.new_zeros(())
-        adv, ret = fn(torch.where(m, rewards, zero), torch.where(m, values, zero), gamma=1.0,
+        adv, ret = fn(zero_padding(mask, rewards), zero_padding(mask, values), gamma=1.0,
                       lambd=0.95)
-        return _masked(adv, mask), _masked(ret, mask)
+        return zero_padding(mask, adv), zero_padding(mask, ret)
     return adapter
 
 
 def _returns(fn):
     def adapter(rewards, mask):
-        return _masked(fn(torch.where(mask.bool(), rewards, rewards.new_zeros(())), 0.99),
-                       mask)
+        return zero_padding(mask, fn(zero_padding(mask, rewards), 0.99))
     return adapter
 
 
@@ -136,7 +129,7 @@ def _weights(low, high):
             w, _, _ = fn(args, pg_loss=torch.ones_like(logp).reshape(-1),
                          train_log_probs=_rows(logp), rollout_log_probs=_rows(rollout_logp),
                          loss_masks=_rows(m))
-            return _masked(w.reshape(logp.shape), mask)
+            return zero_padding(mask, w.reshape(logp.shape))
         return adapter
     return make
 

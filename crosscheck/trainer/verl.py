@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from .card import (DoesNotFit, Known, NotInVersion, Row, Trainer, per_sequence, per_token,
-                   source_of)
+                   source_of, zero_padding)
 
 CA = "verl.trainer.ppo.core_algos"
 TF = "verl.utils.torch_functional"
@@ -26,11 +26,6 @@ GAMMA, LAM = 0.99, 0.95       # the profile's defaults (1, 1) would hide any dis
 
 def _float(mask, like):
     return mask.to(like.dtype)
-
-
-def _zero_padding(mask, x):
-    """x with 0 at masked positions (verl's batches hold finite padding)."""
-    return x.where(mask.bool(), x.new_zeros(()))
 
 
 # ---- advantage estimators -------------------------------------------------------------------
@@ -160,7 +155,7 @@ def _verl_tis(logp, old_logp, mask):
     """verl's own compute_rollout_correction_weights (token TIS at 2.0) of logp against
     old_logp read as the rollout's, as compute_policy_loss_bypass_mode computes them."""
     helper = sys.modules[RC].compute_rollout_correction_weights
-    w, _ = helper(log_ratio=_zero_padding(mask, logp - old_logp),
+    w, _ = helper(log_ratio=zero_padding(mask, logp - old_logp),
                   response_mask=_float(mask, logp), rollout_is="token", rollout_is_threshold=2.0)
     return w
 
@@ -194,11 +189,11 @@ def _kl_cov(fn, ratio):
 
 def _otb(fn):
     def adapter(rewards, old_logp, sum_pi_squared, mask, group_ids):
-        adv, _ = fn(token_level_rewards=_zero_padding(mask, rewards),
+        adv, _ = fn(token_level_rewards=zero_padding(mask, rewards),
                     response_mask=_float(mask, rewards), index=np.asarray(group_ids),
-                    old_log_probs=_zero_padding(mask, old_logp),
-                    sum_pi_squared=_zero_padding(mask, sum_pi_squared))
-        return _zero_padding(mask, adv)
+                    old_log_probs=zero_padding(mask, old_logp),
+                    sum_pi_squared=zero_padding(mask, sum_pi_squared))
+        return zero_padding(mask, adv)
     return adapter
 
 
@@ -233,7 +228,7 @@ def _fits_icepop(fn):
 def _rollout_weights(level, threshold):
     def make(fn):
         def adapter(logp, rollout_logp, mask):
-            log_ratio = _zero_padding(mask, logp - rollout_logp)
+            log_ratio = zero_padding(mask, logp - rollout_logp)
             weights, _ = fn(log_ratio=log_ratio, response_mask=_float(mask, logp),
                             rollout_is=level, rollout_is_threshold=threshold)
             return weights
@@ -254,9 +249,9 @@ def _rewards(fn):
             position = torch.arange(m.shape[-1])
             last = torch.where(m, position, -1).max(dim=-1).values
             scores = (position == last[:, None]).to(logp.dtype) * \
-                _zero_padding(m.any(-1), scores)[:, None]
-        out = fn(scores, _zero_padding(mask, logp), _zero_padding(mask, ref_logp), KL_RATIO)
-        return _zero_padding(mask, out)
+                zero_padding(m.any(-1), scores)[:, None]
+        out = fn(scores, zero_padding(mask, logp), zero_padding(mask, ref_logp), KL_RATIO)
+        return zero_padding(mask, out)
     return adapter
 
 
@@ -294,9 +289,9 @@ def _passk(fn):
 
 def _remax(fn):
     def adapter(rewards, baselines, mask):
-        adv, _ = fn(token_level_rewards=_zero_padding(mask, rewards), reward_baselines=baselines,
+        adv, _ = fn(token_level_rewards=zero_padding(mask, rewards), reward_baselines=baselines,
                     response_mask=_float(mask, rewards))
-        return _zero_padding(mask, adv)
+        return zero_padding(mask, adv)
     return adapter
 
 
