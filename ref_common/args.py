@@ -11,7 +11,7 @@ advantage, say). Nothing here computes a result.
 """
 import math
 import numbers
-from typing import Any, NamedTuple, Optional, Protocol
+from typing import Any, NamedTuple, Optional, Protocol, Tuple
 
 from . import checks, vocab
 from .checks import Spec
@@ -212,8 +212,10 @@ def groups(ops: Ops, fn: str, rewards, group_size, group_ids) -> Grouped:
     return Grouped(s, r, group_rule(ops, fn, s.shape[0], group_size, group_ids), group_ids)
 
 
-def group_rule(ops: Ops, fn: str, B: int, group_size, group_ids) -> Optional[int]:
-    """Checks the groups of B rows (exactly one of group_size and group_ids); the group size."""
+def group_rule(ops: Ops, fn: str, B: int, group_size, group_ids,
+               rows_of: str = "rewards") -> Optional[int]:
+    """Checks the groups of B rows of `rows_of` (exactly one of group_size and group_ids); the
+    group size."""
     ids = None if group_ids is None else ops.spec("group_ids", group_ids)
     if (group_size is not None) == (ids is not None):
         raise ValueError(f"{fn} needs exactly one of group_size= or group_ids=; "
@@ -227,7 +229,7 @@ def group_rule(ops: Ops, fn: str, B: int, group_size, group_ids) -> Optional[int
                 group_size < 1:
             raise ValueError(f"group_size is {group_size!r}; expected a positive integer")
         if B % group_size:
-            raise ValueError(f"group_size is {group_size} but rewards has B = {B} rows; "
+            raise ValueError(f"group_size is {group_size} but {rows_of} has B = {B} rows; "
                              f"group_size must divide B")
         group_size = int(group_size)
     return group_size
@@ -301,11 +303,16 @@ def singleton_group(row) -> None:
                          f"group needs at least 2 members (as OpenRLHF requires)")
 
 
-def group_spread(row) -> None:
-    """`row` is the first row whose group has zero spread while eps = 0, or None."""
-    if row is not None:
-        raise ValueError(f"rewards of row {row}'s group have zero spread and eps=0: the "
-                         f"advantage would be 0/0; use eps > 0 or scale='none'")
+def group_spread(row, scale="group") -> None:
+    """`row` is the first row whose group's denominator is 0 (zero spread while eps = 0, or
+    under scale='mean' a group mean of −eps), or None."""
+    if row is None:
+        return
+    if scale == "mean":
+        raise ValueError(f"rewards of row {row}'s group have mean −eps: the advantage "
+                         f"(r − mean)/(mean + eps) would divide by 0; use another eps")
+    raise ValueError(f"rewards of row {row}'s group have zero spread and eps=0: the "
+                     f"advantage would be 0/0; use eps > 0 or scale='none'")
 
 
 # ====================================================================== ratio-based losses
@@ -338,12 +345,14 @@ def per_token_or_sequence(ops: Ops, name: str, x, lps: Spec) -> bool:
     return per_seq
 
 
-def ratio_inputs(ops: Ops, logp, old_logp, advantages, mask_, log_ratio_clamp) -> Ratio:
+def ratio_inputs(ops: Ops, logp, old_logp, advantages, mask_, log_ratio_clamp,
+                 old_name="old_logp") -> Ratio:
     """The inputs every ratio-based loss shares. Advantages are per token (logp's shape) or per
     sequence ([B] for a [B, T] logp); nothing else is accepted, since a [B, 1] column or a [T]
-    vector against [B, T] would broadcast silently elsewhere."""
+    vector against [B, T] would broadcast silently elsewhere. `old_name` is the name the
+    function gives its ratio's anchor (decoupled PPO's prox_logp)."""
     lps, lp = token(ops, "logp", logp)
-    old = like(ops, "old_logp", old_logp, lps)
+    old = like(ops, old_name, old_logp, lps)
     per_seq = per_token_or_sequence(ops, "advantages", advantages, lps)
     m = mask(ops, mask_, lps, lp)
     clamp = checks.positive("log_ratio_clamp", log_ratio_clamp, allow_none=True)
@@ -351,7 +360,7 @@ def ratio_inputs(ops: Ops, logp, old_logp, advantages, mask_, log_ratio_clamp) -
     if per_seq:
         finite(ops, "advantages", adv, ops.rows_with_tokens(m))
     finite(ops, "logp", lp, m)
-    finite(ops, "old_logp", old, m)
+    finite(ops, old_name, old, m)
     if not per_seq:
         finite(ops, "advantages", adv, m)
     return Ratio(lp, old, adv, per_seq, m, clamp)
@@ -491,6 +500,39 @@ def reinforce(beta, is_level, is_mode, is_lower, is_upper, is_log_ratio_clamp):
                          "weights read old_logp as the rollout policy, the DRO penalty as "
                          "the old policy: use one or the other")
     return beta, c
+
+
+class Decoupled(NamedTuple):
+    ratio: Ratio           # logp, prox_logp (as old_logp), advantages, mask
+    behave_logp: Any
+    ppo: "Ppo"
+    weights: RolloutIs     # level None: no behaviour weight
+
+
+def decoupled(ops: Ops, logp, prox_logp, behave_logp, advantages, mask_, clip_low, clip_high,
+              clip_c, is_level, is_mode, is_lower, is_upper, is_seq_stat) -> Decoupled:
+    """decoupled_ppo_loss's inputs: ratio_inputs with the proximal policy as the anchor, the
+    behaviour policy's log-probs of the same shape, PPO's clip and the behaviour weight's
+    conventions (rollout_is_weights', prefixed "is_"; its level may be None)."""
+    r = ratio_inputs(ops, logp, prox_logp, advantages, mask_, None, old_name="prox_logp")
+    lps, _ = token(ops, "logp", logp)
+    behave = like(ops, "behave_logp", behave_logp, lps)
+    finite(ops, "behave_logp", behave, r.mask)
+    c = rollout_is(is_level, is_mode, is_lower, is_upper, is_seq_stat, "unit", None,
+                   prefix="is_")
+    return Decoupled(r, behave, ppo(clip_low, clip_high, clip_c, None), c)
+
+
+def opsm(ops: Ops, logp, old_logp, advantages, mask_, delta) -> Tuple[Ratio, float]:
+    """opsm_mask's inputs (a ratio loss's) and its threshold δ, any finite number."""
+    return ratio_inputs(ops, logp, old_logp, advantages, mask_, None), \
+        checks.number("delta", delta)
+
+
+def m2po(ops: Ops, logp, old_logp, mask_, threshold) -> Tuple[PairInputs, float]:
+    """m2po_mask's inputs: two log-prob arrays of one shape, their mask, and τ > 0."""
+    return pair_inputs(ops, logp, old_logp, mask_, ("logp", "old_logp")), \
+        checks.positive("threshold", threshold)
 
 
 class Dppo(NamedTuple):
@@ -669,13 +711,22 @@ class Aggregate(NamedTuple):
     mode: str
     norm: Optional[float]      # validated only for "seq-mean-token-sum-norm" (None: T)
     empty_rows: str
+    group_size: Optional[int] = None     # the grouped modes' groups (exactly one of the two)
+    group_ids: Any = None
 
 
-def aggregate(ops: Ops, loss, mask_, mode, norm, empty_rows) -> Aggregate:
+def aggregate(ops: Ops, loss, mask_, mode, norm, empty_rows, group_size=None,
+              group_ids=None) -> Aggregate:
     ls, lo = token(ops, "loss", loss)
     policy_mask(mask_ is None, "aggregate")
     m = mask(ops, mask_, ls, lo)
-    mode = checks.choice("mode", mode, vocab.AGG_MODES)
+    mode = checks.choice("mode", mode, vocab.AGG_MODES + vocab.GROUPED_AGG_MODES)
+    if mode in vocab.GROUPED_AGG_MODES or group_size is not None or group_ids is not None:
+        # checked whenever given; only the grouped modes read them (as policy_objective's
+        # ref_logp at beta = 0, groups a row-local mode ignores are no error)
+        rows = ls.shape[0] if len(ls.shape) == 2 else 1
+        group_size = group_rule(ops, f"aggregate with mode {mode!r}", rows, group_size,
+                                group_ids, rows_of="loss")
     empty_rows = checks.choice("empty_rows", empty_rows, vocab.EMPTY_ROWS)
     if norm is not None and mode not in NORMED_MODES:
         raise ValueError(f"norm is {norm!r} but mode is {mode!r}; norm only applies to "
@@ -683,7 +734,7 @@ def aggregate(ops: Ops, loss, mask_, mode, norm, empty_rows) -> Aggregate:
     finite(ops, "loss", lo, m)
     if norm is not None:
         norm = checks.positive("norm", norm)
-    return Aggregate(lo, m, mode, norm, empty_rows)
+    return Aggregate(lo, m, mode, norm, empty_rows, group_size, group_ids)
 
 
 class Objective(NamedTuple):

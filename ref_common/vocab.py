@@ -9,9 +9,12 @@ AGG_MODES = (
     "seq-mean-token-sum",
     "seq-mean-token-sum-norm",
 )
+# modes that read the rows' groups (aggregate's group_size / group_ids): a token mean within
+# each prompt's responses, then a mean over prompts (SkyRL's loss_reduction "prompt_mean")
+GROUPED_AGG_MODES = ("prompt-mean-token-mean",)
 EMPTY_ROWS = ("exclude", "include")
 EPS_MODES = ("var", "clamp", "std")
-GROUP_SCALES = ("group", "batch", "leave_one_out", "none")
+GROUP_SCALES = ("group", "batch", "leave_one_out", "mean", "none")
 GROUP_BASELINES = ("mean", "leave_one_out")
 SINGLETONS = ("zero", "keep", "error")         # a group of one: A = 0, baseline 0 and spread 1, refuse
 KL_KINDS = ("k1", "k2", "k3", "abs")          # kl_penalty (abs: |log ratio|)

@@ -19,9 +19,9 @@ from .outcome import (gpg_advantages, gpg_advantages_vjp, opo_advantages, opo_ad
                       passk_advantages, passk_advantages_vjp, remax_advantages,
                       remax_advantages_vjp, whitened_group_advantages,
                       whitened_group_advantages_vjp)
-from .pg_losses import (dppo_loss, dppo_loss_vjp, gmpo_loss, gmpo_loss_vjp, kl_cov_loss,
+from .pg_losses import (decoupled_ppo_loss, decoupled_ppo_loss_vjp, dppo_loss, dppo_loss_vjp, gmpo_loss, gmpo_loss_vjp, kl_cov_loss,
                         kl_cov_loss_vjp, reinforce_loss,
-                        reinforce_loss_vjp, rollout_is_weights)
+                        reinforce_loss_vjp, rollout_is_weights, opsm_mask, m2po_mask)
 from .reduce import aggregate, aggregate_vjp
 
 __all__ = [
@@ -42,8 +42,10 @@ __all__ = [
     "clip_fraction",           # a count: not differentiable, no VJP
     "sapo_loss", "sapo_loss_vjp",
     "rollout_is_weights",      # stop-gradient weights: not differentiated, no VJP
+    "opsm_mask", "m2po_mask",  # masks: not differentiated, no VJP
     "reinforce_loss", "reinforce_loss_vjp",
     "dppo_loss", "dppo_loss_vjp",
+    "decoupled_ppo_loss", "decoupled_ppo_loss_vjp",
     "gmpo_loss", "gmpo_loss_vjp",
     "kl_cov_loss", "kl_cov_loss_vjp",
     "entropy", "entropy_vjp",

@@ -432,10 +432,12 @@ def _group_parts(r, gid, ddof, eps, scale, baseline, singleton):
         dof = n - 1 - ddof
         sigma = np.where(multi & (dof > 0), np.sqrt(np.maximum(ss, 0.0) / np.maximum(dof, 1)), 0.0)
         D = np.where(sigma > 0, sigma + eps, unit)    # NeMo: no scaling where the spread is 0
+    elif scale == "mean":
+        D = np.where(single, unit, mu + eps)          # MaxRL: a group of one is not scaled
     else:
         D = unit
     zero = multi & (D == 0.0)
-    args.group_spread(int(np.argmax(zero)) if zero.any() else None)
+    args.group_spread(int(np.argmax(zero)) if zero.any() else None, scale)
     active = multi | single          # the rows that get an advantage
     D = np.where(active, D, 1.0)     # singletons with A = 0: keep 0/0 out of the arithmetic
     return counts, n, multi, single, mu, k, c, sigma, D, e, r
@@ -443,20 +445,24 @@ def _group_parts(r, gid, ddof, eps, scale, baseline, singleton):
 
 def group_advantages(rewards, *, group_size=None, group_ids=None, ddof=0, eps=1e-4,
                      scale="group", baseline="mean", valid=None, singleton="zero"):
-    """Group-relative advantages (GRPO, Dr. GRPO, RLOO).
+    """Group-relative advantages (GRPO, Dr. GRPO, RLOO, MaxRL).
 
         A_i = (r_i − b_i) / (σ + eps)
 
     b_i = mean of i's group ("mean") or of the others in it ("leave_one_out", RLOO);
     σ = std of i's group ("group"), of the whole batch ("batch"), of the *others* in i's group
     ("leave_one_out", NeMo: with the leave-one-out baseline only, and no scaling — not even
-    eps — where that spread is 0), or no scaling ("none": A = r − b).
+    eps — where that spread is 0), the group's *mean* ("mean", MaxRL: A = (r − μ)/(μ + eps), for
+    0/1 rewards μ is the pass rate and the advantage weighs a prompt by 1/pass rate), or no
+    scaling ("none": A = r − b).
 
     Reference: Shao et al., DeepSeekMath (GRPO), arXiv:2402.03300, §4.1.2; Liu et al.,
-    Dr. GRPO, arXiv:2503.20783; Ahmadian et al., RLOO, arXiv:2402.14740.
+    Dr. GRPO, arXiv:2503.20783; Ahmadian et al., RLOO, arXiv:2402.14740; Tajwar et al.,
+    Maximum Likelihood RL (MaxRL), arXiv:2602.02710 (SkyRL `compute_maxrl_advantage`).
     Note: a group of one has no baseline. `singleton="zero"` gives it A = 0 (TRL, MiniMind,
     verl's `rloo_vectorized`); `"keep"` takes its baseline as 0 and its own spread as 1, so
-    A = r/(1 + eps) under "group" scale and r under "none" (verl's `grpo` and `rloo`);
+    A = r/(1 + eps) under "group" scale and r under "none" and "mean" (verl's `grpo` and
+    `rloo`, SkyRL's `maxrl`);
     `"error"` refuses it (OpenRLHF asserts groups of at least 2). With "leave_one_out" baseline
     and "group" scale, σ is the std of the whole group. eps is added to the std (σ + eps), as
     all of verl, TRL, OpenRLHF, MiniMind do.
@@ -470,7 +476,7 @@ def group_advantages(rewards, *, group_size=None, group_ids=None, ddof=0, eps=1e
       group_ids: [B] int: rows with equal ids form a group, in any order.
       ddof: 0 or 1, for the std.
       eps: float ≥ 0.
-      scale: "group" | "batch" | "leave_one_out" | "none".
+      scale: "group" | "batch" | "leave_one_out" | "mean" | "none".
       baseline: "mean" | "leave_one_out".
       valid: [B] bool or 0/1, or None. Rows with valid = 0 (unscorable, or a response with no
         tokens) leave the group statistics, may hold NaN, and get A = 0 (TRL; the OpenRLHF #1239
@@ -506,6 +512,13 @@ def group_advantages_vjp(g, rewards, *, group_size=None, group_ids=None, ddof=0,
          but in "batch" scale their reward still moves σ and so gets path 2.
       3. singleton="keep": a group of one has c = r and, under "group" scale, σ = 1 (constant),
          so path 1 is ∂A/∂r = 1/D; under "batch" scale it also moves σ (path 2, with c = r).
+
+      "mean" scale: D = μ + eps for a group of n ≥ 2 (μ its mean; a kept singleton has D = 1),
+         ∂L/∂D = −Σ_j g_j c_j / D_j² over the group and ∂D/∂r_i = 1/n, so
+            ∂L/∂r_i ⊇ −(1/n)·Σ_{j in i's group} g_j c_j / D_j²       (path 2 with ∂μ/∂r_i = 1/n).
+         Check (n = 2, eps 0, r = [1, 0]): μ = 1/2, A = [1, −1]; moving r_0 by δ gives
+         A_0 = (1 + δ − μ')/μ' with μ' = (1 + δ)/2, so A_0 = 1 for every δ: ∂A_0/∂r_0 = 0.
+         Path 1: (1 − 1/2)/(1/2) = 1; path 2: −(1/2)·c_0/D² = −(1/2)·(1/2)/(1/4) = −1. They cancel.
 
       Check (n = 2, r_0 > r_1, mean, ddof 0, eps 0): A = [+1, −1] whatever r is, so the
       gradient must be 0. Here c = [σ, −σ]; path 1 gives ∂r_0 = (g_0 − g_1)/(2σ); path 2 gives
@@ -558,6 +571,9 @@ def _group_vjp_units(g, r, gid, ddof, counts, n, multi, single, mu, k, c, sigma,
     h = g / D
     h_mean = (np.bincount(gid, weights=h) / counts)[gid]
     grad = np.where(multi, k * (h - h_mean), np.where(single, h, 0.0))
+    if scale == "mean":
+        w = np.where(multi, -g * c / D ** 2, 0.0)             # ∂L/∂D per row; D = μ + eps
+        return grad + np.where(multi, np.bincount(gid, weights=w)[gid] / counts[gid], 0.0)
     if scale != "none":
         w = -g * c / D ** 2                                   # ∂L/∂σ contributions per row
         if scale == "group":

@@ -47,8 +47,10 @@ def _sum_weighted(w, lo, m):
     return [np.float64(v) for v in (w * lo).sum(axis=(-2, -1))]
 
 
-def _aggregate(v, mask, mode="seq-mean-token-mean", norm=None, empty_rows="exclude"):
-    _, w = _weights(v["loss"][0], mask, mode, norm, empty_rows)     # validates
+def _aggregate(v, mask, mode="seq-mean-token-mean", norm=None, empty_rows="exclude",
+               group_size=None, group_ids=None):
+    _, w = _weights(v["loss"][0], mask, mode, norm, empty_rows, group_size,
+                    group_ids)                                        # validates
     m = np.asarray(mask).astype(bool)
     lo = _finite(v["loss"], m)
     if lo is None:

@@ -7,7 +7,7 @@ from ref_common import args, checks
 
 from . import _arrays as ar
 from ._arrays import OPS
-from .policy_losses import loss_inputs
+from .policy_losses import loss_inputs, ppo_clip_loss, ppo_clip_loss_vjp
 
 
 # ====================================================================== rollout correction
@@ -79,6 +79,171 @@ def rollout_is_weights(logp, rollout_logp, mask=None, *, level="token", mode="tr
     c = args.rollout_is(level, mode, lower, upper, seq_stat, kept, log_ratio_clamp)
     x = ar.zero_masked(a.first, a.mask) - ar.zero_masked(a.second, a.mask)
     return _is_parts(x, a.mask, c)
+
+
+# ====================================================================== decoupled PPO
+def _decoupled_parts(logp, prox_logp, behave_logp, advantages, mask, clip_low, clip_high, clip_c,
+                     is_level, is_mode, is_lower, is_upper, is_seq_stat):
+    """The validated mask, the behaviour weights w and the PPO keywords."""
+    d = args.decoupled(OPS, logp, prox_logp, behave_logp, advantages, mask, clip_low, clip_high,
+                       clip_c, is_level, is_mode, is_lower, is_upper, is_seq_stat)
+    m = d.ratio.mask
+    if d.weights.level is None:
+        w = np.where(m, 1.0, 0.0)
+    else:
+        x = ar.zero_masked(d.ratio.old_logp, m) - ar.zero_masked(d.behave_logp, m)
+        w = _is_parts(x, m, d.weights)
+    return m, w, dict(clip_low=clip_low, clip_high=clip_high, clip_c=clip_c)
+
+
+def decoupled_ppo_loss(logp, prox_logp, behave_logp, advantages, mask=None, *, clip_low=0.2,
+                       clip_high=None, clip_c=None, is_level="token", is_mode="truncate",
+                       is_lower=None, is_upper=None, is_seq_stat="mean"):
+    """Decoupled PPO's per-token loss: PPO's clip around a proximal policy, on tokens that a
+    staler behaviour policy sampled, reweighted from the one to the other:
+
+        l_t = w_t · max(−A_t·u_t, −A_t·clip(u_t, 1 − ε_low, 1 + ε_high))      (dual clip: as PPO)
+        u_t = exp(logp_t − prox_logp_t)           the ratio the clip is centred on
+        w_t = π_prox/π_behave = exp(prox_logp_t − behave_logp_t), a constant (no gradient)
+
+    w is `rollout_is_weights(prox_logp, behave_logp, level=is_level, mode=is_mode,
+    lower=is_lower, upper=is_upper, seq_stat=is_seq_stat)`: plain (is_upper None, truncate:
+    the objective of the papers), truncated, or masked outside [is_lower, is_upper] (AReaL's
+    rejection sampling; at sequence level a sequence's weight is the geometric mean of its token
+    weights, is_seq_stat "mean"). is_level None drops w (w = 1: PPO against the proximal policy
+    with no behaviour correction).
+
+    Reference: Hilton, Cobbe and Schulman, "Batch size-invariance for policy optimization",
+    arXiv:2110.00641, §3 (the decoupled objective); Fu et al., AReaL, arXiv:2505.24298, §5.2
+    (π_prox/π_behav times PPO's clipped term around π_prox); AReaL
+    `functional.py::ppo_actor_loss_fn` (proximal_logprobs, old_logprobs = the behaviour's,
+    rejection_sampling: token/sequence × mask/clamp on the ratio metric).
+    Note: with prox_logp = behave_logp it is PPO (w = 1 wherever 1 is inside the bounds).
+
+    Worked example: A = 1, ε = 0.2, u = e^0.1 = 1.1052, prox − behave = log 2: w = 2,
+    l = −2.2103, ∂l/∂logp = −2·A·u = −2.2103; with is_mode "mask", is_upper 1.5: w = 0, l = 0.
+
+    Args:
+      logp, prox_logp, behave_logp: [B, T] float (or [T]). log π_θ, log π_prox, log π_behave
+        of the sampled tokens (AReaL's logprobs, proximal_logprobs, old_logprobs).
+      advantages: [B, T] or [B] float.
+      mask: [B, T] bool or 0/1, or None.
+      clip_low, clip_high, clip_c: as ppo_clip_loss.
+      is_level: None | "token" | "sequence".  is_mode: "truncate" | "mask".
+      is_lower, is_upper: None or bounds on w.  is_seq_stat: "sum" | "mean".
+
+    Returns:
+      [B, T] float64, 0 at masked positions.
+    """
+    m, w, ppo = _decoupled_parts(logp, prox_logp, behave_logp, advantages, mask, clip_low,
+                                 clip_high, clip_c, is_level, is_mode, is_lower, is_upper,
+                                 is_seq_stat)
+    loss = ppo_clip_loss(logp, prox_logp, advantages, mask, **ppo)
+    return np.where(m & (w != 0), w * loss, 0.0)
+
+
+def decoupled_ppo_loss_vjp(g, logp, prox_logp, behave_logp, advantages, mask=None, *,
+                           clip_low=0.2, clip_high=None, clip_c=None, is_level="token",
+                           is_mode="truncate", is_lower=None, is_upper=None, is_seq_stat="mean"):
+    """VJP of `decoupled_ppo_loss` wrt logp.
+
+    Gradient: w_t depends on prox_logp and behave_logp only, both constants, so
+        ∂l_t/∂logp_t = w_t · ∂(PPO's l_t)/∂logp_t = w_t · (−A_t·u_t)·1[unclipped branch active]
+    (ppo_clip_loss_vjp's case split, with the ratio u around the proximal policy), 0 when masked
+    or where w = 0.
+
+    Returns:
+      {"logp": [B, T]} float64.
+    """
+    m, w, ppo = _decoupled_parts(logp, prox_logp, behave_logp, advantages, mask, clip_low,
+                                 clip_high, clip_c, is_level, is_mode, is_lower, is_upper,
+                                 is_seq_stat)
+    gm = ar.zero_masked(args.cotangent(OPS, g, "g", OPS.spec("logp", logp)), m)
+    d = ppo_clip_loss_vjp(w * gm, logp, prox_logp, advantages, mask, **ppo)["logp"]
+    return {"logp": np.where(m & (w != 0), d, 0.0)}
+
+
+# ====================================================================== off-policy sequence mask
+def opsm_mask(logp, old_logp, advantages, mask=None, *, delta=1e-4):
+    """Off-policy sequence masking (OPSM): which tokens a negative-advantage sequence that has
+    drifted too far from the sampling policy keeps.
+
+        D_b  = Σ_t m_bt·(old_logp_bt − logp_bt) / max(Σ_t m_bt, 1)     the sequence's k1 KL
+        keep_bt = m_bt · (1 − 1[A_bt < 0 and D_b > δ])
+
+    The loss is multiplied by keep: a sequence whose policy has moved more than δ (per token,
+    on average) from the one that sampled it stops pushing its negative-advantage tokens down;
+    positive advantages are always kept.
+
+    Reference: DeepSeek-AI, DeepSeek-V3.2 (arXiv:2512.02556), §3.1 "Off-Policy Sequence
+    Masking"; slime `ppo_utils.py::compute_opsm_mask` (opsm_delta, default 1e-4).
+    Note: a mask, not differentiated (it is a comparison): the trainer multiplies its loss by
+    it. old_logp is the policy that sampled the sequence.
+
+    Worked example: one row, logp = [−1.0, −2.0], old_logp = [−0.9, −1.9]: D = 0.1. With
+    A = −1 and δ = 0.05 both tokens are dropped: [0, 0]; with δ = 0.2, or with A = +1: [1, 1].
+
+    Args:
+      logp, old_logp: [B, T] float (or [T]).
+      advantages: [B, T] or [B] float.
+      mask: [B, T] bool or 0/1, or None.
+      delta: the threshold δ on D (a finite number).
+
+    Returns:
+      [B, T] float64 of 0 and 1, 0 at masked positions.
+    """
+    _, delta = args.opsm(OPS, logp, old_logp, advantages, mask, delta)
+    lp, old, adv, m, _ = loss_inputs(logp, old_logp, advantages, mask, None)
+    n = np.maximum(m.sum(axis=-1, keepdims=True), 1)
+    drift = (old - lp).sum(axis=-1, keepdims=True) / n      # lp, old: 0 at padding
+    drop = (adv < 0) & (drift > delta)
+    return np.where(m & ~drop, 1.0, 0.0)
+
+
+# ====================================================================== M2PO's second-moment mask
+def m2po_mask(logp, old_logp, mask=None, *, threshold=0.04):
+    """M2PO's token mask: drop the tokens of largest squared log-ratio, fewest first, until the
+    second moment of the rest is below τ.
+
+        M2_i = (logp_i − old_logp_i)²  over the N valid tokens of the batch, sorted descending
+        k    = the least k with  mean(M2_(k+1..N)) < τ   (N − 1 when none: one token stays)
+        keep = 0 at the k largest, 1 at the others, 0 at padding
+
+    Reference: Zheng, Zhao and Chen, "Prosperity before Collapse: How Far Can Off-Policy RL
+    Reach with Stale Data on LLMs?" (M2PO), arXiv:2510.01161, §4 (the second moment M̂2 of
+    log r and its masking); AReaL `actor.py::_apply_m2po_masking` (τ = m2_threshold, the
+    behaviour against the proximal log-probs, over the call's valid tokens).
+    Note: a mask, not differentiated; M2 is symmetric in its two arguments. Which of several
+    tokens with equal M2 at the cut are dropped is left open (an audit does not judge a tie).
+
+    Worked example: log-ratios [0.5, 0.1, −0.1, 0], τ = 0.04: M2 = [0.25, 0.01, 0.01, 0],
+    mean of all 0.0675 ≥ τ; without the largest, 0.02/3 = 0.0067 < τ: keep [0, 1, 1, 1].
+
+    Args:
+      logp, old_logp: [B, T] float (or [T]).
+      mask: [B, T] bool or 0/1, or None.
+      threshold: τ > 0.
+
+    Returns:
+      [B, T] float64 of 0 and 1, 0 at masked positions.
+    """
+    a, tau = args.m2po(OPS, logp, old_logp, mask, threshold)
+    m = a.mask
+    x = ar.zero_masked(a.first, m) - ar.zero_masked(a.second, m)
+    m2 = (x * x)[m]
+    keep = np.zeros(m.shape)
+    n = m2.size
+    if n == 0:
+        return keep
+    order = np.argsort(-m2, kind="stable")
+    ranked = m2[order]
+    suffix = np.cumsum(ranked[::-1])[::-1] / np.arange(n, 0, -1)
+    below = np.flatnonzero(suffix < tau)
+    k = int(below[0]) if below.size else n - 1
+    kept = np.ones(n)
+    kept[order[:k]] = 0.0
+    keep[m] = kept
+    return keep
 
 
 # ====================================================================== REINFORCE, DRO

@@ -13,7 +13,7 @@ from .policy_losses import (cispo_loss, clip_fraction, gspo_loss, ppo_clip_loss,
 from .outcome import (gpg_advantages, opo_advantages, optimal_token_baseline_advantages,
                       passk_advantages, remax_advantages,
                       whitened_group_advantages)
-from .pg_losses import dppo_loss, gmpo_loss, kl_cov_loss, reinforce_loss, rollout_is_weights
+from .pg_losses import decoupled_ppo_loss, dppo_loss, gmpo_loss, kl_cov_loss, reinforce_loss, rollout_is_weights, opsm_mask, m2po_mask
 from .reduce import aggregate
 
 __all__ = [
@@ -34,8 +34,11 @@ __all__ = [
     "clip_fraction",
     "sapo_loss",
     "rollout_is_weights",
+    "opsm_mask",
+    "m2po_mask",
     "reinforce_loss",
     "dppo_loss",
+    "decoupled_ppo_loss",
     "gmpo_loss",
     "kl_cov_loss",
     "entropy",

@@ -171,7 +171,7 @@ def group_advantages(rewards, *, group_size=None, group_ids=None, ddof=0, eps=1e
 
     b_i: group mean, or the mean of the *other* members (leave_one_out, computed as
     (Σ_group r − r_i)/(n − 1)); σ: group std, batch std, the others' std (NeMo; no scaling
-    where it is 0), or none. A group of one gets 0 ("zero"), its reward over (1 + eps) or
+    where it is 0), the group mean (MaxRL, arXiv:2602.02710: (r − μ)/(μ + eps)), or none. A group of one gets 0 ("zero"), its reward over (1 + eps) or
     unscaled ("keep": baseline 0, spread 1), or is refused ("error"); rows with valid = 0 leave
     the statistics and get 0. Args/Returns: as ref_numpy.group_advantages, with tensors.
     """
@@ -244,9 +244,11 @@ def _group_advantages_of(r, ids, ddof, eps, scale, baseline, singleton):
         var = torch.where(dof > 0, spread / torch.clamp(dof, min=1), torch.zeros_like(spread))
         sigma = tt.safe_sqrt(var)
         denom = torch.where(sigma > 0, sigma + eps, unit)
+    elif scale == "mean":                           # MaxRL: over the group's mean reward
+        denom = torch.where(alone, unit, mean + eps)
     else:
         denom = unit
     bad = multi & (denom == 0)
-    args.group_spread(int(torch.nonzero(bad)[0]) if bool(bad.any()) else None)
+    args.group_spread(int(torch.nonzero(bad)[0]) if bool(bad.any()) else None, scale)
     active = multi | alone
     return torch.where(active, centred / torch.where(active, denom, torch.ones_like(denom)), zero)

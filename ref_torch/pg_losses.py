@@ -7,7 +7,7 @@ from ref_common import args, checks
 
 from . import _tensors as tt
 from ._tensors import OPS
-from .policy_losses import _prepare
+from .policy_losses import _prepare, ppo_clip_loss
 
 
 def _weights(log_ratio, m, c):
@@ -52,6 +52,71 @@ def rollout_is_weights(logp, rollout_logp, mask=None, *, level="token", mode="tr
     zero = tt.zero(a.first)
     x = torch.where(a.mask, a.first, zero) - torch.where(a.mask, a.second, zero)
     return _weights(x, a.mask, c)
+
+
+def decoupled_ppo_loss(logp, prox_logp, behave_logp, advantages, mask=None, *, clip_low=0.2,
+                       clip_high=None, clip_c=None, is_level="token", is_mode="truncate",
+                       is_lower=None, is_upper=None, is_seq_stat="mean"):
+    """Decoupled PPO (arXiv:2110.00641 §3; AReaL arXiv:2505.24298): PPO's clipped loss with the
+    ratio exp(logp − prox_logp), times the detached behaviour weight π_prox/π_behave (as
+    rollout_is_weights of prox_logp against behave_logp; 1 with is_level None).
+    Args/Returns: as ref_numpy.decoupled_ppo_loss, with tensors.
+    """
+    d = args.decoupled(OPS, logp, prox_logp, behave_logp, advantages, mask, clip_low, clip_high,
+                       clip_c, is_level, is_mode, is_lower, is_upper, is_seq_stat)
+    m = d.ratio.mask
+    zero = tt.zero(d.ratio.logp)
+    with torch.no_grad():
+        if d.weights.level is None:
+            w = torch.where(m, torch.ones_like(zero), zero)
+        else:
+            x = torch.where(m, d.ratio.old_logp, zero) - torch.where(m, d.behave_logp, zero)
+            w = _weights(x, m, d.weights)
+    loss = ppo_clip_loss(logp, prox_logp, advantages, mask, clip_low=clip_low,
+                         clip_high=clip_high, clip_c=clip_c)
+    return torch.where(m & (w != 0), w * loss, zero)
+
+
+def opsm_mask(logp, old_logp, advantages, mask=None, *, delta=1e-4):
+    """Off-policy sequence masking (DeepSeek-V3.2, arXiv:2512.02556 §3.1): 0 where A < 0 and the
+    sequence's mean log(π_old/π) exceeds δ, else 1; 0 at padding. Not differentiated.
+    Args/Returns: as ref_numpy.opsm_mask, with tensors.
+    """
+    _, delta = args.opsm(OPS, logp, old_logp, advantages, mask, delta)
+    with torch.no_grad():
+        lp0, old0, adv0, m, _, zero = _prepare(logp, old_logp, advantages, mask, None)
+        count = m.sum(dim=-1, keepdim=True).clamp(min=1)
+        drift = torch.where(m, old0 - lp0, zero).sum(dim=-1, keepdim=True) / count
+        dropped = (adv0 < 0) & (drift > delta)
+        return torch.where(m & ~dropped, torch.ones_like(lp0), zero)
+
+
+def m2po_mask(logp, old_logp, mask=None, *, threshold=0.04):
+    """M2PO (arXiv:2510.01161): over the batch's valid tokens, mask those of largest
+    (logp − old_logp)², one by one from the top, until the mean of the rest is under τ (all
+    but one when it never is). Not differentiated.
+    Args/Returns: as ref_numpy.m2po_mask, with tensors.
+    """
+    a, tau = args.m2po(OPS, logp, old_logp, mask, threshold)
+    with torch.no_grad():
+        zero = tt.zero(a.first)
+        d = torch.where(a.mask, a.first, zero) - torch.where(a.mask, a.second, zero)
+        sq = (d * d)[a.mask]
+        n = sq.numel()
+        keep = torch.zeros_like(d)
+        if n == 0:
+            return keep
+        # rank r of each token from the top: masking the r largest leaves the n − r smallest
+        ranks = torch.empty(n, dtype=torch.long, device=d.device)
+        ranks[torch.sort(sq, descending=True, stable=True).indices] = torch.arange(
+            n, device=d.device)
+        top = torch.sort(sq, descending=True, stable=True).values
+        rest_mean = torch.flip(torch.cumsum(torch.flip(top, [0]), 0), [0]) / torch.arange(
+            n, 0, -1, device=d.device, dtype=d.dtype)
+        under = torch.nonzero(rest_mean < tau)
+        k = int(under[0]) if under.numel() else n - 1
+        keep[a.mask] = (ranks >= k).to(d.dtype)
+        return keep
 
 
 def reinforce_loss(logp, old_logp, advantages, mask=None, *, beta=0.0, is_level=None,

@@ -137,14 +137,15 @@ def _inputs(entry):
         entry.data_keywords
 
 
-def into_domain(rule, case):
+def into_domain(rule, case, unused=()):
     """The case as the profile's trainer could see it: (case, what was changed or "") or (None,
     why it lies outside). A case is moved in where a faithful projection exists: a mask with
     holes becomes right-padded by moving each row's valid tokens to its front, in order (the
     trainer's sequence is the same tokens); rows of a group with fewer than two valid members
     are dropped, and so are rows with no valid token for a trainer that never builds one (but
-    not from grouped inputs). Per-token
-    advantages for a trainer taking one per sequence have no projection: that case is skipped."""
+    not from grouped inputs whose groups are read: groups in `unused`, which the conventions do
+    not read, are left out with the rows). Per-token advantages for a trainer taking one per
+    sequence have no projection: that case is skipped."""
     import numpy as np
 
     from ..check import cases as cases_mod
@@ -177,6 +178,9 @@ def into_domain(rule, case):
             if not keep.all():
                 # the batch without those rows is one the trainer could build; not where rows
                 # form groups (dropping one changes its group) or where none is left
+                if "group_size" in unused or "group_ids" in unused:
+                    params.pop("group_size", None)
+                    arrays.pop("group_ids", None)
                 if not keep.any() or "group_size" in params or "group_ids" in arrays:
                     return None, profiles_mod.DOMAINS[tag]
                 n = len(keep)
@@ -453,7 +457,7 @@ def _run_audit(aud, profile, rule, n_cases, seed, progress=None) -> AuditReport:
             last = now
             show_progress(progress, f"audit: case {i + 1}/{n_cases}, {now - t0:.0f} s")
         case = audit_case(entry, seed, i)
-        case, change = into_domain(rule, case)
+        case, change = into_domain(rule, case, entry.unused(params) if entry.unused else ())
         if case is not None and change:
             moved[change] = moved.get(change, 0) + 1
         outcomes = [] if case is None else aud.run_case(case)

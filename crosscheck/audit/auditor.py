@@ -107,7 +107,8 @@ class Auditor:
                 return None, f"your function does not accept {k}="
             data[k] = v
         if "group_size" in case.params and self.accepts("group_ids") and "group_ids" not in data:
-            B = case.arrays["rewards"].shape[0]
+            # rows of the case's first array (rewards, or the per-token loss): the grouped rows
+            B = np.shape(next(v for v in case.arrays.values() if v is not None))[0]
             data["group_ids"] = np.arange(B) // case.params["group_size"]
         for k in self.entry.data_keywords:          # required but absent here: its neutral value
             if k not in data and self.adapter.requires(k):

@@ -16,7 +16,7 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 
 import ref_numpy
-from ref_common.vocab import AGG_MODES
+from ref_common.vocab import AGG_MODES, GROUPED_AGG_MODES
 
 DEFAULT_CASES = 12    # the cross-check's default run; regimes below only from this case on
 MARGIN = 0.02         # distance kept from every kink, in the kinked variable (≫ FD_STEP)
@@ -229,13 +229,14 @@ def group_advantages_case(rng, i):
     G = _cycle(i, [4, 3, 2, 5, 1])
     P = _cycle(i // 2, [2, 3, 1, 4])
     B = P * G
-    scale = _cycle(i, ["group", "batch", "none", "leave_one_out"])
+    scale = "mean" if i % 12 in (3, 8) else _cycle(i, ["group", "batch", "none", "leave_one_out"])
     baseline = "leave_one_out" if scale == "leave_one_out" else \
         _cycle(i // 3, ["mean", "leave_one_out"])
     ddof = _cycle(i // 2, [0, 1])
     eps = _cycle(i, [1e-4, 1e-6, 1e-2])
     singleton = _cycle(i // 4, ["zero", "keep", "keep"])
-    r = rng.normal(size=B)
+    # MaxRL's "mean" scale divides by the group mean: pass rates, away from 0
+    r = rng.uniform(0.2, 1.0, size=B) if scale == "mean" else rng.normal(size=B)
     params = dict(ddof=ddof, eps=eps, scale=scale, baseline=baseline, singleton=singleton)
     stages = ALL_STAGES
     label = f"B={B}, scale={scale}, baseline={baseline}, ddof={ddof}, eps={eps}, " \
@@ -247,7 +248,8 @@ def group_advantages_case(rng, i):
     else:                                          # ids in any order, plus a singleton group
         ids = np.repeat(np.arange(P), G)
         ids = np.concatenate([ids, [P + 7]])
-        r = np.concatenate([r, rng.normal(size=1)])
+        r = np.concatenate([r, rng.uniform(0.2, 1.0, size=1) if scale == "mean"
+                            else rng.normal(size=1)])
         perm = rng.permutation(ids.size)
         arrays = dict(rewards=r[perm], group_ids=ids[perm] * 3 + 1)
         label = "shuffled group_ids with a singleton, " + label
@@ -270,6 +272,7 @@ def group_advantages_case(rng, i):
         arrays["rewards"] = 1000.0 + 0.1 * arrays["rewards"]
     elif _near_degenerate(i):
         centre, spread = _cycle(i // 6, [0.0, 1.0]), _cycle(i // 12, [1e-3, 1e-4, 1e-2])
+        centre = 1.0 if scale == "mean" else centre
         arrays["rewards"] = centre + spread * arrays["rewards"]
         label += f", near-degenerate groups: {centre:g} + {spread:g}·N(0, 1)"
         stages = ("value", "vjp")                  # σ below the finite-difference stencil
@@ -371,6 +374,77 @@ def rollout_is_weights_case(rng, i):
     arrays = dict(logp=base.arrays["logp"], rollout_logp=base.arrays["old_logp"],
                   mask=base.arrays["mask"])
     return Case(base.label.split(", advantages")[0], arrays, params, stages=("value",))
+
+
+def decoupled_ppo_loss_case(rng, i):
+    """A PPO case around the proximal policy (logp against old_logp, read as prox_logp), and
+    behaviour log-probs whose weight π_prox/π_behave (per token, or a row's geometric mean or
+    product) stays away from the bounds: an audited trainer forms it in its own arithmetic."""
+    base = _ratio_case(rng, i, "ppo")
+    level = _cycle(i, ["token", "sequence", None])
+    lower, upper = _cycle(i // 3, [(None, None), (None, 5.0), (0.5, 2.0), (None, 1.5)])
+    params = dict(clip_low=base.params["clip_low"], clip_high=base.params["clip_high"],
+                  clip_c=base.params["clip_c"], is_level=level,
+                  is_mode=_cycle(i // 2, ["mask", "truncate"]), is_lower=lower, is_upper=upper,
+                  is_seq_stat=_cycle(i // 4, ["mean", "sum"]))
+    m = base.arrays["mask"]
+    prox = np.where(m, base.arrays["old_logp"], 0.0)
+    edges = [math.log(b) for b in (lower, upper) if b is not None]
+    y = away(rng.normal(0.0, 0.5, size=prox.shape), edges)     # log π_prox − log π_behave
+    if level == "sequence":       # a row's statistic away from the edges: shift the row
+        n = np.maximum(m.sum(axis=-1, keepdims=True), 1)
+        stat = np.where(m, y, 0.0).sum(axis=-1, keepdims=True)
+        if params["is_seq_stat"] == "mean":
+            stat = stat / n
+        moved = away(stat, edges)
+        y = y + (moved - stat) / (n if params["is_seq_stat"] == "sum" else 1.0)
+    arrays = dict(logp=base.arrays["logp"], prox_logp=base.arrays["old_logp"],
+                  behave_logp=_garbage(prox - y, m, rng), advantages=base.arrays["advantages"],
+                  mask=m)
+    label = base.label.split(", clip_low")[0] + ", " + \
+        ", ".join(f"{k}={v}" for k, v in params.items())
+    return Case(label, arrays, params)
+
+
+def opsm_drift(logp, old_logp, mask):
+    """Each row's mean log(π_old/π) over its valid tokens (OPSM's D), [B, 1]."""
+    m = np.asarray(mask, dtype=bool)
+    with np.errstate(invalid="ignore"):        # garbage at padding is never read
+        d = np.where(m, np.asarray(old_logp, dtype=np.float64) -
+                     np.asarray(logp, dtype=np.float64), 0.0)
+    return d.sum(axis=-1, keepdims=True) / np.maximum(m.sum(axis=-1, keepdims=True), 1)
+
+
+def opsm_mask_case(rng, i):
+    """A ratio case with δ between two rows' drifts (some rows over it, some under), or
+    slime's 1e-4, or 0; values only (a mask is not differentiated)."""
+    base = _token_case(rng, i, {}, [])
+    a = base.arrays
+    drift = np.sort(opsm_drift(a["logp"], a["old_logp"], a["mask"]).ravel())
+    choice = _cycle(i, ["between", 1e-4, 0.0])
+    if choice == "between" and drift.size >= 2:
+        k = drift.size // 2
+        delta = float(0.5 * (drift[k - 1] + drift[k]))
+    else:
+        delta = 1e-4 if choice == "between" else choice
+    params = dict(delta=delta)
+    label = base.label.rstrip(", ") + f", delta={delta:.4g}"
+    return Case(label, dict(a), params, stages=("value",))
+
+
+def m2po_mask_case(rng, i):
+    """Log-ratios with a few large ones (stale tokens), τ of 0.04 (the paper's), 0.01 or one
+    no mask reaches (every token but one dropped); values only."""
+    base = _token_case(rng, i, {}, [])
+    a = base.arrays
+    m = a["mask"]
+    threshold = _cycle(i, [0.04, 0.01, 1e-9])
+    stale = rng.random(m.shape) < 0.2
+    rho = np.where(stale, rng.normal(0.0, 1.0, m.shape), rng.normal(0.0, 0.05, m.shape))
+    arrays = dict(logp=a["logp"], old_logp=_garbage(np.where(m, a["logp"], 0.0) - rho, m, rng),
+                  mask=m)
+    return Case(base.label.rstrip(", ") + f", threshold={threshold}", arrays,
+                dict(threshold=threshold), stages=("value",))
 
 
 def reinforce_loss_case(rng, i):
@@ -655,14 +729,25 @@ def aggregate_case(rng, i):
     m = _mask(rng, B, T, kind)
     if _empty_micro_batch(i, B):
         m[: B // 2] = False
-    mode = _cycle(i, AGG_MODES)
+    # every fifth case is a prompt mean, over consecutive groups of rows or shuffled group ids
+    mode = GROUPED_AGG_MODES[0] if i % 5 == 4 else _cycle(i, AGG_MODES)
     params = dict(mode=mode, norm=None, empty_rows=_cycle(i // 4, ["exclude", "include"]))
+    # every case carries the rows' prompts (only the grouped mode reads them)
+    ids = None
+    size = next(g for g in (3, 2, 1) if B % g == 0)
+    if i % 2 == 0:
+        params["group_size"] = size
+    else:
+        ids = rng.permutation(np.arange(B) // size) * 5 + 2
     if mode == "seq-mean-token-sum-norm" and i % 8 >= 4:
         params["norm"] = 5.0
     if mode == "seq-mean-token-sum" and i % 8 >= 4:       # TRL's dr_grpo, verl 0.9's -norm
         params["norm"] = 3.0
     arrays = dict(loss=_garbage(rng.normal(size=(B, T)), m, rng), mask=m)
+    if ids is not None:
+        arrays["group_ids"] = ids
     return Case(f"{kind} mask, " + ", ".join(f"{k}={v}" for k, v in params.items()) +
+                (", shuffled group_ids" if ids is not None else "") +
                 (", first half of the rows empty" if _empty_micro_batch(i, B) else ""), arrays,
                 params)
 

@@ -237,19 +237,22 @@ def whiten_kinks(data, params):
 
 # ---------------------------------------------------------------- condition numbers
 def _spread_scale(r, gid, params):
-    """Per row, the denominator group_advantages divides by (σ + eps, or 1)."""
+    """Per row, the size of the denominator group_advantages divides by (σ + eps, |μ + eps|
+    for scale="mean", or 1)."""
     scale, eps = params.get("scale", "group"), params.get("eps", 1e-4)
     ddof = params.get("ddof", 0)
     D = np.ones_like(r)
     if scale == "batch" and r.size:
         D[:] = np.sqrt(((r - r.mean()) ** 2).sum() / max(r.size - ddof, 1)) + eps
-    elif scale in ("group", "leave_one_out"):
+    elif scale in ("group", "leave_one_out", "mean"):
         for g in np.unique(gid):
             rows = np.flatnonzero(gid == g)
             if rows.size < 2:
                 continue
             rr = r[rows]
-            if scale == "group":
+            if scale == "mean":
+                D[rows] = abs(rr.mean() + eps)
+            elif scale == "group":
                 D[rows] = np.sqrt(((rr - rr.mean()) ** 2).sum() / max(rows.size - ddof, 1)) + eps
             else:
                 for j, i in enumerate(rows):
@@ -262,7 +265,9 @@ def _spread_scale(r, gid, params):
 
 def group_condition(data, params):
     """κ of group_advantages per row: max |r| over the row's group over its denominator. At
-    1000 ± 0.1 it is 1e4: the inputs' own rounding already moves A by κ ulps."""
+    1000 ± 0.1 it is 1e4: the inputs' own rounding already moves A by κ ulps. Under
+    scale="mean" the denominator is itself a sum of the rewards, so a rounding of it moves A by
+    |A| times as much again: κ·(1 + |A|)."""
     r = np.asarray(data["rewards"], dtype=np.float64)
     B = r.shape[0]
     keep = np.ones(B, bool) if data.get("valid") is None else np.asarray(data["valid"], bool)
@@ -276,6 +281,8 @@ def group_condition(data, params):
     big = np.array([np.abs(rk[gk == g]).max() for g in gk]) if rk.size else np.zeros(0)
     with np.errstate(divide="ignore", invalid="ignore"):
         kappa[keep] = np.maximum(1.0, np.where(D > 0, big / D, 1.0))
+        if params.get("scale") == "mean":
+            kappa[keep] *= 1.0 + np.where(D > 0, big / D, 0.0)
     return [kappa]
 
 

@@ -145,6 +145,52 @@ def _kl_cov_tie(args, params):
     return None
 
 
+def _opsm_tie(args, params):
+    """OPSM compares each row's mean log-ratio D with δ: where D lies within rounding of δ (in
+    the trainer's own arithmetic), either side is a right mask."""
+    import numpy as np
+    m = np.ones(np.shape(args["logp"]), bool) if args.get("mask") is None else \
+        np.asarray(args["mask"], dtype=bool)
+    lp = np.asarray(args["logp"], dtype=np.float64)
+    old = np.asarray(args["old_logp"], dtype=np.float64)
+    if lp.ndim == 1:
+        lp, old, m = lp[None], old[None], m[None]
+    drift = cases.opsm_drift(lp, old, m).ravel()
+    delta = params.get("delta", inspect.signature(ref_numpy.opsm_mask).parameters["delta"].default)
+    scale = np.where(m, np.abs(old) + np.abs(lp), 0.0).max(axis=-1, initial=0.0)
+    if np.any(np.abs(drift - delta) <= 1e-5 * np.maximum(scale, 1e-300)):
+        return ("a sequence's mean log-ratio equals OPSM's threshold δ to rounding: keeping or "
+                "dropping its negative-advantage tokens are both right, so the case is not judged")
+    return None
+
+
+def _m2po_tie(args, params):
+    """M2PO drops the k largest squared log-ratios: where the k-th and (k+1)-th are equal to
+    rounding, or the mean it compares with τ is τ to rounding, more than one mask is right."""
+    import numpy as np
+    lp = np.asarray(args["logp"], dtype=np.float64)
+    old = np.asarray(args["old_logp"], dtype=np.float64)
+    m = np.ones(lp.shape, bool) if args.get("mask") is None else \
+        np.asarray(args["mask"], dtype=bool)
+    with np.errstate(invalid="ignore"):
+        x = np.sort(((lp - old) ** 2)[m])[::-1]
+    tau = params.get("threshold",
+                     inspect.signature(ref_numpy.m2po_mask).parameters["threshold"].default)
+    n = x.size
+    if n < 2:
+        return None
+    rest = np.cumsum(x[::-1])[::-1] / np.arange(n, 0, -1)
+    below = np.flatnonzero(rest < tau)
+    k = int(below[0]) if below.size else n - 1
+    rtol = 1e-5 * max(x[0], 1e-300)
+    near_tau = np.abs(rest[max(k - 1, 0):k + 1] - tau) <= 1e-5 * max(tau, rest[0])
+    tied = 0 < k < n and x[k - 1] - x[k] <= rtol
+    if tied or near_tau.any():
+        return ("the squared log-ratios tie at M2PO's cut, or the mean of the rest equals τ to "
+                "rounding: more than one mask is right, so the case is not judged")
+    return None
+
+
 def _gspo_undetached(params):
     form = params.get("form", oracles.GSPO_DEFAULTS["form"])
     return {"form": "sequence"} if form == "token" else None
@@ -178,7 +224,7 @@ def build() -> Dict[str, Entry]:
         _entry("group_advantages", ("rewards",), trainer_grad=False, stack="groups",
                data_keywords=("group_size", "group_ids", "valid"), checks=("permutation",),
                grid=dict(ddof=(0, 1), eps=(1e-4, 1e-6, 1e-8, 1e-9, 0.0),
-                         scale=("group", "batch", "none", "leave_one_out"),
+                         scale=vocab.GROUP_SCALES,
                          baseline=vocab.GROUP_BASELINES, singleton=("zero", "keep")),
                known_bugs=variants.GROUPS, kinks=oracles.group_kinks,
                condition=oracles.group_condition),
@@ -201,7 +247,11 @@ def build() -> Dict[str, Entry]:
                grid=dict(kind=vocab.KL_KINDS, clamp=(None, (20.0, 10.0), (None, 10.0))),
                known_bugs=variants.KL),
         _entry("aggregate", ("loss",), checks=("microbatch",), stack="many",
-               grid=dict(mode=vocab.AGG_MODES, empty_rows=vocab.EMPTY_ROWS)),
+               data_keywords=("group_size", "group_ids"),
+               grid=dict(mode=vocab.AGG_MODES + vocab.GROUPED_AGG_MODES,
+                         empty_rows=vocab.EMPTY_ROWS),
+               unused=lambda params: () if params.get("mode") in vocab.GROUPED_AGG_MODES
+               else ("group_size", "group_ids")),
         _entry("policy_objective", ("logp",),
                detached="CISPO's weight, VESPO's φ(w), GSPO-token's sequence ratio, or DPPO's",
                freeze=oracles.objective_rule, undetached=_objective_undetached,
@@ -232,6 +282,10 @@ def build() -> Dict[str, Entry]:
         _entry("rollout_is_weights", (), trainer_grad=False,     # detached weights: values
                grid=dict(level=vocab.IS_LEVELS, mode=vocab.IS_MODES, seq_stat=vocab.IS_SEQ_STATS,
                          kept=vocab.IS_KEPT, log_ratio_clamp=(None, 20.0))),
+        _entry("opsm_mask", (), trainer_grad=False, ambiguous=_opsm_tie,   # a mask: values
+               grid=dict(delta=(1e-4, 1e-3, 0.0))),
+        _entry("m2po_mask", (), trainer_grad=False, ambiguous=_m2po_tie,   # a mask: values
+               grid=dict(threshold=(0.04, 0.01))),
         _entry("reinforce_loss", ("logp",), stack="rows",
                detached="w: the rollout-correction weight (is_level set)",
                freeze=lambda params: oracles.freeze_ratio if params.get("is_level") else None,
@@ -245,6 +299,11 @@ def build() -> Dict[str, Entry]:
                          clip_c=(3.0, 20.0, None),
                          kl_eps=(0.0, 1e-8), log_ratio_clamp=(20.0, None),
                          clip_low=(0.2, 0.1, 0.28), clip_high=(None, 0.2, 0.28))),
+        _entry("decoupled_ppo_loss", ("logp",), stack="rows",
+               grid=dict(clip_low=(0.2, 0.1, 0.28), clip_high=(None, 0.2, 0.28),
+                         clip_c=(None, 3.0), is_level=(None,) + vocab.IS_LEVELS,
+                         is_mode=vocab.IS_MODES, is_upper=(None, 5.0, 2.0),
+                         is_seq_stat=vocab.IS_SEQ_STATS)),
         _entry("gmpo_loss", ("logp",), stack="many",
                grid=dict(clip_low=(0.2, 0.4, 0.1), clip_high=(None, 0.2, 0.4),
                          eps=(0.0, 1e-8))),

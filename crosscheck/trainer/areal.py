@@ -1,5 +1,6 @@
 """AReaL's report card: areal/utils/functional/functional.py (the actor, SAPO and critic losses)
-and areal/utils/data.py (`KLEstimator`, `Normalization`).
+areal/utils/data.py (`KLEstimator`, `Normalization`) and M2PO's mask in
+areal/trainer/ppo/actor.py.
 
 Facts read in areal 1.0.4:
 - `import areal` runs `areal.infra` (aiohttp, ray, launchers); the math files import
@@ -14,6 +15,9 @@ Facts read in areal 1.0.4:
   `old_logprobs` is unused, and without the decoupled loss the actor passes the behaviour
   log-probs as the proximal ones); at importance_sampling_level 'sequence' the ratio is the
   exp of each sequence's mean log-ratio (GSPO), the loss still a token mean;
+- `_apply_m2po_masking(old_logp, prox_logp, loss_mask, m2_threshold)`: M2PO's mask over the
+  call's valid tokens, the squared behaviour-to-proximal log-ratio, the largest dropped until
+  the mean of the rest is below the threshold (`grpo_loss_fn` replaces loss_mask with it);
 - `sapo_loss_fn`: SAPO's gate σ(τ(r − 1))·4/τ times A, a token mean;
 - `ppo_critic_loss_fn` asserts float32 inputs; `KLEstimator` computes in float32 and clamps
   every estimator's output to ±10; `Normalization` computes in float64 and returns float32.
@@ -23,6 +27,7 @@ import inspect
 from .card import Known, Row, Trainer, per_sequence, per_token
 
 F = "areal.utils.functional.functional"
+A = "areal.trainer.ppo.actor"
 D = "areal.utils.data"
 
 
@@ -35,6 +40,42 @@ def _ppo(**settings):
             return loss
         return adapter
     return make
+
+
+def _decoupled(**rejection):
+    """ppo_actor_loss_fn with the decoupled loss's three log-prob inputs and, where `rejection`
+    is given, RejectionSamplingConfig(**rejection). Its output is a token mean J = Σ_t l_t / N;
+    the adapter returns the per-token loss. Each l_t is positively homogeneous of degree 1 in
+    its own advantage A_t (the clip, the dual clip and the behaviour weight do not scale with
+    A), so by Euler's identity l_t = N·A_t·∂J/∂A_t: one call, and its gradient in A kept
+    differentiable in logp (create_graph). N is the call's valid-token count (AReaL counts
+    them before any rejection)."""
+    def make(fn):
+        config = fn.__globals__["RejectionSamplingConfig"]
+
+        def adapter(logp, prox_logp, behave_logp, advantages, mask):
+            import torch
+            m = mask.bool()
+            a = per_sequence(advantages, logp).detach().clone().requires_grad_(True)
+            loss, _ = fn(logprobs=logp, proximal_logprobs=prox_logp, old_logprobs=behave_logp,
+                         advantages=a, eps_clip=0.2, loss_mask=m,
+                         rejection_sampling=config(**rejection) if rejection else None)
+            (d,) = torch.autograd.grad(loss, a, create_graph=True, allow_unused=True)
+            if d is None:                        # no valid token: the loss reads no advantage
+                return logp.new_zeros(logp.shape) * logp
+            n = max(int(m.sum()), 1)
+            return torch.where(m, n * a.detach() * d, logp.new_zeros(()))
+        return adapter
+    return make
+
+
+def _m2po(fn):
+    """_apply_m2po_masking(old_logp, prox_logp, loss_mask, m2_threshold) as grpo_loss_fn calls
+    it: the behaviour log-probs first, the proximal second, the mask as bool, τ 0.04; its bool
+    mask as 0/1."""
+    def adapter(logp, old_logp, mask):
+        return fn(old_logp, logp, mask.bool(), 0.04).to(logp.dtype)
+    return adapter
 
 
 def _sapo(fn):
@@ -106,10 +147,35 @@ _K3_OVERFLOW = Known(
     "inf, the clamp returns 10, and the gradient is inf · 0 = NaN. It bites only on a token "
     "e^88 times less likely under the policy than under the reference")
 _F32 = dict(precision="float32")
+# decoupled PPO is in no other trainer's profile: its rows set every convention themselves
+_F32_OWN = dict(_F32, profile=None)
 _PPO = dict(loss="ppo", beta=0.0, agg="token-mean", clip_low=0.2, clip_high=0.2, clip_c=None,
             log_ratio_clamp=None)
 _PARAMS = ("logprobs", "proximal_logprobs", "old_logprobs", "advantages", "eps_clip",
            "loss_mask")
+_DECOUPLED = ("the decoupled loss's inputs: logprobs, proximal_logprobs (recomputed) and "
+              "old_logprobs (the behaviour's, from the inference engine); eps_clip 0.2 (its "
+              "default); the mask as bool; advantages broadcast to [B, T]",
+              "the per-token loss l_t = N·A_t·∂J/∂A_t from the token mean J over the call's N "
+              "valid tokens (Euler's identity: each token's loss is positively homogeneous of "
+              "degree 1 in its advantage)",
+              "judged at float32 tolerance: apply_rejection_sampling forms the behaviour weight "
+              "from float32 log-ratios (functional.py:231, to keep bf16 inputs exact)")
+_UNWEIGHTED_WHAT = (
+    "with use_decoupled_loss and rejection_sampling None (1.0.4's default) ppo_actor_loss_fn "
+    "applies no behaviour weight: pg_loss is multiplied by π_prox/π_behave only inside `if "
+    "rejection_sampling is not None` (functional.py:535-539), so the loss is PPO around the "
+    "proximal policy on the behaviour policy's samples with no correction between the two. The "
+    "decoupled objective of AReaL's own write-up (blog/AReaL_v0_3.md, the decoupled PPO "
+    "objective figure) carries π_prox/π_behave, and releases up to 1.0.0 always applied it; "
+    "1.0.4's warning for this setting says only that 'staleness filtering is disabled'. It "
+    "bites whenever the behaviour policy lags the proximal one (asynchronous rollouts)")
+_UNWEIGHTED = tuple(Known(
+    check, "documented choice", _UNWEIGHTED_WHAT, variant=dict(conventions=dict(is_level=None)),
+    cite="cli_args.py, PPOActorConfig.rejection_sampling: 'None disables filtering "
+         "(equivalent to old behave_imp_weight_mode='disabled')'; in 1.0.3 mode 'disabled' "
+         "was commented 'no behavioural correction applied'") for check in ("value", "grad"))
+_DEC_PARAMS = _PARAMS + ("rejection_sampling",)
 
 ROWS = (
     Row(f"{F}:ppo_actor_loss_fn", "policy_objective", _ppo(), label="ppo",
@@ -128,6 +194,44 @@ ROWS = (
                          clip_low=0.2, clip_high=0.2),
         audit=dict(_WHOLE, domain=("per_sequence_advantages",)),
         params=_PARAMS + ("importance_sampling_level",)),
+    Row(f"{F}:ppo_actor_loss_fn", "decoupled_ppo_loss", _decoupled(),
+        label="decoupled, rejection_sampling None",
+        choices=_DECOUPLED + ("rejection_sampling None (its default)",),
+        conventions=dict(clip_low=0.2, clip_high=None, clip_c=None, is_level="token",
+                         is_mode="truncate", is_lower=None, is_upper=None),
+        audit=_F32_OWN, params=_PARAMS, known=_UNWEIGHTED),
+    Row(f"{F}:ppo_actor_loss_fn", "decoupled_ppo_loss",
+        _decoupled(level="token", action="mask", metric="ratio", upper=5.0),
+        label="decoupled, token mask 5",
+        choices=_DECOUPLED + ("RejectionSamplingConfig(level='token', action='mask', "
+                              "metric='ratio', upper=5.0): the setting 1.0.4's warning "
+                              "recommends (the earlier default)",),
+        conventions=dict(clip_low=0.2, clip_high=None, clip_c=None, is_level="token",
+                         is_mode="mask", is_lower=None, is_upper=5.0),
+        audit=_F32_OWN, params=_DEC_PARAMS),
+    Row(f"{F}:ppo_actor_loss_fn", "decoupled_ppo_loss",
+        _decoupled(level="token", action="clamp", metric="ratio", lower=0.5, upper=2.0),
+        label="decoupled, token clamp 0.5..2",
+        choices=_DECOUPLED + ("RejectionSamplingConfig(level='token', action='clamp', "
+                              "metric='ratio', lower=0.5, upper=2.0)",),
+        conventions=dict(clip_low=0.2, clip_high=None, clip_c=None, is_level="token",
+                         is_mode="truncate", is_lower=0.5, is_upper=2.0),
+        audit=_F32_OWN, params=_DEC_PARAMS),
+    Row(f"{F}:ppo_actor_loss_fn", "decoupled_ppo_loss",
+        _decoupled(level="sequence", action="mask", metric="ratio", agg="mean", upper=2.0),
+        label="decoupled, sequence mask 2",
+        choices=_DECOUPLED + ("RejectionSamplingConfig(level='sequence', action='mask', "
+                              "metric='ratio', agg='mean', upper=2.0): a sequence's weight and "
+                              "its test are the geometric mean of its token weights",),
+        conventions=dict(clip_low=0.2, clip_high=None, clip_c=None, is_level="sequence",
+                         is_mode="mask", is_lower=None, is_upper=2.0, is_seq_stat="mean"),
+        audit=_F32_OWN, params=_DEC_PARAMS),
+    Row(f"{A}:_apply_m2po_masking", "m2po_mask", _m2po,
+        choices=("called as grpo_loss_fn calls it: old_logp (the behaviour's) and prox_logp, "
+                 "the loss mask as bool, m2_threshold 0.04 (M2PO's τ; AReaL's default is None, "
+                 "off); its bool mask read as 0/1",),
+        conventions=dict(threshold=0.04), audit=dict(profile=None),
+        params=("old_logp", "prox_logp", "loss_mask", "m2_threshold")),
     Row(f"{F}:sapo_loss_fn", "policy_objective", _sapo, label="sapo",
         choices=("tau_pos 1.0, tau_neg 1.05 (its defaults); the mask as bool; advantages "
                  "broadcast to [B, T]; the loss output of (loss, stats)",) + _CALL[1:],
@@ -167,23 +271,32 @@ ROWS = (
 
 TRAINER = Trainer(
     name="areal", package="areal", dist="areal", profile="verl", pinned="1.0.4",
-    modules=(F, D), rows=ROWS,
+    modules=(F, D, A), rows=ROWS,
     inventory=((F, r"masked_normalization|apply_rejection_sampling|ppo_actor_loss_fn|"
                    r"sapo_loss_fn|ppo_critic_loss_fn|_compute_sequence_level_ratio_and_"
                    r"advantages"),
-               (D, r"KLEstimator\._compute_approx_kl|Normalization\.__call__")),
+               (D, r"KLEstimator\._compute_approx_kl|Normalization\.__call__"),
+               (A, r"_apply_m2po_masking|_get_m2po_loss_mask|grpo_loss_fn")),
     not_run=(("masked_normalization", "not called anywhere in areal 1.0.4 (only exported)"),
              ("_compute_sequence_level_ratio_and_advantages",
               "reached through ppo_actor_loss_fn at importance_sampling_level 'sequence'"),
+             ("_get_m2po_loss_mask", "reached through _apply_m2po_masking"),
+             ("grpo_loss_fn", "resolves the proximal log-probs and adds the distillation "
+                              "terms around ppo_actor_loss_fn and _apply_m2po_masking, which "
+                              "rows run; it reads the engine's input_data dict"),
              ("apply_rejection_sampling",
-              "the decoupled loss's behaviour weight: no reference for decoupled PPO yet")),
+              "reached through ppo_actor_loss_fn's rejection_sampling (the decoupled rows)")),
     runs=("ppo_actor_loss_fn at token level (0.2/0.2; 0.2/0.28 with dual clip 3) and at "
-          "sequence level (GSPO)", "sapo_loss_fn", "ppo_critic_loss_fn (float32)",
+          "sequence level (GSPO)", "the decoupled loss (proximal and behaviour log-probs): "
+          "without rejection sampling, with a token mask at 5, a token clamp to [0.5, 2] and a "
+          "sequence mask at 2 on the ratio metric", "M2PO's mask (_apply_m2po_masking, τ 0.04)", "sapo_loss_fn", "ppo_critic_loss_fn (float32)",
           "KLEstimator k1, k2, k3 with the ±10 clamp (float32)",
           "Normalization: group mean and std on per-sequence rewards; batch mean and std on "
           "masked [B, T] values"),
-    does_not_run=("the decoupled loss (rejection_sampling: the behaviour weight π_prox / "
-                  "π_behave, masked or clamped)", "M2PO's token filter", "the 1-D packed "
+    does_not_run=("rejection sampling on the KL metrics (kl_k1/k2/k3: the test reads an "
+                  "estimator, the weight stays the token ratio) or with agg 'sum'/'max' at "
+                  "sequence level (the test and the weight are different statistics): no "
+                  "reference takes those", "the 1-D packed "
                   "layout with cu_seqlens", "PPOActor._compute_advantages (GAE and the KL "
                   "reward; actor.py imports the training controllers)",
                   "Normalization with leave-one-out means or mixed levels",

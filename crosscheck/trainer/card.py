@@ -628,6 +628,9 @@ def run_row(row: Row, loaded: loading.Loaded, source: loading.Source, profile: s
             return result
     result.adapted = "; ".join(c for c in (older, fit.get("choice", "")) if c)
     base = dict(row.conventions, **fit.get("conventions", {}))
+    # a row may name its own profile (None: the reference's defaults under the row's
+    # conventions) for a function its trainer's profile does not describe
+    profile = row.audit.get("profile", profile)
     try:
         _, result.conventions, rule = resolve_conventions(row.ref, profile, dict(base))
     except AuditUsageError as exc:
@@ -649,6 +652,7 @@ def run_row(row: Row, loaded: loading.Loaded, source: loading.Source, profile: s
             adapter = adapt(adapter)
         conventions = dict(base, **variant.pop("conventions", {}))
         keywords = dict(row.audit, **keywords_fit, **variant.pop("audit", {}))
+        keywords.pop("profile", None)              # resolved above
         n = keywords.pop("cases", cases)           # a row whose every call is costly runs fewer
         return audit(adapter, row.ref, profile=profile, cases=n, seed=seed,
                      variant=variant or None, **keywords, **conventions)

@@ -18,7 +18,7 @@ import inspect
 
 import torch
 
-from .card import DoesNotFit, Known, Row, Trainer, per_sequence, per_token, source_of
+from .card import DoesNotFit, Known, NotInVersion, Row, Trainer, per_sequence, per_token, source_of
 from .verl import _OUTCOME, _outcome, _whiten
 
 PPO = "skyrl.backends.skyrl_train.utils.ppo_utils"
@@ -90,12 +90,44 @@ def _aggregate(reduction, max_seq_len=None):
     return make
 
 
+def _prompt_mean(fn):
+    """reduce_loss under prompt_mean: the rows put in prompt order (a sum over tokens does not
+    depend on it), each prompt's rows one (start, end) slice of prompt_boundaries, as SkyRL's
+    trainer builds them; the factors are apply_loss_reduction_to_advantages_minibatch applied
+    to ones."""
+    reduce_fn = fn.__globals__["apply_loss_reduction_to_advantages_minibatch"]
+
+    def adapter(loss, mask, group_size=None, group_ids=None):
+        B, T = mask.shape
+        ids = torch.arange(B) // group_size if group_size is not None else \
+            torch.as_tensor(group_ids).reshape(-1)
+        order = torch.argsort(ids, stable=True)
+        loss, mask, ids = loss[order], mask[order], ids[order]
+        starts = [0] + [b for b in range(1, B) if ids[b] != ids[b - 1]]
+        bounds = list(zip(starts, starts[1:] + [B]))
+        m = mask.to(loss.dtype)
+        factor = reduce_fn(torch.ones_like(loss), m, "prompt_mean", B, T,
+                           prompt_boundaries=bounds)
+        return fn(loss * factor, m)
+    return adapter
+
+
 def _fits_scaling(fn):
     """The losses and reduce_loss rows read apply_loss_reduction_to_advantages_minibatch (0.2
     on); 0.1 reduces inside the loss, a form the rows have no adapter for."""
     if "apply_loss_reduction_to_advantages_minibatch" not in fn.__globals__:
         raise DoesNotFit("this release has no apply_loss_reduction_to_advantages_minibatch: "
                          "its losses reduce themselves (no adapter for that form yet)")
+    return {}
+
+
+def _fits_prompts(fn):
+    """prompt_mean came with prompt_boundaries (0.4.0)."""
+    _fits_scaling(fn)
+    reduce_fn = fn.__globals__["apply_loss_reduction_to_advantages_minibatch"]
+    if "prompt_boundaries" not in inspect.signature(reduce_fn).parameters:
+        raise NotInVersion("apply_loss_reduction_to_advantages_minibatch has no "
+                           "prompt_boundaries (no prompt_mean reduction) in this release")
     return {}
 
 
@@ -189,6 +221,10 @@ ROWS = (
         choices=_OUTCOME, conventions=dict(baseline="leave_one_out", scale="none",
                                            singleton="zero"),
         params=("token_level_rewards", "response_mask", "index")),
+    Row(f"{PPO}:compute_maxrl_advantage", "group_advantages", _outcome, label="MaxRL",
+        choices=_OUTCOME + ("epsilon 1e-6 (its default)",),
+        conventions=dict(scale="mean", baseline="mean", eps=1e-6, singleton="keep"),
+        params=("token_level_rewards", "response_mask", "index")),
     Row(f"{PPO}:compute_reinforce_plus_plus_outcome_advantage", "discounted_returns", _returns,
         choices=("the returns output (its advantages are these returns whitened by "
                  "masked_whiten, whose row is below)", "gamma = 1.0 (AlgorithmConfig's)"),
@@ -244,6 +280,14 @@ ROWS = (
     for reduction, mode, norm in (("token_mean", "token-mean", False),
                                   ("sequence_mean", "seq-mean-token-mean", False),
                                   ("seq_mean_token_sum_norm", "seq-mean-token-sum", True))
+) + (
+    Row(f"{PPO}:reduce_loss", "aggregate", _prompt_mean, label="prompt_mean",
+        choices=_AGG + ("the rows in prompt order, each prompt's rows one (start, end) slice "
+                        "of prompt_boundaries, as the trainer passes them",
+                        "judged on whole batches: the trainer scales the mini-batch before it "
+                        "splits it"),
+        conventions=dict(mode="prompt-mean-token-mean", empty_rows="include"),
+        audit=dict(accumulation="none"), params=("loss", "loss_mask"), fits=_fits_prompts),
 ) + tuple(
     Row(f"{PPO}:compute_approx_kl", "kl_penalty", _kl(kind), label=kind,
         choices=("loss_mask passed: the estimate is 0 at padding",),
@@ -261,14 +305,15 @@ TRAINER = Trainer(
     not_run=(("compute_policy_loss_clip_cov",
               "draws the tokens it un-clips with torch.randperm: not a deterministic function "
               "of its inputs"),),
-    runs=("GRPO (std-normalised and Dr. GRPO), RLOO, the REINFORCE++ returns, masked_whiten",
+    runs=("GRPO (std-normalised and Dr. GRPO), RLOO, MaxRL, the REINFORCE++ returns, "
+          "masked_whiten",
           "the PPO loss regular (0.2/0.2 and 0.2/0.28) and dual clip, CISPO, each through "
           "SkyRL's token_mean advantage scaling and reduce_loss; GSPO and SAPO under "
           "sequence_mean", "reduce_loss under "
-          "token_mean, sequence_mean and seq_mean_token_sum_norm scaling",
+          "token_mean, sequence_mean, seq_mean_token_sum_norm and prompt_mean scaling",
           "compute_approx_kl k1, abs, k2, k3", "the critic loss per token"),
     does_not_run=("GAE (its recursion reads no mask)", "DPPO, KL-Cov, rollout_is and "
                   "importance_sampling losses", "SAPO and GSPO under token_mean",
-                  "token_mean_legacy and prompt_mean scaling", "off-policy correction",
+                  "token_mean_legacy scaling", "off-policy correction",
                   "dp_size > 1"),
 )

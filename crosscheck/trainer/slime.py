@@ -145,6 +145,20 @@ _EVERY_TOKEN = ("the per-token loss read at the valid tokens (slime masks in its
                 "mean)",)
 _PPO_PARAMS = ("ppo_kl", "advantages", "eps_clip", "eps_clip_high")
 
+def _opsm(fn):
+    """compute_opsm_mask on one sample per row (its response, the row's mask as loss_mask),
+    args.opsm_delta 1e-4 (slime's default); the concatenated mask back in [B, T]."""
+    def adapter(logp, old_logp, advantages, mask):
+        a = per_sequence(advantages, logp)
+        m = mask.to(logp.dtype)
+        B = logp.shape[0]
+        keep, _ = fn(SimpleNamespace(opsm_delta=1e-4), [logp[b] for b in range(B)],
+                     [old_logp[b] for b in range(B)], [a[b] for b in range(B)],
+                     [m[b] for b in range(B)])
+        return zero_padding(mask, keep.reshape(logp.shape)) if B else logp.new_zeros(logp.shape)
+    return adapter
+
+
 ROWS = tuple(
     Row(f"{PPO}:compute_approx_kl", "kl_penalty", _kl(kind), label=kind,
         choices=("read at the valid tokens",), conventions=dict(kind=ref, clamp=clamp),
@@ -165,6 +179,13 @@ ROWS = tuple(
         conventions=dict(clip_low=0.2, clip_high=0.2, clip_c=3.0, delta=None,
                          log_ratio_clamp=None),
         params=_PPO_PARAMS + ("eps_clip_c",), known=(_NO_PADDING,)),
+    Row(f"{PPO}:compute_opsm_mask", "opsm_mask", _opsm,
+        choices=("one sample per row, each the row's full response with its mask as "
+                 "loss_mask; args.opsm_delta 1e-4 (its default); the mask read at the valid "
+                 "tokens",),
+        conventions=dict(delta=1e-4), audit=dict(profile=None),
+        params=("args", "full_log_probs", "full_old_log_probs", "advantages", "loss_masks"),
+        known=(_NO_PADDING,)),
     Row(f"{PPO}:compute_cispo_loss", "cispo_loss", _cispo, label="ε 0.2/0.28",
         choices=("ppo_kl = old_logp − logp; eps_clip 0.2, eps_clip_high 0.28",) + _EVERY_TOKEN,
         conventions=dict(bound="relative", clip_low=0.2, clip_high=0.28, log_ratio_clamp=None),
@@ -235,8 +256,7 @@ TRAINER = Trainer(
                (LOSS, r"compute_advantages_and_returns|vanilla_tis_function|icepop_function|"
                       r"policy_loss_function|value_loss_function"),
                (ROLLOUT, r"RolloutManager\._post_process_rewards")),
-    not_run=(("compute_opsm_mask", "DeepSeek-V3.2's off-policy sequence mask: no reference yet"),
-             ("get_grpo_returns", "copies each sample's reward to its tokens"),
+    not_run=(("get_grpo_returns", "copies each sample's reward to its tokens"),
              ("get_reinforce_plus_plus_returns", "reads a rollout batch's KL and rewards lists "
                                                  "and Megatron's context-parallel slicing: its "
                                                  "return is chunked_discounted_returns, which "
@@ -249,7 +269,7 @@ TRAINER = Trainer(
                                                 "functions the rows run"),
              ("policy_loss_function", "takes the model's logits and Megatron's packed batch"),
              ("value_loss_function", "takes the model's logits and Megatron's packed batch")),
-    runs=("compute_approx_kl k1, k2, k3, low_var_kl", "compute_policy_loss (0.2/0.28; dual "
+    runs=("compute_approx_kl k1, k2, k3, low_var_kl", "compute_opsm_mask (δ 1e-4)", "compute_policy_loss (0.2/0.28; dual "
           "clip 3)", "compute_cispo_loss", "GSPO (compute_gspo_kl into compute_policy_loss)",
           "vanilla_gae and chunked_gae", "chunked_discounted_returns",
           "get_sum_of_sample_mean at context-parallel size 1",

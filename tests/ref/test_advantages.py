@@ -371,6 +371,43 @@ class TestGroupAdvantages:
                       singleton="keep"):
             close(a, np.array([-1.0, 1.0, 5.0]) / sb)
 
+    def test_maxrl_scales_by_the_group_mean(self):
+        # MaxRL, 0/1 rewards [1, 0, 0, 0], eps 0: pass rate μ = 1/4, A = (r − μ)/μ:
+        # the success (1 − 1/4)/(1/4) = 3 = 1/p − 1, each failure −1
+        for a in both("group_advantages", np.array([1.0, 0, 0, 0]), group_size=4, eps=0.0,
+                      scale="mean"):
+            close(a, [3.0, -1.0, -1.0, -1.0])
+        # SkyRL's eps 1e-6, a group [2, 4] and a kept singleton 5 (baseline 0, not scaled):
+        # μ = 3, A = ∓1/(3 + 1e-6); the singleton's A is 5 itself
+        for a in both("group_advantages", np.array([2.0, 4.0, 5.0]), group_ids=np.array([0, 0, 1]),
+                      eps=1e-6, scale="mean", singleton="keep"):
+            close(a, [-1 / (3 + 1e-6), 1 / (3 + 1e-6), 5.0])
+
+    def test_maxrl_gradient_by_hand(self):
+        # n = 2, eps 0, r = [1, 0]: A_0 = (r_0 − μ)/μ with μ = (r_0 + r_1)/2, so
+        # A_0 = (r_0 − r_1)/(r_0 + r_1): ∂A_0/∂r_0 = 2r_1/(r_0 + r_1)² = 0 and
+        # ∂A_0/∂r_1 = −2r_0/(r_0 + r_1)² = −2 (the docstring's check of the two paths)
+        hand, auto, _ = grads("group_advantages", 0, np.array([1.0, 0.0]), np.array([1.0, 0.0]),
+                              group_size=2, eps=0.0, scale="mean")
+        close(hand["rewards"], [0.0, -2.0], atol=1e-15)
+        close(auto, [0.0, -2.0], atol=1e-15)
+        # r = [1, 3], g = [0, 1]: A_1 = (r_1 − r_0)/(r_0 + r_1): ∂A_1/∂r_0 = −2r_1/16 = −3/8,
+        # ∂A_1/∂r_1 = 2r_0/16 = 1/8
+        hand, auto, _ = grads("group_advantages", 0, np.array([0.0, 1.0]), np.array([1.0, 3.0]),
+                              group_size=2, eps=0.0, scale="mean")
+        close(hand["rewards"], [-3 / 8, 1 / 8])
+        close(auto, [-3 / 8, 1 / 8])
+
+    def test_maxrl_refuses_a_zero_mean_with_eps_zero(self):
+        # all-failed group [0, 0], eps 0: (0 − 0)/0; the message says what divides by zero
+        for fn, r in ((ref_numpy.group_advantages, np.zeros(2)),
+                      (ref_torch.group_advantages, torch.zeros(2, dtype=torch.float64))):
+            with pytest.raises(ValueError, match="row 0's group have mean −eps"):
+                fn(r, group_size=2, eps=0.0, scale="mean")
+        # SkyRL's eps 1e-6: 0/1e-6 = 0
+        for a in both("group_advantages", np.zeros(2), group_size=2, eps=1e-6, scale="mean"):
+            close(a, [0.0, 0.0])
+
     def test_a_singleton_is_refused_when_asked(self):
         r, ids = np.array([1.0, 3.0, 5.0]), np.array([0, 0, 1])
         for fn, args in ((ref_numpy.group_advantages, (r,)),

@@ -15,12 +15,14 @@ def test_registry_matches_both_all_lists():
     assert sorted(ref_torch.__all__) == sorted(names)
     assert sorted(ref_numpy.__all__) == sorted(names + with_vjp)
     # only a function whose value is itself a gradient (checked against autograd and finite
-    # differences of its objective), a count and stop-gradient weights (not differentiated)
-    # go without a VJP
+    # differences of its objective), a count, stop-gradient weights and masks (comparisons,
+    # not differentiated) go without a VJP
     assert [n for n, e in entries.items() if e.numpy_vjp is None] == \
-        ["kl_estimator_gradient", "clip_fraction", "rollout_is_weights"]
+        ["kl_estimator_gradient", "clip_fraction", "rollout_is_weights", "opsm_mask",
+         "m2po_mask"]
     assert entries["kl_estimator_gradient"].objectives is not None
-    assert entries["clip_fraction"].diff == entries["rollout_is_weights"].diff == ()
+    for name in ("clip_fraction", "rollout_is_weights", "opsm_mask", "m2po_mask"):
+        assert entries[name].diff == () and not entries[name].trainer_grad, name
 
 
 def test_twins_have_identical_signatures():
@@ -52,7 +54,7 @@ def test_hyper_parameters_are_keyword_only():
     arrays = {"rewards", "values", "mask", "x", "logp", "old_logp", "advantages", "old_values",
               "returns", "ref_logp", "loss", "dones", "last_value", "group_ids", "logits",
               "ref_logits", "valid", "rollout_logp", "scores", "lengths", "baselines",
-              "sum_pi_squared"}
+              "sum_pi_squared", "prox_logp", "behave_logp"}
     for name in registry.build():
         for p in inspect.signature(getattr(ref_numpy, name)).parameters.values():
             if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD:

@@ -56,3 +56,37 @@ class TestAggregate:
         hand, auto, _ = grads("aggregate", 0, 1.0, LOSS, MASK, mode="seq-mean-token-sum", norm=5.0)
         close(hand["loss"], MASK / 10.0)
         close(auto, MASK / 10.0)
+
+    @pytest.mark.parametrize("empty_rows, expected", [
+        # prompts {row 0, row 2} and {row 1}: prompt A's tokens are row 0's one (4; row 2 is
+        # empty), its mean 4; prompt B's mean (1 + 2 + 3)/3 = 2; the mean over prompts 3
+        ("include", 3.0),
+        ("exclude", 3.0),
+    ])
+    def test_prompt_mean_is_a_token_mean_per_prompt_then_a_mean_over_prompts(self, empty_rows,
+                                                                             expected):
+        ids = np.array([7, 3, 7])
+        for v in both("aggregate", LOSS, MASK, mode="prompt-mean-token-mean", group_ids=ids,
+                      empty_rows=empty_rows):
+            close(v, expected)
+        # its weights: 1/(2·1) for row 0's token, 1/(2·3) for row 1's
+        hand, auto, _ = grads("aggregate", 0, 1.0, LOSS, MASK, mode="prompt-mean-token-mean",
+                              group_ids=ids)
+        w = [[0.5, 0, 0], [1 / 6, 1 / 6, 1 / 6], [0, 0, 0]]
+        close(hand["loss"], w)
+        close(auto, w)
+
+    def test_a_prompt_with_no_token_counts_only_when_included(self):
+        # group_size 1: three prompts, the third empty: (4 + 2)/3 included (SkyRL), /2 excluded
+        for v in both("aggregate", LOSS, MASK, mode="prompt-mean-token-mean", group_size=1,
+                      empty_rows="include"):
+            close(v, 6 / 3)
+        for v in both("aggregate", LOSS, MASK, mode="prompt-mean-token-mean", group_size=1):
+            close(v, 6 / 2)
+
+    def test_prompt_mean_needs_its_groups(self):
+        import ref_numpy
+        with pytest.raises(ValueError, match="needs exactly one of group_size= or group_ids="):
+            ref_numpy.aggregate(LOSS, MASK, mode="prompt-mean-token-mean")
+        with pytest.raises(ValueError, match="group_size is 2 but loss has B = 3 rows"):
+            ref_numpy.aggregate(LOSS, MASK, mode="prompt-mean-token-mean", group_size=2)

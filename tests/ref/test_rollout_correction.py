@@ -161,3 +161,109 @@ def test_a_masked_weight_exactly_at_either_bound_is_kept(level):
         got = np.asarray(ref.rollout_is_weights(*a, level=level, mode="mask", lower=0.5,
                                                 upper=2.0))
         np.testing.assert_allclose(got, [[0.5], [2.0]], rtol=1e-15)
+
+
+# ------------------------------------------------------------------ decoupled PPO
+# logp − prox = 0.1 (u = e^0.1, inside PPO's clip 0.8..1.2) and 0.5 (u = e^0.5 = 1.6487,
+# clipped for A > 0); prox − behave = log 2 and log 0.5 (behaviour weights 2 and 0.5)
+_LP, _PROX = np.array([[0.1, 0.5]]), np.array([[0.0, 0.0]])
+_BEH, _A = np.array([[-math.log(2.0), math.log(2.0)]]), np.array([1.0])
+_U = math.exp(0.1)
+
+
+@pytest.mark.parametrize("kw, want", [
+    # plain weights: [2·(−u), 0.5·(−1.2)] (the second token's clip binds at 1.2)
+    (dict(), [[-2 * _U, -0.6]]),
+    # AReaL's token mask at 1.5: the weight 2 is rejected, 0.5 kept
+    (dict(is_mode="mask", is_upper=1.5), [[0.0, -0.6]]),
+    # truncation at 1.5: weights [1.5, 0.5]
+    (dict(is_upper=1.5), [[-1.5 * _U, -0.6]]),
+    # sequence level, geometric mean of [2, 0.5] = 1 for both tokens: plain PPO around prox
+    (dict(is_level="sequence"), [[-_U, -1.2]]),
+    # no behaviour weight at all
+    (dict(is_level=None), [[-_U, -1.2]]),
+])
+def test_decoupled_ppo_matches_hand_computed_numbers_in_both_twins(kw, want):
+    for v in both("decoupled_ppo_loss", _LP, _PROX, _BEH, _A, **kw):
+        np.testing.assert_allclose(v, want, rtol=1e-14, atol=0)
+
+
+def test_decoupled_ppo_gradient_is_the_weight_times_ppos():
+    # ∂l/∂logp = w·(−A·u) where the clip does not bind, 0 where it does: [−2u, 0]
+    hand = ref_numpy.decoupled_ppo_loss_vjp(np.ones((1, 2)), _LP, _PROX, _BEH, _A)["logp"]
+    lp = torch.tensor(_LP, requires_grad=True)
+    ref_torch.decoupled_ppo_loss(lp, *(torch.tensor(x) for x in (_PROX, _BEH, _A))).sum().backward()
+    for g in (hand, lp.grad.numpy()):
+        np.testing.assert_allclose(g, [[-2 * _U, 0.0]], rtol=1e-14, atol=0)
+
+
+def test_decoupled_ppo_without_staleness_is_ppo(rng):
+    lp, old = rng.normal(-1, 0.3, (3, 4)), rng.normal(-1, 0.3, (3, 4))
+    adv = rng.normal(size=3)
+    np.testing.assert_array_equal(
+        ref_numpy.decoupled_ppo_loss(lp, old, old, adv, clip_c=3.0),
+        ref_numpy.ppo_clip_loss(lp, old, adv, clip_c=3.0))
+
+
+def test_decoupled_ppo_names_its_behaviour_log_probs():
+    for fn, conv in ((ref_numpy.decoupled_ppo_loss, np.asarray),
+                     (ref_torch.decoupled_ppo_loss, torch.tensor)):
+        with pytest.raises(ValueError, match=r"behave_logp has shape \(1, 1\) but logp has"):
+            fn(conv(_LP), conv(_PROX), conv(_BEH[:, :1]), conv(_A))
+        with pytest.raises(ValueError, match="prox_logp"):
+            fn(conv(_LP), conv(np.array([[np.nan, 0.0]])), conv(_BEH), conv(_A))
+        with pytest.raises(ValueError, match="is_mode is 'reject'"):
+            fn(conv(_LP), conv(_PROX), conv(_BEH), conv(_A), is_mode="reject")
+
+
+# ------------------------------------------------------------------ off-policy sequence masking
+# one row, logp = [−1, −2], old_logp = [−0.9, −1.9]: its drift D = mean(old − logp) = 0.1
+_OLP, _OOLD = np.array([[-1.0, -2.0]]), np.array([[-0.9, -1.9]])
+
+
+@pytest.mark.parametrize("adv, delta, want", [
+    ([-1.0], 0.05, [[0.0, 0.0]]),      # A < 0 and D > δ: the sequence's tokens are dropped
+    ([-1.0], 0.2, [[1.0, 1.0]]),       # D under δ: kept
+    ([1.0], 0.05, [[1.0, 1.0]]),       # a positive advantage is always kept
+    ([-1.0], 0.1 + 1e-9, [[1.0, 1.0]]),
+])
+def test_opsm_matches_hand_computed_masks_in_both_twins(adv, delta, want):
+    for v in both("opsm_mask", _OLP, _OOLD, np.array(adv), delta=delta):
+        np.testing.assert_array_equal(v, want)
+
+
+def test_opsm_judges_per_token_advantages_and_reads_no_padding():
+    # row 0: D = (0.1 + 0.1)/2 over its two valid tokens (the NaN padding never read);
+    # per-token advantages: only the negative one is dropped
+    lp = np.array([[-1.0, -2.0, np.nan]])
+    old = np.array([[-0.9, -1.9, 5.0]])
+    adv = np.array([[-1.0, 2.0, -3.0]])
+    m = np.array([[True, True, False]])
+    for v in both("opsm_mask", lp, old, adv, m, delta=0.05):
+        np.testing.assert_array_equal(v, [[0.0, 1.0, 0.0]])
+
+
+# ------------------------------------------------------------------ M2PO's second-moment mask
+@pytest.mark.parametrize("rho, tau, want", [
+    # M2 = [0.25, 0.01, 0.01, 0]: mean 0.0675 ≥ 0.04; without the 0.25, 0.02/3 < 0.04
+    ([0.5, 0.1, -0.1, 0.0], 0.04, [0.0, 1.0, 1.0, 1.0]),
+    # τ = 0.005: 0.02/3 = 0.00667 ≥ τ, then 0.01/2 = 0.005 is not < τ, then 0/1 < τ: three go
+    ([0.5, 0.1, -0.1, 0.0], 0.005, [0.0, 0.0, 0.0, 1.0]),
+    # τ above the mean of all: nothing dropped
+    ([0.5, 0.1, -0.1, 0.0], 0.1, [1.0, 1.0, 1.0, 1.0]),
+    # τ no suffix reaches (every M2 ≥ τ): all but the smallest dropped
+    ([0.5, 0.3, -0.4, 0.2], 0.01, [0.0, 0.0, 0.0, 1.0]),
+])
+def test_m2po_matches_hand_computed_masks_in_both_twins(rho, tau, want):
+    old = np.zeros((1, 4))
+    for v in both("m2po_mask", np.array([rho]), old, threshold=tau):
+        np.testing.assert_array_equal(v, [want])
+
+
+def test_m2po_pools_the_batch_and_reads_no_padding():
+    # two rows, padding holding NaN: the valid log-ratios [0.5, 0 | 0.1] pool to
+    # M2 [0.25, 0, 0.01], mean 0.0867 ≥ 0.04; without 0.25: 0.005 < 0.04
+    lp = np.array([[0.5, 0.0], [0.1, np.nan]])
+    m = np.array([[True, True], [True, False]])
+    for v in both("m2po_mask", lp, np.zeros((2, 2)), m, threshold=0.04):
+        np.testing.assert_array_equal(v, [[0.0, 1.0], [1.0, 0.0]])

@@ -82,7 +82,7 @@ CASES = [
     ("group_advantages", (np.array([1.0, 1.0, 0.0, 1.0]),), {"group_size": 2, "eps": 0.0},
      ValueError, r"rewards of row 0's group have zero spread and eps=0"),
     ("group_advantages", (np.ones(4),), {"group_size": 2, "scale": "global"},
-     ValueError, r"scale is 'global'; expected one of 'group', 'batch', 'leave_one_out', 'none'"),
+     ValueError, r"scale is 'global'; expected one of 'group', 'batch', 'leave_one_out', 'mean', 'none'"),
     ("group_advantages", (np.ones(4),), {"group_size": 2, "scale": "leave_one_out"},
      ValueError, r"scale is 'leave_one_out' but baseline is 'mean'"),
     ("group_advantages", (np.ones(4),), {"group_size": 2, "valid": np.ones(3, dtype=bool)},

@@ -43,8 +43,11 @@ EXPECTED = {
                 [("value", "deviation"), ("grad", "deviation")],
                 "GRPOLoss._kl_to_ref [token_mean, kl_to_ref_coeff 0.1]":
                 [("value", "deviation"), ("grad", "deviation")]},
-    # k3's exp overflows in float32 past a log-ratio of 88.7 (NaN gradient under the clamp)
-    "areal": {"KLEstimator._compute_approx_kl [k3]": [("grad", "robustness")]},
+    # k3's exp overflows in float32 past a log-ratio of 88.7 (NaN gradient under the clamp);
+    # the decoupled loss without rejection_sampling applies no behaviour weight (functional.py)
+    "areal": {"KLEstimator._compute_approx_kl [k3]": [("grad", "robustness")],
+              "ppo_actor_loss_fn [decoupled, rejection_sampling None]":
+                  [("value", "documented choice"), ("grad", "documented choice")]},
     # bnpo's local token count (as TRL's); the custom backward ignores the incoming gradient
     "unsloth": {"grpo_compute_loss [bnpo]": [("microbatch", "documented choice")],
                 "UnslothEfficientGRPO.forward [dapo, β = 0.04, the trainer's path]":
@@ -642,6 +645,16 @@ def compute_cispo_loss(ppo_kl, log_probs, advantages, eps_clip, eps_clip_high):
     return -w.detach() * advantages * log_probs, w
 
 
+def compute_opsm_mask(args, full_log_probs, full_old_log_probs, advantages, loss_masks):
+    keep, frac = [], torch.tensor(0.0)
+    for n, o, a, m in zip(full_log_probs, full_old_log_probs, advantages, loss_masks):
+        drift = (OPSM_DRIFT * m).sum() / torch.clamp_min(m.sum(), 1)
+        off = ((a < 0) & (drift > args.opsm_delta)).float()
+        frac += off.sum() / torch.clamp_min(m.sum(), 1)
+        keep.append(1 - off)
+    return torch.cat(keep, dim=0), frac
+
+
 def compute_gspo_kl(full_log_probs, full_old_log_probs, local_log_probs, loss_masks):
     kl = [((o - n) * m).sum() / torch.clamp_min(m.sum(), 1)
           for n, o, m in zip(full_log_probs, full_old_log_probs, loss_masks)]
@@ -708,9 +721,10 @@ SLIME_PACKAGE = {
 }
 
 
-def _slime_checkout(root, pessimistic):
+def _slime_checkout(root, pessimistic, drift="(o - n)"):
     _checkout(root, SLIME_PACKAGE)
-    (root / "slime/utils/ppo_utils.py").write_text(SLIME_PPO.replace("PESSIMISTIC", pessimistic))
+    (root / "slime/utils/ppo_utils.py").write_text(
+        SLIME_PPO.replace("PESSIMISTIC", pessimistic).replace("OPSM_DRIFT", drift))
 
 
 @pytest.mark.parametrize("pessimistic, ppo", [
@@ -729,6 +743,16 @@ def test_slime_cards_compiled_losses_eagerly_under_a_one_process_megatron(tmp_pa
     assert compiled == {r.row.name for r in c.rows if r.row.qualname in (
         "compute_approx_kl", "compute_policy_loss", "compute_cispo_loss")}
     assert c.exit_code == (0 if ppo == "CONFORMS" else 1)
+
+
+def test_slime_card_catches_an_off_policy_mask_that_reads_the_drift_backwards(tmp_path):
+    # log(π/π_old) for log(π_old/π): sequences the policy moved *toward* get masked
+    _slime_checkout(tmp_path, "torch.maximum", drift="(n - o)")
+    c = card.run(trainers.get("slime"), path=str(tmp_path), cases=24)
+    verdicts = {r.row.name: r.verdict for r in c.rows}
+    assert verdicts.pop("compute_opsm_mask") == "DOES NOT CONFORM"
+    assert set(verdicts.values()) == {"CONFORMS"}
+    assert c.exit_code == 1
 
 
 def test_megatrons_parallel_state_stands_in_as_one_process():

@@ -26,6 +26,7 @@ TUT = "trinity/algorithm/utils.py"
 TRL_GRPO = "torchrl/objectives/llm/grpo.py"
 AF = "areal/utils/functional/functional.py"
 AD = "areal/utils/data.py"
+AA = "areal/trainer/ppo/actor.py"
 UZ = "unsloth_zoo/rl_replacements.py"
 LIGER_ROW = "LigerFusedLinearGRPOLoss.forward"
 
@@ -137,6 +138,11 @@ PATCHES = [
      0, "ppo_policy_loss [regular]"),
     ("skyrl", SKY, "(id2std[index[i]] + epsilon)", "(id2std[index[i]] ** 2 + epsilon)", 0,
      "compute_grpo_outcome_advantage [GRPO]"),
+    ("skyrl", SKY, "/ (id2mean[index[i]] + epsilon)", "/ (id2mean[index[i]] + 1.0)", 0,
+     "compute_maxrl_advantage [MaxRL]"),
+    ("skyrl", SKY, "advantages[p_start:p_end] / (num_prompts * prompt_tokens)",
+     "advantages[p_start:p_end] / (num_prompts * (p_end - p_start))", 0,
+     "reduce_loss [prompt_mean]"),
     ("skyrl", SKY, "torch.rsqrt(var + 1e-8)", "torch.rsqrt(var) + 1e-8", 0, "masked_whiten"),
     ("skyrl", SKY, "return torch.sigmoid(tau * (x - 1.0)) * (4.0 / tau)",
      "return torch.sigmoid(tau * (x - 1.0)) * (2.0 / tau)", 0,
@@ -201,6 +207,13 @@ PATCHES = [
      "log_weight = (cur_log_prob - prev_log_prob.detach()).unsqueeze(-1).detach()", 0,
      "GRPOLoss.forward [token_mean]"),
     # AReaL 1.0.4
+    ("areal", AA, "suffix_sums = sorted_m2.flip(0).cumsum(0).flip(0)",
+     "suffix_sums = sorted_m2.cumsum(0)", 0, "_apply_m2po_masking"),
+    ("areal", AF, "pg_loss = pg_loss * behave_imp_weight", "pg_loss = pg_loss * behave_imp_weight.sqrt()",
+     0, "ppo_actor_loss_fn [decoupled, token mask 5]"),
+    ("areal", AF, "seq_log_mean = masked_agg.sum(dim=-1, keepdim=True) / valid_count",
+     "seq_log_mean = masked_agg.sum(dim=-1, keepdim=True)", 0,
+     "ppo_actor_loss_fn [decoupled, sequence mask 2]"),
     ("areal", AF, "1.0 + (eps_clip if eps_clip_higher is None else eps_clip_higher),",
      "1.0 + eps_clip,", 0, "ppo_actor_loss_fn [ppo, 0.2/0.28, dual clip 3]"),
     ("areal", AF, "pg_loss3 = torch.sign(advantages) * c_clip * advantages",
