@@ -21,8 +21,10 @@ KL_KINDS = ("k1", "k2", "k3", "abs")          # kl_penalty (abs: |log ratio|)
 ESTIMATOR_KINDS = ("k1", "k2", "k3")          # approx_kl and the exact estimator analysis
 CISPO_BOUNDS = ("absolute", "relative")
 POLICY_LOSSES = ("ppo", "cispo", "gspo", "sapo", "vespo", "dppo")
-KL_WEIGHTS = (None, "ratio")   # policy_objective's KL term as it is, or times the attached token
-                               # ratio exp(logp − old_logp) (TRL's use_bias_correction_kl)
+KL_WEIGHTS = (None, "ratio", "score")   # policy_objective's KL term as it is, times the
+                               # attached token ratio exp(logp − old_logp) (TRL's
+                               # use_bias_correction_kl), or times exp(logp − sg(logp)): value 1,
+                               # gradient the score term k·∇logp (NeMo-RL's calculate_kl weight)
 KL_ANCHORS = ("ref", "old")     # policy_objective's KL term against ref_logp, or against old_logp
                                 # (a trust-region penalty toward the sampling policy)
 GSPO_FORMS = ("token", "sequence")

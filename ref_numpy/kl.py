@@ -37,10 +37,19 @@ def _kl_parts(logp, ref_logp, mask, kind, clamp):
         dx = (np.abs(x) <= in_b).astype(np.float64)
         x = np.clip(x, -in_b, in_b)
     k, dk = k_estimator(a.kind, x)
+    free = dx                                  # 1 where no clamp binds
     if out_b is not None:
+        free = free * (np.abs(k) <= out_b)
         dk = dk * (np.abs(k) <= out_b)
         k = np.clip(k, -out_b, out_b)
-    return m, k, dk * dx
+    return m, k, dk * dx, free
+
+
+def unclamped(logp, ref_logp, mask=None, *, kind="k3", clamp=None):
+    """1 where neither of kl_penalty's clamps binds (inclusive at their edges), else 0; 0 at
+    masked positions."""
+    m, _, _, free = _kl_parts(logp, ref_logp, mask, kind, clamp)
+    return np.where(m, free, 0.0)
 
 
 def kl_penalty(logp, ref_logp, mask=None, *, kind="k3", clamp=None):
@@ -69,7 +78,7 @@ def kl_penalty(logp, ref_logp, mask=None, *, kind="k3", clamp=None):
     Returns:
       [B, T] float64, 0 at masked positions.
     """
-    m, k, _ = _kl_parts(logp, ref_logp, mask, kind, clamp)
+    m, k, _, _ = _kl_parts(logp, ref_logp, mask, kind, clamp)
     return np.where(m, k, 0.0)
 
 
@@ -85,7 +94,7 @@ def kl_penalty_vjp(g, logp, ref_logp, mask=None, *, kind="k3", clamp=None):
     Returns:
       {"logp": [B, T]} float64.
     """
-    m, _, dk = _kl_parts(logp, ref_logp, mask, kind, clamp)
+    m, _, dk, _ = _kl_parts(logp, ref_logp, mask, kind, clamp)
     gm = ar.zero_masked(args.cotangent(OPS, g, "g", OPS.spec("logp", logp)), m)
     return {"logp": np.where(m, -gm * dk, 0.0)}
 

@@ -5,7 +5,7 @@ import numpy as np
 from ref_common import args
 
 from . import _arrays as ar
-from .kl import kl_penalty, kl_penalty_vjp
+from .kl import kl_penalty, kl_penalty_vjp, unclamped
 from .pg_losses import dppo_loss, dppo_loss_vjp
 from .policy_losses import (cispo_loss, cispo_loss_vjp, gspo_loss, gspo_loss_vjp, ppo_clip_loss,
                             ppo_clip_loss_vjp, sapo_loss, sapo_loss_vjp, vespo_loss,
@@ -38,7 +38,8 @@ def _kl_ratio(logp, old_logp, mask):
 
 def kl_term(logp, old_logp, ref_logp, mask, kind, clamp, weight):
     """The per-token KL term of `policy_objective`: k(logp, ref_logp), times the attached
-    ratio r = exp(logp − old_logp) where weight = "ratio"."""
+    ratio r = exp(logp − old_logp) where weight = "ratio". With weight = "score" its value is k
+    (the weight exp(logp − sg(logp)) is 1); only its gradient differs (kl_term_vjp)."""
     kl = kl_penalty(logp, ref_logp, mask, kind=kind, clamp=clamp)
     if weight == "ratio":
         with np.errstate(over="ignore", invalid="ignore"):
@@ -52,7 +53,21 @@ def kl_term_vjp(g, logp, old_logp, ref_logp, mask, kind, clamp, weight):
     Gradient: without a weight it is kl_penalty's. With r = exp(logp − old_logp) (∂r/∂logp = r,
     old_logp a constant), the product rule gives
         ∂(r·k)/∂logp = r·∂k/∂logp + r·k.
+    With weight = "score", w = exp(logp − sg(logp)): w = 1 and ∂w/∂logp = w = 1, so
+        ∂(w·k)/∂logp = ∂k/∂logp + k,
+    the score-function term k·∇log π of a KL estimated on the policy's own samples
+    (∇E_π[k] = E_π[∇k + k·∇log π]; Tang and Munos, arXiv:2506.09477). As NeMo-RL's
+    calculate_kl forms it, w multiplies before the output clamp and is detached where the
+    input clamp binds, so wherever a clamp binds both terms are 0: the gradient is
+    (∂k/∂logp + k)·1[no clamp binds] (∂k/∂logp is already 0 there).
     """
+    if weight == "score":
+        k = kl_penalty(logp, ref_logp, mask, kind=kind, clamp=clamp)
+        free = unclamped(logp, ref_logp, mask, kind=kind, clamp=clamp)
+        gm = ar.zero_masked(np.asarray(g, dtype=np.float64), np.asarray(mask, bool))
+        d = kl_penalty_vjp(g, logp, ref_logp, mask, kind=kind, clamp=clamp)["logp"] + \
+            gm * k * free
+        return ar.zero_masked(d, np.asarray(mask, bool))
     if weight != "ratio":
         return kl_penalty_vjp(g, logp, ref_logp, mask, kind=kind, clamp=clamp)["logp"]
     r = _kl_ratio(logp, old_logp, mask)
@@ -85,7 +100,10 @@ def policy_objective(logp, old_logp, advantages, mask, ref_logp=None, *, loss="p
 
     With kl_weight="ratio" the KL term is β·r·k, r = exp(logp − old_logp) attached (TRL's
     use_bias_correction_kl at importance_sampling_level='token': the KL estimate importance-
-    weighted from the sampling policy to the current one).
+    weighted from the sampling policy to the current one). With kl_weight="score" it is
+    β·exp(logp − sg(logp))·k: the value β·k, the gradient β·(∇k + k·∇logp), the score term of a
+    KL estimated on the policy's own samples (NeMo-RL's ClippedPGLossFn; a clamp that binds
+    zeroes both terms, see kl_term_vjp).
     With kl_anchor="old" the KL term is k(logp, old_logp), a penalty toward the sampling policy
     instead of a reference model, and ref_logp is not read: prime-rl's default loss adds
     τ·(log r)² = 2τ·k2(logp, old_logp), the regulariser of Kimi k1.5 (arXiv:2501.12599, eq. 3,
@@ -104,7 +122,7 @@ def policy_objective(logp, old_logp, advantages, mask, ref_logp=None, *, loss="p
       mask: [B, T] bool or 0/1 (required).
       ref_logp: [B, T] float, or None when beta = 0 or kl_anchor = "old".
       loss, agg, beta (≥ 0), kl_kind, kl_clamp, norm, empty_rows: see above.
-      kl_weight: None | "ratio" (see above).
+      kl_weight: None | "ratio" | "score" (see above).
       kl_anchor: "ref" | "old" (see above).
 
     Returns:
@@ -134,7 +152,8 @@ def policy_objective_vjp(g, logp, old_logp, advantages, mask, ref_logp=None, *, 
       So the cotangent reaching the per-token losses is g·w, and
           ∂J/∂logp = policy_vjp(g·w) + β·kl_term_vjp(g·w)
       (ref_logp, old_logp and A are constants; kl_term_vjp is kl_penalty's, or with
-      kl_weight="ratio" the product rule r·∂k/∂logp + r·k; with kl_anchor="old" the KL's
+      kl_weight="ratio" the product rule r·∂k/∂logp + r·k, with "score" ∂k/∂logp + k where
+      no clamp binds; with kl_anchor="old" the KL's
       second argument is old_logp, still a constant, so the same formulas hold with it).
 
     Returns:

@@ -4,10 +4,31 @@ import torch
 
 from ref_common import args
 
-from .kl import kl_penalty
+from . import _tensors as tt
+from ._tensors import OPS
+from .kl import k_estimate, kl_penalty
 from .pg_losses import dppo_loss
 from .policy_losses import cispo_loss, gspo_loss, ppo_clip_loss, sapo_loss, vespo_loss
 from .reduce import aggregate
+
+
+def _score_weighted_kl(logp, anchor, mask, kind, clamp):
+    """exp(logp − sg(logp))·k, as NeMo-RL's calculate_kl forms it: the weight (1 in value)
+    multiplies the estimate before the output clamp and is detached where the input clamp
+    binds, so a binding clamp stops the score term too."""
+    a = args.kl_penalty(OPS, logp, anchor, mask, kind, clamp)
+    m = a.mask
+    zero = tt.zero(a.logp)
+    lp = torch.where(m, a.logp, zero)
+    log_ratio = torch.where(m, a.ref_logp, zero) - lp
+    w = torch.exp(lp - lp.detach())
+    if a.in_bound is not None:
+        w = torch.where(log_ratio.abs() <= a.in_bound, w, w.detach())
+        log_ratio = torch.clamp(log_ratio, -a.in_bound, a.in_bound)
+    est = w * k_estimate(a.kind, log_ratio)
+    if a.out_bound is not None:
+        est = torch.clamp(est, -a.out_bound, a.out_bound)
+    return torch.where(m, est, zero)
 
 
 def policy_objective(logp, old_logp, advantages, mask, ref_logp=None, *, loss="ppo",
@@ -15,7 +36,8 @@ def policy_objective(logp, old_logp, advantages, mask, ref_logp=None, *, loss="p
                      empty_rows="exclude", kl_weight=None, kl_anchor="ref", **loss_kwargs):
     """aggregate(policy_loss + β·kl_penalty): the scalar actor loss a trainer back-propagates.
     With kl_weight="ratio" the KL term is β·exp(logp − old_logp)·k, the ratio attached (TRL's
-    use_bias_correction_kl). With kl_anchor="old" it is k(logp, old_logp), the KL to the
+    use_bias_correction_kl); with "score" it is β·exp(logp − sg(logp))·k (NeMo-RL's), whose
+    gradient carries the score term k·∇logp. With kl_anchor="old" it is k(logp, old_logp), the KL to the
     sampling policy (prime-rl's τ·(log r)²), and ref_logp is not read.
 
     Args/Returns: as ref_numpy.policy_objective, with tensors.
@@ -27,7 +49,9 @@ def policy_objective(logp, old_logp, advantages, mask, ref_logp=None, *, loss="p
     per_token = policy(logp, old_logp, advantages, mask, **loss_kwargs)
     anchor = old_logp if p.kl_anchor == "old" else ref_logp
     if anchor is not None:              # checked even at beta = 0: a wrong one is still a bug
-        kl = kl_penalty(logp, anchor, mask, kind=kl_kind, clamp=kl_clamp)
+        kl = kl_penalty(logp, anchor, mask, kind=kl_kind, clamp=kl_clamp) \
+            if p.kl_weight != "score" else \
+            _score_weighted_kl(logp, anchor, mask, kl_kind, kl_clamp)
         if p.kl_weight == "ratio":
             valid = mask.bool()
             # the log-ratio is zeroed at padding first, so an overflow there reaches no gradient

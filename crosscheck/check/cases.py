@@ -752,6 +752,21 @@ def aggregate_case(rng, i):
                 params)
 
 
+def kl_clamp_edges(kind, in_bound, out_bound):
+    """The log-ratios x = log(ref/π) where kl_penalty's clamps start to bind: ±in_bound, and
+    where |k(x)| = out_bound (k1, abs: ±out; k2: ±√(2·out); k3: the two roots of
+    e^x − 1 − x = out), within the input clamp."""
+    from scipy.optimize import brentq
+
+    from ref_numpy.kl import k_estimator
+    edges = [-in_bound, in_bound]
+    f = lambda x: float(np.abs(k_estimator(kind, np.array(x))[0])) - out_bound  # noqa: E731
+    for lo, hi in ((-in_bound, 0.0), (0.0, in_bound)):
+        if f(lo if lo else hi) > 0 > f(0.0):
+            edges.append(brentq(f, lo, hi))
+    return edges
+
+
 def policy_objective_case(rng, i):
     # every twelfth case is DPPO's (in VESPO's second slot of twelve), with the KL to the
     # sampling policy (prime-rl's default loss)
@@ -787,11 +802,21 @@ def policy_objective_case(rng, i):
     # TRL's use_bias_correction_kl: the KL term times r (DPPO's cases: every other one)
     if params["beta"] and (i // 12 if loss == "dppo" else i) % 2:
         params["kl_weight"] = "ratio"
+    elif params["beta"] and loss in ("ppo", "sapo"):
+        # NeMo-RL's score weight exp(logp − sg(logp)), with its clamps (20, 10) every other
+        # time: log-ratios spread wide (some clamped), away from both clamps' edges
+        params["kl_weight"] = "score"
+        if i % 4 < 2:
+            params["kl_clamp"] = (20.0, 10.0)
+            lp = np.where(m, base.arrays["logp"], 0.0)
+            x = away(rng.normal(0.0, 4.0, size=lp.shape), kl_clamp_edges(kl_kind, 20.0, 10.0))
+            arrays["ref_logp"] = _garbage(lp + x, m, rng)
     # An extreme token's loss (up to |A|·e^30) sums into the same scalar as every other token's,
     # so the objective's round-off swamps small gradients: finite differences cannot judge such
     # a case (the per-token losses, whose Jacobian is diagonal, are checked on extremes instead).
     stages = ("value", "vjp") if "extreme" in base.label else ALL_STAGES
-    weight = ", kl_weight=ratio" if params.get("kl_weight") else ""
+    weight = f", kl_weight={params['kl_weight']}" if params.get("kl_weight") else ""
+    weight += f", kl_clamp={params['kl_clamp']}" if params.get("kl_clamp") else ""
     weight += ", kl_anchor=old" if params.get("kl_anchor") == "old" else ""
     return Case(f"loss={loss}, agg={agg}, beta={params['beta']}, kl_kind={params['kl_kind']}"
                 f"{weight}; " + base.label +

@@ -66,6 +66,62 @@ def gspo_rule(params):
 
 
 def objective_rule(params):
+    """policy_objective's freeze rule: its policy loss's (`policy_rule`), or with kl_weight
+    "score" the KL term's sg(logp) held at the point (`freeze_score_weight`; with a policy loss
+    that freezes a factor too, no rule is written: the cases do not combine them)."""
+    if params.get("kl_weight") == "score" and params.get("beta"):
+        if policy_rule(params) is not None:
+            raise ValueError("no freeze rule combines kl_weight='score' with a policy loss "
+                             f"that freezes a factor ({params.get('loss')!r})")
+        return freeze_score_weight
+    return policy_rule(params)
+
+
+POLICY_OBJECTIVE_DEFAULTS = keyword_defaults(ref_numpy.policy_objective)
+
+
+def freeze_score_weight(fn, arrays, params, name, delta):
+    """policy_objective with kl_weight="score": the weight exp(logp − sg(logp)) with sg(logp)
+    held at the unperturbed logp (`score_anchor`), so that its finite differences carry the
+    score term k·∇logp that autograd gives."""
+    out = dict(arrays)
+    out[name] = arrays[name] + delta
+    out["score_anchor"] = arrays["logp"]
+    return _score_objective, out, params
+
+
+def _score_objective(logp, old_logp, advantages, mask=None, ref_logp=None, score_anchor=None,
+                     **kw):
+    """The policy part (β = 0) plus β·aggregate(frozen score-weighted KL)."""
+    c = dict(POLICY_OBJECTIVE_DEFAULTS, **kw)
+    policy = ref_numpy.policy_objective(logp, old_logp, advantages, mask, ref_logp,
+                                        **dict(kw, beta=0.0, kl_weight=None))
+    anchor = old_logp if c["kl_anchor"] == "old" else ref_logp
+    kl = frozen_score_kl(logp, score_anchor, anchor, mask, c["kl_kind"], c["kl_clamp"])
+    return policy + c["beta"] * ref_numpy.aggregate(kl, mask, mode=c["agg"], norm=c["norm"],
+                                                   empty_rows=c["empty_rows"])
+
+
+def frozen_score_kl(logp, x0, anchor, mask, kind, clamp):
+    """exp(logp − x0)·k(logp, anchor) per token, the weight multiplied before the output clamp
+    and held at 1 where the input clamp binds (NeMo-RL's calculate_kl, with sg(logp) = x0)."""
+    from ref_numpy.kl import k_estimator
+    m = np.ones(np.shape(logp), bool) if mask is None else np.asarray(mask, dtype=bool)
+    lp, a, x0 = (np.where(m, np.asarray(v, dtype=np.float64), 0.0) for v in (logp, anchor, x0))
+    in_b, out_b = clamp if clamp is not None else (None, None)
+    x = a - lp
+    w = np.exp(lp - x0)
+    if in_b is not None:
+        w = np.where(np.abs(x) <= in_b, w, 1.0)
+        x = np.clip(x, -in_b, in_b)
+    with np.errstate(over="ignore", invalid="ignore"):
+        v = w * k_estimator(kind, x)[0]
+    if out_b is not None:
+        v = np.clip(v, -out_b, out_b)
+    return np.where(m, v, 0.0)
+
+
+def policy_rule(params):
     """policy_objective holds its policy loss's stop-gradient (CISPO's weight, VESPO's φ(w),
     DPPO's truncated ratio in form 'logp', GSPO-token's sequence ratio). The KL term must see
     the real logp (and, where it reads it, the real old_logp): the aggregation is linear, so

@@ -253,11 +253,12 @@ def build() -> Dict[str, Entry]:
                unused=lambda params: () if params.get("mode") in vocab.GROUPED_AGG_MODES
                else ("group_size", "group_ids")),
         _entry("policy_objective", ("logp",),
-               detached="CISPO's weight, VESPO's φ(w), GSPO-token's sequence ratio, or DPPO's",
+               detached="CISPO's weight, VESPO's φ(w), GSPO-token's sequence ratio, DPPO's, "
+               "or sg(logp) of the KL's score weight",
                freeze=oracles.objective_rule, undetached=_objective_undetached,
                checks=("microbatch",), stack="many",
                grid=dict(agg=vocab.AGG_MODES, empty_rows=vocab.EMPTY_ROWS,
-                         loss=vocab.POLICY_LOSSES),
+                         loss=vocab.POLICY_LOSSES, kl_weight=vocab.KL_WEIGHTS),
                unused=lambda params: () if params.get("beta") and
                params.get("kl_anchor", "ref") == "ref" else ("ref_logp",)),
         _entry("kl_estimator_moments", ("logits",), outputs=vocab.MOMENT_KEYS, dict_output=True,

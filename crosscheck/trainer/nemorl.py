@@ -60,6 +60,26 @@ def _pg(**settings):
     return make
 
 
+def _pg_kl(**settings):
+    """_pg with the KL penalty: data's reference_policy_logprobs (shifted as the others);
+    curr_logprobs_unfiltered defaults to the logprobs (no top-k/top-p filtering)."""
+    def make(fn):
+        cls = owner_class(fn)
+
+        def adapter(logp, old_logp, advantages, mask, ref_logp):
+            loss_fn = cls(SimpleNamespace(**dict(_PG, **settings)))
+            m = mask.to(logp.dtype)
+            data = dict(token_mask=_shifted(m), sample_mask=m.new_ones(m.shape[0]),
+                        advantages=_shifted(per_sequence(advantages, logp)),
+                        prev_logprobs=_shifted(old_logp), generation_logprobs=_shifted(old_logp),
+                        reference_policy_logprobs=_shifted(ref_logp))
+            loss, _ = fn(loss_fn, logp, data, global_valid_seqs=m.new_tensor(m.shape[0]),
+                         global_valid_toks=m.sum())
+            return loss
+        return adapter
+    return make
+
+
 def _value(fn):
     cls = owner_class(fn)
 
@@ -141,6 +161,15 @@ ROWS = (
                          clip_low=3e-4, clip_high=4e-4, log_ratio_max=None,
                          empty_rows="include"),
         audit=dict(accumulation="none"), params=_PARAMS, known=(_PADDING,)),
+    Row(f"{LOSS}:ClippedPGLossFn.__call__", "policy_objective",
+        _pg_kl(reference_policy_kl_penalty=0.04), label="ppo, k3 KL 0.04",
+        choices=_SETUP[1:] + ("the config as a namespace of ClippedPGLossConfig's keys: no "
+                              "importance-sampling correction; reference_policy_kl_penalty "
+                              "0.04, k3, its clamps (input ±20, output ±10); "
+                              "reference_policy_logprobs in data, shifted",),
+        conventions=dict(_PPO, beta=0.04, kl_kind="k3", kl_clamp=(20.0, 10.0),
+                         kl_weight="score"),
+        audit=dict(accumulation="none"), params=_PARAMS, known=(_PADDING,)),
     Row(f"{ADV}:GRPOAdvantageEstimator.compute_advantage", "group_advantages", _grpo(True),
         label="leave-one-out (the default)",
         choices=_GROUPS + ("use_leave_one_out_baseline and normalize_rewards (grpo_math_1B's "
@@ -189,10 +218,10 @@ TRAINER = Trainer(
              ("OPDAdvantageEstimator.compute_advantage",
               "on-policy distillation's teacher log-probs: no reference yet")),
     runs=("ClippedPGLossFn: PPO 0.2/0.2; 0.2/0.28 with dual clip 3; CISPO; GSPO at sequence "
-          "level", "MseValueLossFn with cliprange 0.2", "calculate_kl k1, k2, k3",
+          "level; PPO with the k3 KL penalty in the loss (its score weight)", "MseValueLossFn with cliprange 0.2", "calculate_kl k1, k2, k3",
           "GRPOAdvantageEstimator with and without the leave-one-out baseline"),
-    does_not_run=("the KL penalty in the loss (its weight exp(logp − sg(logp)) adds the score "
-                  "term k·∇logp to the gradient, which no reference takes yet)",
+    does_not_run=("use_on_policy_kl_approximation (the KL weight exp(logp − generation_logp), "
+                  "multiplied before the output clamp)", "the KL penalty at sequence level",
                   "importance-sampling correction (tis, icepop, seq-mask-tis)",
                   "disable_ppo_ratio (REINFORCE)", "force_on_policy_ratio",
                   "positive_example_nll_weight", "the advantage estimators other than "

@@ -384,6 +384,36 @@ class TestPolicyObjective:
                            agg="token-mean", beta=0.5)
         close(hand["logp"], [[-0.5, 0.0]])
 
+    def test_kl_weight_score_adds_the_score_term_to_the_gradient_alone(self):
+        # x = ref − logp = ln 2 as above: k3 = 1 − ln 2, ∂k3/∂logp = −1. The score weight
+        # exp(logp − sg(logp)) is 1: J = β·k3 = 0.5·(1 − ln 2), unchanged, and
+        #   ∂J/∂logp = β·(∂k3/∂logp + k3) = 0.5·(−1 + 1 − ln 2) = −0.5·ln 2
+        logp = np.array([[-1.0, 0.0]])
+        ref = logp + math.log(2.0)
+        m = np.array([[True, False]])
+        kw = dict(agg="token-mean", beta=0.5, kl_weight="score")
+        for v in both("policy_objective", logp, logp.copy(), np.zeros(1), m, ref, **kw):
+            close(v, 0.5 * (1.0 - math.log(2.0)), atol=1e-15)
+        hand, auto, _ = grads("policy_objective", 0, 1.0, logp, logp.copy(), np.zeros(1), m, ref,
+                              **kw)
+        close(hand["logp"], [[-0.5 * math.log(2.0), 0.0]])
+        close(auto, [[-0.5 * math.log(2.0), 0.0]])
+
+    @pytest.mark.parametrize("x, kind, clamp", [
+        (25.0, "k1", (20.0, None)),       # the input clamp binds (k1 = −20 there)
+        (3.0, "k3", (20.0, 10.0))],       # the output clamp binds: k3 = e³ − 4 > 10
+        ids=["input clamp", "output clamp"])
+    def test_kl_weight_score_has_no_gradient_where_a_clamp_binds(self, x, kind, clamp):
+        # NeMo-RL's calculate_kl: where a clamp binds, the value is clamped and neither ∂k nor
+        # the score term k·∇logp reaches logp
+        logp = np.array([[-1.0]])
+        kw = dict(agg="token-mean", beta=0.5, kl_weight="score", kl_kind=kind, kl_clamp=clamp)
+        m = np.ones((1, 1), bool)
+        hand, auto, _ = grads("policy_objective", 0, 1.0, logp, logp.copy(), np.zeros(1), m,
+                              logp + x, **kw)
+        close(hand["logp"], [[0.0]])
+        close(auto, [[0.0]])
+
     def test_kl_anchor_old_takes_the_kl_to_the_sampling_policy_and_ignores_ref_logp(self):
         # prime-rl's default loss: −keep·A·r + τ·(log r)² = DPPO's ratio form + 2τ·k2(logp, old)
         # Token 1: p = 0.5, q = 0.4 (kept, A = 1), log r = ln 1.25; token 2 padding.

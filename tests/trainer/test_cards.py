@@ -857,15 +857,20 @@ def calculate_baseline_and_std_per_prompt(prompts, rewards, valid_mask,
 
 def calculate_kl(logprobs, logprobs_reference, kl_type="k3", input_clamp_value=20.0,
                  output_clamp_value=10.0, importance_sampling_weights=None):
-    x = (logprobs_reference - logprobs).clamp(-input_clamp_value, input_clamp_value)
+    x = logprobs_reference - logprobs
+    inside = x.abs() <= input_clamp_value
+    x = x.clamp(-input_clamp_value, input_clamp_value)
     kl = {"k1": -x, "k2": x * x / 2}.get(kl_type)
     kl = torch.exp(x) - 1 - x if kl is None else kl
+    if importance_sampling_weights is not None:
+        w = importance_sampling_weights
+        kl = torch.where(inside, w, w.detach()) * kl
     return kl.clamp(-output_clamp_value, output_clamp_value)
 '''
 NEMORL_LOSS = '''
 import torch
 
-from nemo_rl.algorithms.utils import masked_mean
+from nemo_rl.algorithms.utils import calculate_kl, masked_mean
 
 
 class ClippedPGLossFn:
@@ -888,8 +893,15 @@ class ClippedPGLossFn:
             loss = PESSIMISTIC(-adv * r, -adv * clipped)
         if c.ratio_clip_c is not None:
             loss = torch.where(adv < 0, torch.min(loss, -c.ratio_clip_c * adv), loss)
+        kl = 0.0
+        if c.reference_policy_kl_penalty != 0:
+            kl = c.reference_policy_kl_penalty * calculate_kl(
+                lp, data["reference_policy_logprobs"][:, 1:], c.reference_policy_kl_type,
+                c.kl_input_clamp_value, c.kl_output_clamp_value,
+                importance_sampling_weights=KL_WEIGHT)
+            kl = masked_mean(kl, mask, global_normalization_factor=global_valid_toks)
         if c.token_level_loss:
-            return masked_mean(loss, mask, global_normalization_factor=global_valid_toks), {}
+            return masked_mean(loss, mask, global_normalization_factor=global_valid_toks) + kl, {}
         per_seq = masked_mean(loss, token_mask, dim=-1)
         return masked_mean(per_seq, data["sample_mask"],
                            global_normalization_factor=global_valid_seqs), {}
@@ -935,6 +947,10 @@ _GRPO_ROWS = ("GRPOAdvantageEstimator.compute_advantage [leave-one-out (the defa
               "GRPOAdvantageEstimator.compute_advantage [group mean]")
 
 
+def _nemorl_loss(pessimistic, kl_weight="torch.exp(lp - lp.detach())"):
+    return NEMORL_LOSS.replace("PESSIMISTIC", pessimistic).replace("KL_WEIGHT", kl_weight)
+
+
 @pytest.mark.parametrize("pessimistic, variance, ppo, grpo", [
     ("torch.maximum", TWO_PASS, "CONFORMS", "CONFORMS"),
     ("torch.minimum", TWO_PASS, "DOES NOT CONFORM", "CONFORMS"),   # the clip's optimistic side
@@ -948,18 +964,34 @@ def test_nemorl_cards_a_checkout_whose_losses_take_a_data_dict_and_global_counts
         "nemo_rl/algorithms/loss/__init__.py": "from .loss_functions import ClippedPGLossFn\n",
         "nemo_rl/algorithms/utils.py": NEMORL_UTILS.replace("VARIANCE", variance),
         "nemo_rl/algorithms/advantage_estimator.py": NEMORL_ADV,
-        "nemo_rl/algorithms/loss/loss_functions.py": NEMORL_LOSS.replace("PESSIMISTIC",
-                                                                         pessimistic)})
+        "nemo_rl/algorithms/loss/loss_functions.py": _nemorl_loss(pessimistic)})
     modules = dict(sys.modules)
     c = card.run(trainers.get("nemo-rl"), path=str(tmp_path), cases=24)
     verdicts = {r.row.name: r.verdict for r in c.rows}
     for name in ("ClippedPGLossFn.__call__ [ppo]", "ClippedPGLossFn.__call__ [0.2/0.28, dual "
-                 "clip 3]", "ClippedPGLossFn.__call__ [gspo]"):
+                 "clip 3]", "ClippedPGLossFn.__call__ [gspo]",
+                 "ClippedPGLossFn.__call__ [ppo, k3 KL 0.04]"):
         assert verdicts.pop(name) == ppo, name
     for name in _GRPO_ROWS:
         assert verdicts.pop(name) == grpo, name
     assert set(verdicts.values()) == {"CONFORMS"}, [(r.row.name, r.reason) for r in c.rows]
     assert "torch.utils.tensorboard" not in set(sys.modules) - set(modules)   # restored
+
+
+def test_nemorl_card_catches_a_kl_penalty_whose_gradient_lacks_the_score_term(tmp_path):
+    # the weight left out (None): the KL term's value is the same, its gradient loses k·∇logp
+    _checkout(tmp_path, {
+        "nemo_rl/__init__.py": "import ray\n", "nemo_rl/algorithms/__init__.py": "",
+        "nemo_rl/algorithms/loss/__init__.py": "",
+        "nemo_rl/algorithms/utils.py": NEMORL_UTILS.replace("VARIANCE", TWO_PASS),
+        "nemo_rl/algorithms/advantage_estimator.py": NEMORL_ADV,
+        "nemo_rl/algorithms/loss/loss_functions.py": _nemorl_loss("torch.maximum", "None")})
+    c = card.run(trainers.get("nemo-rl"), path=str(tmp_path), cases=24)
+    verdicts = {r.row.name: r.verdict for r in c.rows}
+    assert verdicts.pop("ClippedPGLossFn.__call__ [ppo, k3 KL 0.04]") == "DOES NOT CONFORM"
+    assert set(verdicts.values()) == {"CONFORMS"}
+    row = next(r for r in c.rows if r.row.label == "ppo, k3 KL 0.04")
+    assert {f["check"] for f in row.findings if f["grade"] == "deviation"} == {"grad"}
 
 
 def test_liger_k3_variant_evaluates_the_term_in_float64_rounds_it_once_and_restores_the_coded():
