@@ -305,12 +305,13 @@ def singleton_group(row) -> None:
 
 def group_spread(row, scale="group") -> None:
     """`row` is the first row whose group's denominator is 0 (zero spread while eps = 0, or
-    under scale='mean' a group mean of −eps), or None."""
+    under scale='mean' a group mean equal to −eps), or None."""
     if row is None:
         return
     if scale == "mean":
-        raise ValueError(f"rewards of row {row}'s group have mean −eps: the advantage "
-                         f"(r − mean)/(mean + eps) would divide by 0; use another eps")
+        raise ValueError(f"rewards of row {row}'s group have mean + eps = 0 under "
+                         f"scale='mean': the advantage (r − mean)/(mean + eps) would divide by "
+                         f"0; use another eps")
     raise ValueError(f"rewards of row {row}'s group have zero spread and eps=0: the "
                      f"advantage would be 0/0; use eps > 0 or scale='none'")
 

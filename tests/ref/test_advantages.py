@@ -402,7 +402,8 @@ class TestGroupAdvantages:
         # all-failed group [0, 0], eps 0: (0 − 0)/0; the message says what divides by zero
         for fn, r in ((ref_numpy.group_advantages, np.zeros(2)),
                       (ref_torch.group_advantages, torch.zeros(2, dtype=torch.float64))):
-            with pytest.raises(ValueError, match="row 0's group have mean −eps"):
+            with pytest.raises(ValueError,
+                               match=r"row 0's group have mean \+ eps = 0 under scale='mean'"):
                 fn(r, group_size=2, eps=0.0, scale="mean")
         # SkyRL's eps 1e-6: 0/1e-6 = 0
         for a in both("group_advantages", np.zeros(2), group_size=2, eps=1e-6, scale="mean"):
