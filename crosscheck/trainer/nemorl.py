@@ -170,6 +170,19 @@ ROWS = (
         conventions=dict(_PPO, beta=0.04, kl_kind="k3", kl_clamp=(20.0, 10.0),
                          kl_weight="score"),
         audit=dict(accumulation="none"), params=_PARAMS, known=(_PADDING,)),
+    Row(f"{LOSS}:ClippedPGLossFn.__call__", "policy_objective",
+        _pg_kl(reference_policy_kl_penalty=0.04, sequence_level_importance_ratios=True,
+               token_level_loss=False, ratio_clip_min=3e-4, ratio_clip_max=4e-4),
+        label="gspo, k3 KL 0.04",
+        choices=_SETUP[1:] + ("sequence_level_importance_ratios with a sequence-level loss "
+                              "(GSPO's bounds 3e-4/4e-4) and reference_policy_kl_penalty 0.04, "
+                              "k3, its clamps: the KL a per-sequence token mean too; "
+                              "reference_policy_logprobs in data, shifted",),
+        conventions=dict(loss="gspo", beta=0.04, agg="seq-mean-token-mean", form="sequence",
+                         clip_low=3e-4, clip_high=4e-4, log_ratio_max=None,
+                         empty_rows="include", kl_kind="k3", kl_clamp=(20.0, 10.0),
+                         kl_weight="score"),
+        audit=dict(accumulation="none"), params=_PARAMS, known=(_PADDING,)),
     Row(f"{ADV}:GRPOAdvantageEstimator.compute_advantage", "group_advantages", _grpo(True),
         label="leave-one-out (the default)",
         choices=_GROUPS + ("use_leave_one_out_baseline and normalize_rewards (grpo_math_1B's "
@@ -218,10 +231,11 @@ TRAINER = Trainer(
              ("OPDAdvantageEstimator.compute_advantage",
               "on-policy distillation's teacher log-probs: no reference yet")),
     runs=("ClippedPGLossFn: PPO 0.2/0.2; 0.2/0.28 with dual clip 3; CISPO; GSPO at sequence "
-          "level; PPO with the k3 KL penalty in the loss (its score weight)", "MseValueLossFn with cliprange 0.2", "calculate_kl k1, k2, k3",
+          "level; the k3 KL penalty in the loss (its score weight) with PPO per token and with GSPO "
+          "per sequence", "MseValueLossFn with cliprange 0.2", "calculate_kl k1, k2, k3",
           "GRPOAdvantageEstimator with and without the leave-one-out baseline"),
     does_not_run=("use_on_policy_kl_approximation (the KL weight exp(logp − generation_logp), "
-                  "multiplied before the output clamp)", "the KL penalty at sequence level",
+                  "multiplied before the output clamp)",
                   "importance-sampling correction (tis, icepop, seq-mask-tis)",
                   "disable_ppo_ratio (REINFORCE)", "force_on_policy_ratio",
                   "positive_example_nll_weight", "the advantage estimators other than "

@@ -893,15 +893,13 @@ class ClippedPGLossFn:
             loss = PESSIMISTIC(-adv * r, -adv * clipped)
         if c.ratio_clip_c is not None:
             loss = torch.where(adv < 0, torch.min(loss, -c.ratio_clip_c * adv), loss)
-        kl = 0.0
         if c.reference_policy_kl_penalty != 0:
-            kl = c.reference_policy_kl_penalty * calculate_kl(
+            loss = loss + c.reference_policy_kl_penalty * calculate_kl(
                 lp, data["reference_policy_logprobs"][:, 1:], c.reference_policy_kl_type,
                 c.kl_input_clamp_value, c.kl_output_clamp_value,
                 importance_sampling_weights=KL_WEIGHT)
-            kl = masked_mean(kl, mask, global_normalization_factor=global_valid_toks)
         if c.token_level_loss:
-            return masked_mean(loss, mask, global_normalization_factor=global_valid_toks) + kl, {}
+            return masked_mean(loss, mask, global_normalization_factor=global_valid_toks), {}
         per_seq = masked_mean(loss, token_mask, dim=-1)
         return masked_mean(per_seq, data["sample_mask"],
                            global_normalization_factor=global_valid_seqs), {}
@@ -970,7 +968,8 @@ def test_nemorl_cards_a_checkout_whose_losses_take_a_data_dict_and_global_counts
     verdicts = {r.row.name: r.verdict for r in c.rows}
     for name in ("ClippedPGLossFn.__call__ [ppo]", "ClippedPGLossFn.__call__ [0.2/0.28, dual "
                  "clip 3]", "ClippedPGLossFn.__call__ [gspo]",
-                 "ClippedPGLossFn.__call__ [ppo, k3 KL 0.04]"):
+                 "ClippedPGLossFn.__call__ [ppo, k3 KL 0.04]",
+                 "ClippedPGLossFn.__call__ [gspo, k3 KL 0.04]"):
         assert verdicts.pop(name) == ppo, name
     for name in _GRPO_ROWS:
         assert verdicts.pop(name) == grpo, name
@@ -988,10 +987,11 @@ def test_nemorl_card_catches_a_kl_penalty_whose_gradient_lacks_the_score_term(tm
         "nemo_rl/algorithms/loss/loss_functions.py": _nemorl_loss("torch.maximum", "None")})
     c = card.run(trainers.get("nemo-rl"), path=str(tmp_path), cases=24)
     verdicts = {r.row.name: r.verdict for r in c.rows}
-    assert verdicts.pop("ClippedPGLossFn.__call__ [ppo, k3 KL 0.04]") == "DOES NOT CONFORM"
+    for label in ("ppo, k3 KL 0.04", "gspo, k3 KL 0.04"):
+        assert verdicts.pop(f"ClippedPGLossFn.__call__ [{label}]") == "DOES NOT CONFORM"
+        row = next(r for r in c.rows if r.row.label == label)
+        assert {f["check"] for f in row.findings if f["grade"] == "deviation"} == {"grad"}
     assert set(verdicts.values()) == {"CONFORMS"}
-    row = next(r for r in c.rows if r.row.label == "ppo, k3 KL 0.04")
-    assert {f["check"] for f in row.findings if f["grade"] == "deviation"} == {"grad"}
 
 
 def test_liger_k3_variant_evaluates_the_term_in_float64_rounds_it_once_and_restores_the_coded():
