@@ -19,9 +19,9 @@ from .outcome import (gpg_advantages, gpg_advantages_vjp, opo_advantages, opo_ad
                       passk_advantages, passk_advantages_vjp, remax_advantages,
                       remax_advantages_vjp, whitened_group_advantages,
                       whitened_group_advantages_vjp)
-from .pg_losses import (decoupled_ppo_loss, decoupled_ppo_loss_vjp, dppo_loss, dppo_loss_vjp, gmpo_loss, gmpo_loss_vjp, kl_cov_loss,
-                        kl_cov_loss_vjp, reinforce_loss,
-                        reinforce_loss_vjp, rollout_is_weights, opsm_mask, m2po_mask)
+from .pg_losses import (decoupled_ppo_loss, decoupled_ppo_loss_vjp, dppo_loss, dppo_loss_vjp,
+                        gmpo_loss, gmpo_loss_vjp, kl_cov_loss, kl_cov_loss_vjp, m2po_mask,
+                        opsm_mask, reinforce_loss, reinforce_loss_vjp, rollout_is_weights)
 from .reduce import aggregate, aggregate_vjp
 
 __all__ = [

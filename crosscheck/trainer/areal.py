@@ -289,7 +289,9 @@ TRAINER = Trainer(
     runs=("ppo_actor_loss_fn at token level (0.2/0.2; 0.2/0.28 with dual clip 3) and at "
           "sequence level (GSPO)", "the decoupled loss (proximal and behaviour log-probs): "
           "without rejection sampling, with a token mask at 5, a token clamp to [0.5, 2] and a "
-          "sequence mask at 2 on the ratio metric", "M2PO's mask (_apply_m2po_masking, τ 0.04)", "sapo_loss_fn", "ppo_critic_loss_fn (float32)",
+          "sequence mask at 2 on the ratio metric",
+          "M2PO's mask (_apply_m2po_masking, τ 0.04)", "sapo_loss_fn",
+          "ppo_critic_loss_fn (float32)",
           "KLEstimator k1, k2, k3 with the ±10 clamp (float32)",
           "Normalization: group mean and std on per-sequence rewards; batch mean and std on "
           "masked [B, T] values"),

@@ -269,7 +269,8 @@ TRAINER = Trainer(
                                                 "functions the rows run"),
              ("policy_loss_function", "takes the model's logits and Megatron's packed batch"),
              ("value_loss_function", "takes the model's logits and Megatron's packed batch")),
-    runs=("compute_approx_kl k1, k2, k3, low_var_kl", "compute_opsm_mask (δ 1e-4)", "compute_policy_loss (0.2/0.28; dual "
+    runs=("compute_approx_kl k1, k2, k3, low_var_kl", "compute_opsm_mask (δ 1e-4)",
+          "compute_policy_loss (0.2/0.28; dual "
           "clip 3)", "compute_cispo_loss", "GSPO (compute_gspo_kl into compute_policy_loss)",
           "vanilla_gae and chunked_gae", "chunked_discounted_returns",
           "get_sum_of_sample_mean at context-parallel size 1",
