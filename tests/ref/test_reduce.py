@@ -76,13 +76,12 @@ class TestAggregate:
         close(hand["loss"], w)
         close(auto, w)
 
-    def test_a_prompt_with_no_token_counts_only_when_included(self):
-        # group_size 1: three prompts, the third empty: (4 + 2)/3 included (SkyRL), /2 excluded
+    # group_size 1: three prompts, the third empty: (4 + 2)/3 included (SkyRL), /2 excluded
+    @pytest.mark.parametrize("empty_rows, expected", [("include", 6 / 3), ("exclude", 6 / 2)])
+    def test_a_prompt_with_no_token_counts_only_when_included(self, empty_rows, expected):
         for v in both("aggregate", LOSS, MASK, mode="prompt-mean-token-mean", group_size=1,
-                      empty_rows="include"):
-            close(v, 6 / 3)
-        for v in both("aggregate", LOSS, MASK, mode="prompt-mean-token-mean", group_size=1):
-            close(v, 6 / 2)
+                      empty_rows=empty_rows):
+            close(v, expected)
 
     def test_prompt_mean_needs_its_groups(self):
         import ref_numpy
