@@ -524,10 +524,9 @@ def decoupled(ops: Ops, logp, prox_logp, behave_logp, advantages, mask_, clip_lo
     return Decoupled(r, behave, ppo(clip_low, clip_high, clip_c, None), c)
 
 
-def opsm(ops: Ops, logp, old_logp, advantages, mask_, delta) -> Tuple[Ratio, float]:
-    """opsm_mask's inputs (a ratio loss's) and its threshold δ, any finite number."""
-    return ratio_inputs(ops, logp, old_logp, advantages, mask_, None), \
-        checks.number("delta", delta)
+def opsm(delta) -> float:
+    """opsm_mask's threshold δ, any finite number (its arrays are a ratio loss's inputs)."""
+    return checks.number("delta", delta)
 
 
 def m2po(ops: Ops, logp, old_logp, mask_, threshold) -> Tuple[PairInputs, float]:

@@ -192,8 +192,8 @@ def opsm_mask(logp, old_logp, advantages, mask=None, *, delta=1e-4):
     Returns:
       [B, T] float64 of 0 and 1, 0 at masked positions.
     """
-    _, delta = args.opsm(OPS, logp, old_logp, advantages, mask, delta)
     lp, old, adv, m, _ = loss_inputs(logp, old_logp, advantages, mask, None)
+    delta = args.opsm(delta)
     n = np.maximum(m.sum(axis=-1, keepdims=True), 1)
     drift = (old - lp).sum(axis=-1, keepdims=True) / n      # lp, old: 0 at padding
     drop = (adv < 0) & (drift > delta)

@@ -82,9 +82,9 @@ def opsm_mask(logp, old_logp, advantages, mask=None, *, delta=1e-4):
     sequence's mean log(π_old/π) exceeds δ, else 1; 0 at padding. Not differentiated.
     Args/Returns: as ref_numpy.opsm_mask, with tensors.
     """
-    _, delta = args.opsm(OPS, logp, old_logp, advantages, mask, delta)
     with torch.no_grad():
         lp0, old0, adv0, m, _, zero = _prepare(logp, old_logp, advantages, mask, None)
+        delta = args.opsm(delta)
         count = m.sum(dim=-1, keepdim=True).clamp(min=1)
         drift = torch.where(m, old0 - lp0, zero).sum(dim=-1, keepdim=True) / count
         dropped = (adv0 < 0) & (drift > delta)

@@ -17,6 +17,7 @@ from scipy.special import log_softmax
 
 import ref_numpy
 from ref_numpy import many
+from ref_numpy.kl import k_estimator
 
 
 def keyword_defaults(fn):
@@ -105,7 +106,6 @@ def _score_objective(logp, old_logp, advantages, mask=None, ref_logp=None, score
 def frozen_score_kl(logp, x0, anchor, mask, kind, clamp):
     """exp(logp − x0)·k(logp, anchor) per token, the weight multiplied before the output clamp
     and held at 1 where the input clamp binds (NeMo-RL's calculate_kl, with sg(logp) = x0)."""
-    from ref_numpy.kl import k_estimator
     m = np.ones(np.shape(logp), bool) if mask is None else np.asarray(mask, dtype=bool)
     lp, a, x0 = (np.where(m, np.asarray(v, dtype=np.float64), 0.0) for v in (logp, anchor, x0))
     in_b, out_b = clamp if clamp is not None else (None, None)

@@ -43,39 +43,39 @@ def _shifted(x):
     return torch.cat([x.new_zeros((x.shape[0], 1)), x], dim=1)
 
 
+def _call(fn, loss_fn, logp, old_logp, advantages, mask, **more):
+    """ClippedPGLossFn on `data` as NeMo-RL builds it: [B, T + 1] tensors it reads [:, 1:]
+    (`more`: further [B, T] inputs, shifted as the others), the call's own global counts."""
+    m = mask.to(logp.dtype)
+    data = dict(token_mask=_shifted(m), sample_mask=m.new_ones(m.shape[0]),
+                advantages=_shifted(per_sequence(advantages, logp)),
+                prev_logprobs=_shifted(old_logp), generation_logprobs=_shifted(old_logp),
+                **{k: _shifted(v) for k, v in more.items()})
+    loss, _ = fn(loss_fn, logp, data, global_valid_seqs=m.new_tensor(m.shape[0]),
+                 global_valid_toks=m.sum())
+    return loss
+
+
 def _pg(**settings):
     def make(fn):
         cls = owner_class(fn)
 
         def adapter(logp, old_logp, advantages, mask):
-            loss_fn = cls(SimpleNamespace(**dict(_PG, **settings)))
-            m = mask.to(logp.dtype)
-            data = dict(token_mask=_shifted(m), sample_mask=m.new_ones(m.shape[0]),
-                        advantages=_shifted(per_sequence(advantages, logp)),
-                        prev_logprobs=_shifted(old_logp), generation_logprobs=_shifted(old_logp))
-            loss, _ = fn(loss_fn, logp, data, global_valid_seqs=m.new_tensor(m.shape[0]),
-                         global_valid_toks=m.sum())
-            return loss
+            return _call(fn, cls(SimpleNamespace(**dict(_PG, **settings))), logp, old_logp,
+                         advantages, mask)
         return adapter
     return make
 
 
 def _pg_kl(**settings):
-    """_pg with the KL penalty: data's reference_policy_logprobs (shifted as the others);
-    curr_logprobs_unfiltered defaults to the logprobs (no top-k/top-p filtering)."""
+    """_pg with the KL penalty: data's reference_policy_logprobs; curr_logprobs_unfiltered
+    defaults to the logprobs (no top-k/top-p filtering)."""
     def make(fn):
         cls = owner_class(fn)
 
         def adapter(logp, old_logp, advantages, mask, ref_logp):
-            loss_fn = cls(SimpleNamespace(**dict(_PG, **settings)))
-            m = mask.to(logp.dtype)
-            data = dict(token_mask=_shifted(m), sample_mask=m.new_ones(m.shape[0]),
-                        advantages=_shifted(per_sequence(advantages, logp)),
-                        prev_logprobs=_shifted(old_logp), generation_logprobs=_shifted(old_logp),
-                        reference_policy_logprobs=_shifted(ref_logp))
-            loss, _ = fn(loss_fn, logp, data, global_valid_seqs=m.new_tensor(m.shape[0]),
-                         global_valid_toks=m.sum())
-            return loss
+            return _call(fn, cls(SimpleNamespace(**dict(_PG, **settings))), logp, old_logp,
+                         advantages, mask, reference_policy_logprobs=ref_logp)
         return adapter
     return make
 
