@@ -6,9 +6,13 @@ from this script: it runs each command and writes what it prints.
 
 In a Markdown file an example is a fenced code block right after a line `<!-- example: NAME -->`,
 NAME a key of EXAMPLES below. Its first line is the command (`$ python -m crosscheck ...`), the
-rest what the command prints, or the part of it the example selects. Timings ("7.7 s") change
-from run to run, so --check compares them as "<t> s". Commands run in-process, so the whole set
-takes about half a minute. tests/cli/test_examples.py runs the same check.
+rest what the command prints, or the part of it the example selects. Commands run in-process,
+so the whole set takes about half a minute; tests/cli/test_docs.py runs the same check.
+
+--check compares what matters exactly and the last digits within a tolerance (`same`): every
+word, status, verdict and finding must match, while a number may differ by what another CPU's
+kernels or rounding order give (`ATEN_CPU_CAPABILITY=default` prints other digits), and a timing
+("7.7 s") by anything.
 """
 import argparse
 import contextlib
@@ -27,6 +31,23 @@ DOCS = ("README.md",) + tuple(sorted(os.path.join("docs", f)
                                    for f in os.listdir(os.path.join(ROOT, "docs"))
                                    if f.endswith(".md")))
 TIMING = re.compile(r"\d+(\.\d+)? s\b")
+NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+# Two printed numbers are the same where |x − y| ≤ ATOL + RTOL·max(|x|, |y|).
+# RTOL: a float32 kernel of another CPU moves a printed value in its 7th–8th significant digit
+#   (u = 2^-24 ≈ 6e-8, a few roundings); 1e-5 is 100× that and still 10× below the 1e-4 by which
+#   the closest conventions differ, so a changed convention or count is still stale.
+# ATOL: every number below 1e-8 that an example prints is a measured rounding error (the
+#   cross-check's max-error columns: 2.22e-16 on one CPU, 0.00e+00 on another); 1e-8 is the
+#   smallest tolerance any stage allows beyond rounding (the fd row's atol), so a real error
+#   still shows.
+RTOL, ATOL = 1e-5, 1e-8
+# A number printed as d.dde±dd is, by the project's formatting, a measured error (the
+# cross-check's error columns, the walkthrough's mean after whitening). Finite differences and
+# rounding move it by a factor of a few from one CPU to another (whiten's fd error: 3.4e-09 on
+# one, 5.2e-09 on another), so two of them are the same within MEASURED_FACTOR of each other, or
+# both at rounding level (≤ ATOL); an error grown by more than that is still stale.
+MEASURED = re.compile(r"[-+]?\d\.\d\de[-+]\d\d")
+MEASURED_FACTOR = 10.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,7 +167,20 @@ def markdown_examples(path: str) -> Dict[str, str]:
 
 
 def same(a: str, b: str) -> bool:
-    return TIMING.sub("<t> s", a.rstrip("\n")) == TIMING.sub("<t> s", b.rstrip("\n"))
+    """Whether two printouts say the same: equal text between the numbers, each pair of numbers
+    within RTOL/ATOL (measured errors within MEASURED_FACTOR), timings ignored."""
+    a, b = (TIMING.sub("<t> s", t.rstrip("\n")) for t in (a, b))
+    if NUMBER.split(a) != NUMBER.split(b):
+        return False
+    return all(_same_number(x, y) for x, y in zip(NUMBER.findall(a), NUMBER.findall(b)))
+
+
+def _same_number(x: str, y: str) -> bool:
+    u, v = float(x), float(y)
+    big = max(abs(u), abs(v))
+    if MEASURED.fullmatch(x) and MEASURED.fullmatch(y):
+        return big <= ATOL or (u * v > 0 and big <= MEASURED_FACTOR * min(abs(u), abs(v)))
+    return abs(u - v) <= ATOL + RTOL * big
 
 
 def stale():

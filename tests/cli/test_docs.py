@@ -76,3 +76,31 @@ def test_every_marked_example_is_known_and_every_known_one_is_shown():
     files = {n for n, ex in render_examples.EXAMPLES.items() if ex.output}
     assert shown <= known
     assert known - files <= shown, known - files - shown
+
+
+ROW = "gae                               value   PASS      12     {}     8.75e-16"
+
+
+@pytest.mark.parametrize("documented, printed", [
+    (ROW.format("2.22e-16"), ROW.format("0.00e+00")),           # another CPU's rounding
+    (ROW.format("3.40e-09"), ROW.format("5.21e-09")),           # its finite differences
+    ("yours 0.2968846192, reference -1.688796498",
+     "yours 0.2968846217, reference -1.688796498"),             # a float32 kernel's 8th digit
+    ("33 functions: all passed (seed 0, 1.4 s)", "33 functions: all passed (seed 0, 9.7 s)"),
+])
+def test_an_example_differing_only_in_last_digits_or_timing_is_not_stale(documented, printed):
+    assert render_examples.same(documented, printed)
+
+
+@pytest.mark.parametrize("documented, printed", [
+    (ROW.format("2.22e-16"), ROW.format("2.22e-16").replace("PASS", "FAIL")),   # a status
+    (ROW.format("2.22e-16"), ROW.format("3.10e-07")),           # an error beyond rounding
+    (ROW.format("1.70e-03"), ROW.format("2.35e-02")),           # an error grown 14×
+    ("rtol 1e-06, atol 1e-08", "rtol 1e-05, atol 1e-08"),       # a tolerance is no measurement
+    ("200 cases", "199 cases"),                                  # a count
+    ("yours 0.2968846192", "yours 0.2968976192"),                # a value at 1e-5 relative
+    ("verdict: CONFORMS", "verdict: DOES NOT CONFORM"),
+    ("eps=1e-6", "eps=1e-4"),                                    # a convention
+])
+def test_an_example_whose_words_or_numbers_changed_is_stale(documented, printed):
+    assert not render_examples.same(documented, printed)
