@@ -132,7 +132,8 @@ ROWS = (
 
 TRAINER = Trainer(
     name="torchrl", package="torchrl", dist="torchrl", profile="trl", pinned="0.14.1",
-    requires=("tensordict==0.14.3", "pyvers==0.2.3", "hoptorch==0.1.4"),
+    requires=("tensordict==0.14.3", "pyvers==0.2.3", "hoptorch==0.1.4", "cloudpickle==3.1.3",
+              "packaging==26.4"),
     modules=(GRPO,), rows=ROWS,
     inventory=((GRPO, r"GRPOLoss\.(forward|_compute_policy_objective|_aggregate_loss_value|"
                       r"_kl_to_ref|_log_weight)|CISPOLoss\._compute_policy_objective|"
