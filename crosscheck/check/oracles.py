@@ -342,6 +342,14 @@ def group_condition(data, params):
     return [kappa]
 
 
+def passk_condition(data, params):
+    """κ of passk_advantages: group_advantages' κ with its σ (n − 1) under scale="group"; 1
+    under scale="none", where A is a difference of two rewards."""
+    if params.get("scale", "group") == "none":
+        return [np.ones(np.shape(data["rewards"]))]
+    return group_condition(data, dict(params, ddof=1, scale="group"))
+
+
 def whiten_condition(data, params):
     """κ of whiten: max |x| over the valid entries over the scale it divides by."""
     x = np.asarray(data["x"], dtype=np.float64)

@@ -121,12 +121,32 @@ def _hand_vjp_and_rows(entry: Entry, case, outs, g):
     return {name: rows[0]}
 
 
+def vjp_condition(entry: Entry, case, name: str, g_size: float) -> tuple:
+    """(scale, κ) of the vjp comparison for input `name`, from the outputs' declared condition.
+
+    An output of condition κ has derivatives κ times its own size per unit input (A = (r − μ)/σ
+    moves by ~1/σ = κ/max|r|), and each carries the output's κ ulps of rounding: the terms of a
+    VJP err by ~κ²·u·|g| in absolute terms, κ·u relative to a non-zero result. Where the terms
+    cancel exactly (pass@k at n = 2, eps = 0: A = ±√2 whatever r is, ∂A/∂r = 0), only the
+    absolute part is left, so it is scaled by κ·max|g| and the whole rule by κ. With no declared
+    condition, (1, 1)."""
+    if entry.condition is None:
+        return 1.0, 1.0
+    kappa = np.asarray(condition(entry, case)[0] if len(entry.outputs) == 1 else
+                       max(float(np.max(k)) for k in condition(entry, case)), dtype=np.float64)
+    if kappa.shape != case.arrays[name].shape:
+        kappa = np.asarray(float(np.max(kappa)) if kappa.size else 1.0)
+    return kappa * g_size, kappa
+
+
 def stage_vjp(entry: Entry, case, index, seed, res: StageResult, rng) -> None:
     tol = tolerances.get("vjp")
     outs = _reference(entry, case)
-    g = _cotangent(entry, outs, rng.normal(size=sum(o.size for o in outs)))
+    vec = rng.normal(size=sum(o.size for o in outs))
+    g = _cotangent(entry, outs, vec)
     hand = _hand_vjp_and_rows(entry, case, outs, g)
     auto = _autograd_vjp(entry, case, g)
+    g_size = max([1.0] + [float(np.abs(vec).max())] * bool(vec.size))
     for name in entry.diff:
         info = _info(entry, case, index, seed, input=name, got_from="ref_numpy hand VJP",
                      expected_from="torch autograd")
@@ -136,7 +156,8 @@ def stage_vjp(entry: Entry, case, index, seed, res: StageResult, rng) -> None:
             fail(res, dict(info, index=list(i)), f"gradient wrt {name} is not 0 at masked "
                                                   f"position {i}: hand {h[i]}, autograd {a[i]}")
             continue
-        record(res, bridge.compare(h, a, tol), info)
+        scale, kappa = vjp_condition(entry, case, name, g_size)
+        record(res, bridge.compare(h, a, tol, scale=scale, cond=kappa), info)
 
 
 def _fd_against(entry: Entry, case, index, seed, res, stage, grad_of, freeze, rng,

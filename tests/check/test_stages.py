@@ -373,3 +373,34 @@ def test_every_diagnosis_grid_lists_distinct_values_its_default_among_them():
             assert len({repr(v) for v in values}) == len(values), (name, key, values)
             if key in entry.defaults:
                 assert entry.defaults[key] in values, (name, key, entry.defaults[key])
+
+
+def _passk_at_n2(rewards):
+    """passk_advantages' cross-check entry run on one case of pairs at eps = 0, where
+    A = ±√2 whatever the rewards are (σ = |Δ|/√2): the gradient is 0, and the hand VJP forms it
+    as g/σ − g·Δ²/(2σ³), a difference of two terms of size |g|/σ."""
+    case = cases_mod.Case("pairs close together", dict(rewards=np.asarray(rewards)),
+                          dict(group_size=2, eps=0.0, scale="group"))
+    return dataclasses.replace(registry.build()["passk_advantages"],
+                               case=lambda rng, i: case)
+
+
+def test_a_vjp_whose_terms_cancel_to_zero_is_judged_at_its_condition():
+    entry = _passk_at_n2([-1.0, -0.997, 2.195, 2.1957, 0.5, 0.25])
+    assert ref_numpy.passk_advantages(**{"rewards": np.array([-1.0, -0.997])}, group_size=2,
+                                      eps=0.0)[1] == pytest.approx(math.sqrt(2))
+    r = {x.stage: x for x in stages.run_entry(entry, 0, 1)}
+    assert r["vjp"].status == "pass", report.failure_message(r["vjp"])
+    assert r["vjp"].max_abs_err > 0          # rounding is there: the rule, not luck, passes it
+
+
+def test_the_condition_scaled_vjp_rule_still_catches_a_missing_term_on_that_case():
+    def no_sigma_path(g, rewards, **kw):      # drops ∂σ/∂r: ±g/σ, where the truth is 0
+        kw = dict(kw, scale="none")
+        out = ref_numpy.passk_advantages_vjp(g, rewards, **kw)["rewards"]
+        sigma = abs(rewards[0] - rewards[1]) / math.sqrt(2)
+        return {"rewards": out / sigma}
+    entry = dataclasses.replace(_passk_at_n2([-1.0, -0.997, 0.5, 0.25]),
+                                numpy_vjp=no_sigma_path)
+    r = {x.stage: x for x in stages.run_entry(entry, 0, 1)}
+    assert r["vjp"].status == "fail"
