@@ -4,8 +4,10 @@ computes in float32 is judged at float32 tolerance.
 A comparison passes where |got − expected| ≤ (atol·scale + rtol·max(|got|, |expected|))·κ (the
 rule is `crosscheck.bridge.within`), with scale = 1 except for finite differences, where it is
 max(1, the largest |entry| of the finite-difference Jacobian or directional derivative),
-because their error is absolute in the size of what is differentiated, and κ ≥ 1 the condition
-number of the output where the registry declares one (else 1).
+because their error is absolute in the size of what is differentiated, and for the vjp stage,
+where it is κ·max(1, max|g|) (a VJP's terms are κ times the output's size per unit input and
+carry its κ ulps: `crosscheck.check.stages.vjp_condition`), and κ ≥ 1 the condition number of
+the output where the registry declares one (else 1).
 """
 import dataclasses
 
