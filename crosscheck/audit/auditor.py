@@ -7,9 +7,9 @@ import torch
 
 from .. import bridge, tolerances
 from ..check import cases as cases_mod
-from .calls import (GLOBAL_KW, STRUCTURAL, TIMEOUT, Adapter, call_with_deadline, degenerate,
-                    GARBAGE, IN_DOMAIN, LOGPROBS, exception_text, fill_padding, neutral,
-                    reference_args, where_raised)
+from .calls import (GLOBAL_KW, STRUCTURAL, TIMEOUT, Adapter, InputMutated, call_with_deadline,
+                    degenerate, GARBAGE, IN_DOMAIN, LOGPROBS, exception_text, fill_padding,
+                    mutated, mutation_message, neutral, reference_args, snapshot, where_raised)
 from .model import AuditUsageError, Outcome
 
 # what a trainer's non-differentiable output is, for the report
@@ -174,7 +174,13 @@ class Auditor:
         for k, v in dict(self.global_counts(data), **(extra or {})).items():
             if self.accepts(k):
                 kwargs[k] = v
-        return self.invoke(**kwargs), leaves
+        before = snapshot(kwargs)
+        raw = self.invoke(**kwargs)
+        changes = mutated(before, kwargs)
+        if changes:
+            raise InputMutated(mutation_message(changes), output=raw,
+                               after={k: bridge.to_numpy(kwargs[k]) for k in changes})
+        return raw, leaves
 
     def outputs_of(self, raw) -> list:
         """The function's outputs in the reference's order (a dict by the entry's keys)."""
@@ -317,11 +323,17 @@ class Auditor:
         except BadReturn as exc:
             return [Outcome("raises", True), Outcome("shape", False, f"{exc}; expected "
                                                                     f"{self.expected(refs)}")]
+        except InputMutated as exc:   # what it returned is not judged on a batch it altered
+            try:
+                self.judge(exc.output)
+            except Exception:
+                pass
+            return [Outcome("raises", True), Outcome("inputs", False, str(exc))]
         except Exception as exc:  # the user's code: report, never crash
             return [self.raised(exc, data)]
+        out = [Outcome("raises", True), Outcome("inputs", True)]
         if self.keys != keys:     # the dict returned names the optional outputs it compares
             refs = self.reference_outputs(data)
-        out = [Outcome("raises", True)]
         if len(yours) != len(refs) or any(y.shape != r.shape for y, r in zip(yours, refs)):
             got = [tuple(y.shape) for y in yours]
             return out + [Outcome("shape", False, f"returns shape {got[0] if len(got) == 1 else got}"
@@ -409,7 +421,11 @@ class Auditor:
                 g *= self.valid_of(data, r.shape)
         hand = self.reference_vjp(data, self.cotangent(gs))
         names = list(leaves)
-        grads = bridge.backprop(outs, gs, [leaves[n] for n in names])
+        try:
+            grads = bridge.backprop(outs, gs, [leaves[n] for n in names])
+        except Exception as exc:      # autograd through the user's graph: report, never crash
+            return [Outcome("grad", False, f"back-propagating through your output raised "
+                                           f"{exception_text(exc)}")]
         kinks = {} if self.entry.kinks is None else self.entry.kinks(reference_args(data),
                                                                       self.params)
         kappa = max(float(np.max(k)) for k in kappas)

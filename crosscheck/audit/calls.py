@@ -46,6 +46,55 @@ class UserRaised(Exception):
         self.original = original
 
 
+class InputMutated(Exception):
+    """The audited function wrote to one of its inputs in place: a failure of the `inputs`
+    check. Carries what it returned (`output`) and the inputs as they were left (`after`)."""
+
+    def __init__(self, message: str, output=None, after=None):
+        super().__init__(message)
+        self.output, self.after = output, after or {}
+
+
+def snapshot(kwargs):
+    """A copy of every array or tensor passed, to compare with after the call."""
+    out = {}
+    for k, v in kwargs.items():
+        if isinstance(v, torch.Tensor):
+            out[k] = v.detach().clone()
+        elif isinstance(v, np.ndarray):
+            out[k] = v.copy()
+    return out
+
+
+def mutated(before, kwargs):
+    """{input: (entries changed, entries, first changed index, was, is)} for each input the
+    call changed in place (NaN equal to NaN; a changed shape counts every entry)."""
+    out = {}
+    for k, old in before.items():
+        new = kwargs[k]
+        a = old.cpu().numpy() if isinstance(old, torch.Tensor) else old
+        b = new.detach().cpu().numpy() if isinstance(new, torch.Tensor) else new
+        if a.shape != b.shape:
+            out[k] = (a.size, a.size, None, a.shape, b.shape)
+            continue
+        same = a == b
+        if a.dtype.kind in "fc":
+            same |= np.isnan(a) & np.isnan(b)
+        if not same.all():
+            i = tuple(int(j) for j in np.argwhere(~same)[0])
+            out[k] = (int((~same).sum()), a.size, i, a[i].item(), b[i].item())
+    return out
+
+
+def mutation_message(changes) -> str:
+    parts = [f"{k} ({n} of {size} entries" + (f"; shape {was} became {now})" if i is None else
+                                             f"; at {list(i)}: {was!r} became {now!r})")
+             for k, (n, size, i, was, now) in changes.items()]
+    return (f"your function changed its input{'s' * (len(changes) > 1)} {', '.join(parts)} in "
+            f"place: the caller's batch is altered for whatever reads it next (a trainer reads "
+            f"its mask and advantages again after the loss); work on a copy")
+
+
 def exception_text(exc: BaseException) -> str:
     """'Type: message' of what the user's code raised (a UserRaised unwrapped; the bare type
     name when the message is empty)."""
