@@ -8,7 +8,7 @@ import torch
 from .. import bridge, tolerances
 from ..check import cases as cases_mod
 from .calls import (GLOBAL_KW, STRUCTURAL, TIMEOUT, Adapter, InputMutated, call_with_deadline,
-                    degenerate, GARBAGE, IN_DOMAIN, LOGPROBS, exception_text, fill_padding,
+                    degenerate, GARBAGE, IN_DOMAIN, exception_text, fill_padding,
                     mutated, mutation_message, neutral, reference_args, snapshot, where_raised)
 from .model import AuditUsageError, Outcome
 
@@ -19,10 +19,11 @@ NO_GRADIENT = ("not checked: your output carries no gradient, as trainers comput
                "reference is not differentiated by trainers)")
 
 
-def _ratio_beyond_float32(data) -> bool:
-    """Whether a valid log-ratio between two log-prob inputs exceeds log(float32 max) = 88.7:
-    exp of it, the importance ratio every loss forms, overflows in float32."""
-    lps = [np.asarray(data[k], dtype=np.float64) for k in LOGPROBS
+def _ratio_beyond_float32(data, names) -> bool:
+    """Whether a valid log-ratio between two log-prob inputs (`names`: the registry entry's)
+    exceeds log(float32 max) = 88.7: exp of it, the importance ratio every loss forms,
+    overflows in float32."""
+    lps = [np.asarray(data[k], dtype=np.float64) for k in names
            if isinstance(data.get(k), np.ndarray)]
     if len(lps) < 2:
         return False
@@ -342,7 +343,7 @@ class Auditor:
         finite_ok, value_ok = True, True
         kappas = self.condition(data)
         edge = any(_beyond_float32(r, self.valid_of(data, r.shape)) for r in refs) or \
-            _ratio_beyond_float32(data)
+            _ratio_beyond_float32(data, self.entry.logprobs)
         for k, (y, r) in enumerate(zip(yours, refs)):
             valid = self.valid_of(data, r.shape)
             bad = valid & np.isfinite(r) & ~np.isfinite(y)
@@ -461,7 +462,8 @@ class Auditor:
                                        # the gradient, or the outputs it comes from
                                        edge=_beyond_float32(ref, valid) or any(
                                            _beyond_float32(r, self.valid_of(data, r.shape))
-                                           for r in refs) or _ratio_beyond_float32(data)))
+                                           for r in refs) or
+                                       _ratio_beyond_float32(data, self.entry.logprobs)))
             else:
                 results.append(Outcome("grad", True))
         return results
@@ -490,7 +492,7 @@ class Auditor:
             return []
         out = []
         for label, logprobs, base in IN_DOMAIN:
-            padded = fill_padding(data, logprobs, base)
+            padded = fill_padding(data, logprobs, base, names=self.entry.logprobs)
             try:
                 other = self.to_numpy(self.call(padded)[0])
             except Exception as exc:
@@ -512,9 +514,8 @@ class Auditor:
             return []
         out = []
         for label, logp_fill, other_fill in GARBAGE:
-            logprobs = dict.fromkeys(LOGPROBS, logp_fill)
-            padded = fill_padding(data, logprobs, 1.0 if other_fill is None else other_fill,
-                                  other_fill)
+            padded = fill_padding(data, logp_fill, 1.0 if other_fill is None else other_fill,
+                                  other_fill, names=self.entry.logprobs)
             try:
                 other = self.to_numpy(self.call(padded)[0])
             except Exception as exc:

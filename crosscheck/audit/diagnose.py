@@ -33,7 +33,7 @@ def _probe_data(aud, case, n=6) -> List[Dict[str, object]]:
     out = [data]
     if data.get("mask") is not None and not np.asarray(data["mask"]).all():
         _, logprobs, base = IN_DOMAIN[1]
-        out.append(fill_padding(data, logprobs, base))
+        out.append(fill_padding(data, logprobs, base, names=aud.entry.logprobs))
     for i in range(40):
         if len(out) > n + 1:
             break

@@ -75,6 +75,10 @@ class Entry:
     # the inputs that cannot change the output under given conventions (policy_objective's
     # ref_logp when beta = 0): an audited function need not take them
     unused: Optional[Callable[[Mapping[str, object]], Tuple[str, ...]]] = None
+    # the inputs holding log-probabilities (≤ 0 in a trainer's batch, padded alike, and whose
+    # differences are log-ratios a trainer exponentiates); by default every input the
+    # reference names logp or <policy>_logp (see logprob_inputs)
+    logprobs: Tuple[str, ...] = ()
 
     def freeze_for(self, params) -> Optional[Freeze]:
         """The freeze rule that applies to a case, or None (no stop-gradient in its definition)."""
@@ -110,9 +114,18 @@ def _twin(name):
     return twin
 
 
+def logprob_inputs(fn) -> Tuple[str, ...]:
+    """The array inputs of a reference that hold log-probabilities, read from its signature:
+    ref_common's vocabulary names a log-prob input `logp` or `<policy>_logp`
+    (vocab.is_logprob)."""
+    return tuple(n for n, p in inspect.signature(fn).parameters.items()
+                 if p.kind is p.POSITIONAL_OR_KEYWORD and vocab.is_logprob(n))
+
+
 def _entry(name, diff, **facts):
-    return Entry(name=name, numpy_fn=getattr(ref_numpy, name),
-                 numpy_vjp=getattr(ref_numpy, name + "_vjp", None),
+    fn = getattr(ref_numpy, name)
+    facts.setdefault("logprobs", logprob_inputs(fn))
+    return Entry(name=name, numpy_fn=fn, numpy_vjp=getattr(ref_numpy, name + "_vjp", None),
                  torch_fn=_twin(name), diff=diff,
                  case=getattr(cases, name + "_case"), **facts)
 

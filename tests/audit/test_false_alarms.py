@@ -382,3 +382,29 @@ def test_a_float32_value_saturated_beyond_float32s_range_is_a_robustness_note():
     f = finding(report, "value")
     assert f.status == "warn" and f.grade == "robustness", str(report)
     assert report.verdict == "CONFORMS", str(report)
+
+
+def _decoupled_ppo_float32(logp, prox_logp, behave_logp, advantages, mask):
+    """Decoupled PPO (dual clip 3, behaviour weight truncated at 5) computed in float32, its
+    ratio exp(logp − prox_logp) overflowing where that log-ratio passes 88.7."""
+    lp, px, bh = logp.float(), prox_logp.float(), behave_logp.float()
+    A = advantages.float()
+    A = A[:, None].expand_as(lp) if A.dim() == 1 else A
+    r = torch.exp(lp - px)
+    w = torch.exp(px - bh).detach().clamp(max=5.0)
+    s = torch.minimum(A * r, A * r.clamp(0.8, 1.2))
+    s = torch.where(A < 0, torch.maximum(s, 3.0 * A), s)
+    return torch.where(mask.bool(), -w * s, torch.zeros_like(s)).double()
+
+
+def test_float32_overflow_of_any_log_prob_inputs_ratio_is_a_robustness_note():
+    """Which inputs are log-probs is the registry's fact (Entry.logprobs): decoupled PPO's
+    prox_logp and behave_logp count, so an overflow of exp(logp − prox_logp) past float32's
+    range is a robustness note, as PPO's exp(logp − old_logp) is."""
+    from crosscheck.check.registry import REGISTRY
+    assert REGISTRY["decoupled_ppo_loss"].logprobs == ("logp", "prox_logp", "behave_logp")
+    report = audit(_decoupled_ppo_float32, "decoupled_ppo_loss", cases=60, precision="float32",
+                   clip_c=3.0, is_level="token", is_mode="truncate", is_upper=5.0)
+    f = finding(report, "grad")
+    assert f.status == "warn" and f.grade == "robustness", str(report)
+    assert report.verdict == "CONFORMS", str(report)
