@@ -271,7 +271,9 @@ def build() -> Dict[str, Entry]:
                freeze=oracles.objective_rule, undetached=_objective_undetached,
                checks=("microbatch",), stack="many",
                grid=dict(agg=vocab.AGG_MODES, empty_rows=vocab.EMPTY_ROWS,
-                         loss=vocab.POLICY_LOSSES, kl_weight=vocab.KL_WEIGHTS),
+                         loss=vocab.POLICY_LOSSES, kl_weight=vocab.KL_WEIGHTS,
+                         kl_anchor=vocab.KL_ANCHORS),
+               known_bugs=variants.OBJECTIVE,
                unused=lambda params: () if params.get("beta") and
                params.get("kl_anchor", "ref") == "ref" else ("ref_logp",)),
         _entry("kl_estimator_moments", ("logits",), outputs=vocab.MOMENT_KEYS, dict_output=True,

@@ -166,6 +166,29 @@ def vespo_undetached_grad(data, p, g):
     return np.where(m, held + through, 0.0)
 
 
+def objective_kl_swapped(data, p):
+    """policy_objective with its KL estimator's arguments swapped, k(ref_logp, logp), the
+    term's weight (TRL's ratio r = exp(logp − old_logp), or none) kept: aggregate is linear, so
+    the objective plus β·aggregate(swapped term − term)."""
+    a = arrays_of(data)
+    beta = p.get("beta") or 0.0
+    if not beta or p.get("kl_anchor", "ref") != "ref" or a.get("ref_logp") is None:
+        raise ValueError("no KL term against ref_logp")
+    from ref_numpy.objective import kl_term
+    lp, old, ref = (np.asarray(a[k], dtype=np.float64) for k in ("logp", "old_logp",
+                                                                  "ref_logp"))
+    m = mask_of(data, lp.shape)
+    kw = dict(kind=p.get("kl_kind", "k3"), clamp=p.get("kl_clamp"), weight=p.get("kl_weight"))
+    with np.errstate(all="ignore"):
+        term = kl_term(lp, old, ref, m, **kw)
+        # k(ref, logp)·r(logp, old): kl_term's ratio formed from ref against ref − (logp − old)
+        swapped = kl_term(ref, np.where(m, ref - (lp - old), 0.0), lp, m, **kw)
+    diff = np.where(m, beta * (swapped - term), 0.0)
+    return ref_numpy.policy_objective(**a, **p) + ref_numpy.aggregate(
+        diff, m, mode=p.get("agg", "seq-mean-token-mean"), norm=p.get("norm"),
+        empty_rows=p.get("empty_rows", "exclude"))
+
+
 PPO = (KnownBug("dual clip applied to positive advantages too (tianshou #433, verl #783)",
                 value=ppo_dual_on_positive),
        KnownBug("clip bounds swapped: ε_low and ε_high exchanged (DAPO clip-higher)",
@@ -190,3 +213,5 @@ DPPO = (KnownBug("DPPO's weight min(r, C) is not detached: its gradient is diffe
                  "too (form 'logp')", grad=dppo_undetached_grad, detach=True),)
 VESPO = (KnownBug("VESPO's weight φ(w) is not detached: the gamma weight of the sequence "
                   "ratio is differentiated too", grad=vespo_undetached_grad, detach=True),)
+OBJECTIVE = (KnownBug("the KL estimator's arguments swapped (logp ↔ ref_logp), its weight "
+                      "kept (TRL's ratio-weighted KL)", value=objective_kl_swapped),)

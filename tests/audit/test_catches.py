@@ -420,3 +420,14 @@ def test_plausible_padding_that_changes_valid_outputs_fails_and_a_nan_leak_only_
     assert r.ok and finding(r, "garbage").status == "warn"
     assert finding(r, "garbage").message.startswith(
         "NaN at padding leaks into a valid output (returns[")
+
+
+def test_a_dppo_clamping_its_log_ratio_at_20_is_caught_where_the_reference_does_not():
+    """The DPPO cases keep tokens with |log r| > 20 (from case 12 on), where a clamp at 20
+    changes min(r, C)·logp."""
+    import ref_torch
+
+    def clamps(logp, old_logp, advantages, mask):
+        return ref_torch.dppo_loss(logp, old_logp, advantages, mask, log_ratio_clamp=20.0)
+    report = audit(clamps, "dppo_loss", log_ratio_clamp=None, cases=60)
+    assert "value" in failing(report), str(report)
