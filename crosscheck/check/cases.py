@@ -427,9 +427,24 @@ def opsm_mask_case(rng, i):
         delta = float(0.5 * (drift[k - 1] + drift[k]))
     else:
         delta = 1e-4 if choice == "between" else choice
+    a, near = dict(a), ""
+    if choice == 1e-4 and i >= DEFAULT_CASES and "extreme" not in base.label:
+        # from case DEFAULT_CASES on, slime's small δ with rows whose drift sits near it: D =
+        # 0.2·δ (under δ, over 0) or 3·δ, each 8e-5 or more from δ, outside the rounding band
+        # in which the registry leaves a row undecided (opsm's `ambiguous`)
+        m = a["mask"]
+        rows = np.flatnonzero(m.any(axis=1))
+        chosen = rows[rng.random(rows.size) < 0.6]
+        if chosen.size:
+            d = opsm_drift(a["logp"], a["old_logp"], m).ravel()
+            target = np.where(rng.random(chosen.size) < 0.5, 0.2 * delta, 3.0 * delta)
+            shift = np.zeros(m.shape[0])
+            shift[chosen] = target - d[chosen]
+            a["old_logp"] = np.where(m, a["old_logp"] + shift[:, None], a["old_logp"])
+            near = ", drifts near delta"
     params = dict(delta=delta)
-    label = base.label.rstrip(", ") + f", delta={delta:.4g}"
-    return Case(label, dict(a), params, stages=("value",))
+    label = base.label.rstrip(", ") + f", delta={delta:.4g}" + near
+    return Case(label, a, params, stages=("value",))
 
 
 def m2po_mask_case(rng, i):
