@@ -132,8 +132,8 @@ def _entry(name, diff, **facts):
 
 def _kl_cov_tie(args, params):
     """KL-Cov penalises the k tokens of largest covariance; where the k-th and (k+1)-th are
-    equal (to rounding: the trainer forms them in its own arithmetic), any of the tied tokens
-    is a right choice. With one advantage per sequence and one non-empty row, every
+    equal (to rounding, float32's included: the trainer forms them in its own arithmetic), any
+    of the tied tokens is a right choice, whichever way its top-k breaks ties. With one advantage per sequence and one non-empty row, every
     covariance is 0."""
     import numpy as np
     lp = np.asarray(args["logp"], dtype=np.float64)
@@ -150,8 +150,12 @@ def _kl_cov_tie(args, params):
     if k >= len(cov):
         return None
     a, l = adv[m], lp[m]
-    scale = np.abs(a - a.mean()).max() * np.abs(l - l.mean()).max()
-    if cov[k - 1] - cov[k] <= 1e-12 * max(scale, 1e-300):
+    # the rounding of (a − ā)(l − l̄) scales with the inputs, not with the centred values: a
+    # batch of equal advantages has covariances of exactly 0 that rounding makes ±1e-17. The
+    # band covers float32 code (unit roundoff 6e-8, its sums' growth included)
+    da, dl = np.abs(a - a.mean()).max(), np.abs(l - l.mean()).max()
+    scale = np.abs(a).max() * dl + da * np.abs(l).max()
+    if cov[k - 1] - cov[k] <= 1e-6 * max(scale, 1e-300):
         return ("the covariance terms tie at the selection's boundary (the k-th and "
                 "(k+1)-th largest are equal): any of the tied tokens is a right KL-Cov "
                 "selection, so the case is not judged")
