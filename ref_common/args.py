@@ -485,8 +485,8 @@ def rollout_is(level, mode, lower, upper, seq_stat, kept, log_ratio_clamp, *,
     if lower is not None and upper is not None and lower > upper:
         raise ValueError(f"{prefix}lower is {lower} but {prefix}upper is {upper}; expected "
                          f"{prefix}lower ≤ {prefix}upper")
-    seq_stat = checks.choice("seq_stat", seq_stat, vocab.IS_SEQ_STATS)
-    kept = checks.choice("kept", kept, vocab.IS_KEPT)
+    seq_stat = checks.choice(prefix + "seq_stat", seq_stat, vocab.IS_SEQ_STATS)
+    kept = checks.choice(prefix + "kept", kept, vocab.IS_KEPT)
     clamp = checks.positive(prefix + "log_ratio_clamp", log_ratio_clamp, allow_none=True)
     return RolloutIs(level, mode, lower, upper, seq_stat, kept, clamp)
 

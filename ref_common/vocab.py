@@ -48,3 +48,10 @@ USES = ("loss", "reward")
 IS_WEIGHTS = (None, "attached", "detached")
 MOMENT_KEYS = ("kl_forward", "kl_reverse", "mean", "bias", "var", "log_var")
 GRADIENT_KEYS = ("expected", "grad_kl_forward", "grad_kl_reverse")
+
+
+def is_logprob(name: str) -> bool:
+    """Whether an input of a reference holds log-probabilities: they are named `logp` (the
+    policy being trained) or `<policy>_logp` (old_logp, ref_logp, rollout_logp, prox_logp,
+    behave_logp, ...)."""
+    return name == "logp" or name.endswith("_logp")

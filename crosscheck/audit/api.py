@@ -45,7 +45,7 @@ from typing import Dict, Optional
 
 from .. import tolerances
 from . import profiles as profiles_mod
-from .model import CHECKS, AuditReport, AuditUsageError, Finding, plural
+from .model import CHECKS, LISTED_WHEN_FAILING, AuditReport, AuditUsageError, Finding, plural
 
 TIMEOUT = 60.0                   # seconds per call of the audited function (cases are small)
 PRECISIONS = ("float64", "float32")
@@ -468,8 +468,9 @@ def _run_audit(aud, profile, rule, n_cases, seed, progress=None) -> AuditReport:
             skipped[why] = skipped.get(why, 0) + 1
             continue
         n_run += 1
-        extra = [permutation_check(aud, case, rng)] + microbatch_check(aud, case)
-        outcomes += [o for o in extra if o is not None]
+        if all(o.ok for o in outcomes if o.check == "inputs"):   # else every call alters it
+            extra = [permutation_check(aud, case, rng)] + microbatch_check(aud, case)
+            outcomes += [o for o in extra if o is not None]
         seen = set()
         for o in outcomes:
             f = tally[o.check]
@@ -493,13 +494,14 @@ def _run_audit(aud, profile, rule, n_cases, seed, progress=None) -> AuditReport:
         _fold(f, kl)
     for check, (case, outcome) in first_fail.items():
         f = tally[check]
-        if check in ("value", "grad", "finite", "shape", "raises", "mask", "garbage"):
+        if check in ("value", "grad", "finite", "shape", "raises", "inputs", "mask", "garbage"):
             small = shrink(aud, case, check)
             f.counterexample = describe(aud, small, outcome)
             f.diagnosis, detach = diagnose(aud, small, check, profile)
             if detach and check == "grad":
                 f.check = "detach"
-    findings = [f for f in tally.values() if f.cases > 0]
+    findings = [f for f in tally.values() if f.cases > 0 and
+                (f.status != "pass" or f.check not in LISTED_WHEN_FAILING)]
     for f in findings:
         _grade(f, aud)
     report = AuditReport(entry.name, profile, params, backend, n_run, seed, findings, skipped,

@@ -7,9 +7,9 @@ import torch
 
 from .. import bridge, tolerances
 from ..check import cases as cases_mod
-from .calls import (GLOBAL_KW, STRUCTURAL, TIMEOUT, Adapter, call_with_deadline, degenerate,
-                    GARBAGE, IN_DOMAIN, LOGPROBS, exception_text, fill_padding, neutral,
-                    reference_args, where_raised)
+from .calls import (GLOBAL_KW, STRUCTURAL, TIMEOUT, Adapter, InputMutated, call_with_deadline,
+                    degenerate, GARBAGE, IN_DOMAIN, exception_text, fill_padding,
+                    mutated, mutation_message, neutral, reference_args, snapshot, where_raised)
 from .model import AuditUsageError, Outcome
 
 # what a trainer's non-differentiable output is, for the report
@@ -19,10 +19,11 @@ NO_GRADIENT = ("not checked: your output carries no gradient, as trainers comput
                "reference is not differentiated by trainers)")
 
 
-def _ratio_beyond_float32(data) -> bool:
-    """Whether a valid log-ratio between two log-prob inputs exceeds log(float32 max) = 88.7:
-    exp of it, the importance ratio every loss forms, overflows in float32."""
-    lps = [np.asarray(data[k], dtype=np.float64) for k in LOGPROBS
+def _ratio_beyond_float32(data, names) -> bool:
+    """Whether a valid log-ratio between two log-prob inputs (`names`: the registry entry's)
+    exceeds log(float32 max) = 88.7: exp of it, the importance ratio every loss forms,
+    overflows in float32."""
+    lps = [np.asarray(data[k], dtype=np.float64) for k in names
            if isinstance(data.get(k), np.ndarray)]
     if len(lps) < 2:
         return False
@@ -174,7 +175,13 @@ class Auditor:
         for k, v in dict(self.global_counts(data), **(extra or {})).items():
             if self.accepts(k):
                 kwargs[k] = v
-        return self.invoke(**kwargs), leaves
+        before = snapshot(kwargs)
+        raw = self.invoke(**kwargs)
+        changes = mutated(before, kwargs)
+        if changes:
+            raise InputMutated(mutation_message(changes), output=raw,
+                               after={k: bridge.to_numpy(kwargs[k]) for k in changes})
+        return raw, leaves
 
     def outputs_of(self, raw) -> list:
         """The function's outputs in the reference's order (a dict by the entry's keys)."""
@@ -307,6 +314,7 @@ class Auditor:
             return [Outcome("skip", True, tie)]
         diff_inputs = [d for d in self.entry.diff if d in data]
         want_grad = self.backend == "torch" and self.entry.numpy_vjp is not None and diff_inputs
+        keys = self.keys
         try:
             raw, leaves = self.call(data, grad_wrt=diff_inputs if want_grad else ())
             yours = self.to_numpy(raw)
@@ -316,9 +324,17 @@ class Auditor:
         except BadReturn as exc:
             return [Outcome("raises", True), Outcome("shape", False, f"{exc}; expected "
                                                                     f"{self.expected(refs)}")]
+        except InputMutated as exc:   # what it returned is not judged on a batch it altered
+            try:
+                self.judge(exc.output)
+            except Exception:
+                pass
+            return [Outcome("raises", True), Outcome("inputs", False, str(exc))]
         except Exception as exc:  # the user's code: report, never crash
             return [self.raised(exc, data)]
-        out = [Outcome("raises", True)]
+        out = [Outcome("raises", True), Outcome("inputs", True)]
+        if self.keys != keys:     # the dict returned names the optional outputs it compares
+            refs = self.reference_outputs(data)
         if len(yours) != len(refs) or any(y.shape != r.shape for y, r in zip(yours, refs)):
             got = [tuple(y.shape) for y in yours]
             return out + [Outcome("shape", False, f"returns shape {got[0] if len(got) == 1 else got}"
@@ -327,7 +343,7 @@ class Auditor:
         finite_ok, value_ok = True, True
         kappas = self.condition(data)
         edge = any(_beyond_float32(r, self.valid_of(data, r.shape)) for r in refs) or \
-            _ratio_beyond_float32(data)
+            _ratio_beyond_float32(data, self.entry.logprobs)
         for k, (y, r) in enumerate(zip(yours, refs)):
             valid = self.valid_of(data, r.shape)
             bad = valid & np.isfinite(r) & ~np.isfinite(y)
@@ -406,7 +422,11 @@ class Auditor:
                 g *= self.valid_of(data, r.shape)
         hand = self.reference_vjp(data, self.cotangent(gs))
         names = list(leaves)
-        grads = bridge.backprop(outs, gs, [leaves[n] for n in names])
+        try:
+            grads = bridge.backprop(outs, gs, [leaves[n] for n in names])
+        except Exception as exc:      # autograd through the user's graph: report, never crash
+            return [Outcome("grad", False, f"back-propagating through your output raised "
+                                           f"{exception_text(exc)}")]
         kinks = {} if self.entry.kinks is None else self.entry.kinks(reference_args(data),
                                                                       self.params)
         kappa = max(float(np.max(k)) for k in kappas)
@@ -442,7 +462,8 @@ class Auditor:
                                        # the gradient, or the outputs it comes from
                                        edge=_beyond_float32(ref, valid) or any(
                                            _beyond_float32(r, self.valid_of(data, r.shape))
-                                           for r in refs) or _ratio_beyond_float32(data)))
+                                           for r in refs) or
+                                       _ratio_beyond_float32(data, self.entry.logprobs)))
             else:
                 results.append(Outcome("grad", True))
         return results
@@ -471,7 +492,7 @@ class Auditor:
             return []
         out = []
         for label, logprobs, base in IN_DOMAIN:
-            padded = fill_padding(data, logprobs, base)
+            padded = fill_padding(data, logprobs, base, names=self.entry.logprobs)
             try:
                 other = self.to_numpy(self.call(padded)[0])
             except Exception as exc:
@@ -493,9 +514,8 @@ class Auditor:
             return []
         out = []
         for label, logp_fill, other_fill in GARBAGE:
-            logprobs = dict.fromkeys(LOGPROBS, logp_fill)
-            padded = fill_padding(data, logprobs, 1.0 if other_fill is None else other_fill,
-                                  other_fill)
+            padded = fill_padding(data, logp_fill, 1.0 if other_fill is None else other_fill,
+                                  other_fill, names=self.entry.logprobs)
             try:
                 other = self.to_numpy(self.call(padded)[0])
             except Exception as exc:

@@ -23,6 +23,8 @@ from typing import Dict, Optional, Sequence
 import numpy as np
 import torch
 
+from ref_common import vocab
+
 from ..check import cases as cases_mod
 
 TIMEOUT = 60.0                   # seconds per call of the audited function (cases are small)
@@ -44,6 +46,55 @@ class UserRaised(Exception):
     def __init__(self, original: BaseException):
         super().__init__(f"{type(original).__name__}: {original}")
         self.original = original
+
+
+class InputMutated(Exception):
+    """The audited function wrote to one of its inputs in place: a failure of the `inputs`
+    check. Carries what it returned (`output`) and the inputs as they were left (`after`)."""
+
+    def __init__(self, message: str, output=None, after=None):
+        super().__init__(message)
+        self.output, self.after = output, after or {}
+
+
+def snapshot(kwargs):
+    """A copy of every array or tensor passed, to compare with after the call."""
+    out = {}
+    for k, v in kwargs.items():
+        if isinstance(v, torch.Tensor):
+            out[k] = v.detach().clone()
+        elif isinstance(v, np.ndarray):
+            out[k] = v.copy()
+    return out
+
+
+def mutated(before, kwargs):
+    """{input: (entries changed, entries, first changed index, was, is)} for each input the
+    call changed in place (NaN equal to NaN; a changed shape counts every entry)."""
+    out = {}
+    for k, old in before.items():
+        new = kwargs[k]
+        a = old.cpu().numpy() if isinstance(old, torch.Tensor) else old
+        b = new.detach().cpu().numpy() if isinstance(new, torch.Tensor) else new
+        if a.shape != b.shape:
+            out[k] = (a.size, a.size, None, a.shape, b.shape)
+            continue
+        same = a == b
+        if a.dtype.kind in "fc":
+            same |= np.isnan(a) & np.isnan(b)
+        if not same.all():
+            i = tuple(int(j) for j in np.argwhere(~same)[0])
+            out[k] = (int((~same).sum()), a.size, i, a[i].item(), b[i].item())
+    return out
+
+
+def mutation_message(changes) -> str:
+    parts = [f"{k} ({n} of {size} entries" + (f"; shape {was} became {now})" if i is None else
+                                             f"; at {list(i)}: {was!r} became {now!r})")
+             for k, (n, size, i, was, now) in changes.items()]
+    return (f"your function changed its input{'s' * (len(changes) > 1)} {', '.join(parts)} in "
+            f"place: the caller's batch is altered for whatever reads it next (a trainer reads "
+            f"its mask and advantages again after the loss); work on a copy")
 
 
 def exception_text(exc: BaseException) -> str:
@@ -194,8 +245,8 @@ def neutral(name: str, data: Dict[str, object]):
     return None
 
 
-# The inputs that hold log-probabilities (≤ 0 in every trainer's batch) and [.., V] logits.
-LOGPROBS = ("logp", "old_logp", "ref_logp", "rollout_logp")
+# Which inputs hold log-probabilities (≤ 0 in every trainer's batch) is a fact of the registry
+# entry (Entry.logprobs); where no entry is at hand, ref_common's naming rule (vocab.is_logprob).
 LOGITS = ("logits", "ref_logits", "sample_logits")
 
 # Padding inside each input's domain. The main checks pad every log-prob input with one shared
@@ -210,7 +261,7 @@ _PAD_NAMES = ("advantages", "values", "old_values", "returns", "rewards", "x", "
 PAD_VALUES = {n: v for n, v in zip(_PAD_NAMES, (0.6, 1.3, -0.9, 2.1, 0.35, 1.7, 0.8, 0.45, 0.55,
                                                 0.3))}
 # the mask check's in-domain paddings: (label, the log-probs' fill by input, the others' scale)
-IN_DOMAIN = (("shared log-probs", dict.fromkeys(LOGPROBS, -2.3), -1.5),
+IN_DOMAIN = (("shared log-probs", -2.3, -1.5),
              ("differing log-probs", dict(logp=-0.2, old_logp=-3.1, ref_logp=-1.4,
                                           rollout_logp=-4.6), 2.0))
 # the robustness check's garbage: (label, the log-probs' fill, the others' and the logits' fill;
@@ -222,7 +273,7 @@ GARBAGE = (("1e4", 1e4, 1e4), ("-1e4", -1e4, -1e4), ("NaN", np.nan, np.nan),
 def pad_value(name: str, base: float = 1.0) -> float:
     """The finite, in-domain value input `name` is padded with (scaled by `base` for the mask
     check's second padding; log-probs keep their sign)."""
-    if name in LOGPROBS:
+    if vocab.is_logprob(name):
         return LOGP_PAD
     return base * PAD_VALUES.get(name, 0.45 + 0.1 * (sum(map(ord, name)) % 7))
 
@@ -234,19 +285,39 @@ def pad_logits(shape, base: float = 1.0) -> np.ndarray:
     return base * np.linspace(-1.0, 1.0, V) if V > 1 else np.full(V, base * 0.5)
 
 
-def fill_padding(arrays, logprobs=None, base: float = 1.0, logits_fill=None):
+def logprob_names(arrays, names=None):
+    """The log-prob inputs among `arrays`: `names` (a registry entry's), else by ref_common's
+    naming rule."""
+    return tuple(k for k in arrays if (k in names if names is not None else vocab.is_logprob(k)))
+
+
+def _logp_fill(logprobs, name):
+    """One log-prob input's padding: `logprobs` itself (a number: every log-prob input alike),
+    logprobs[name] (a dict), and for a name the dict lacks one of its own (distinct, ≤ 0)."""
+    if logprobs is None:
+        return LOGP_PAD
+    if not isinstance(logprobs, dict):
+        return logprobs
+    if name in logprobs:
+        return logprobs[name]
+    return -(0.3 + 0.1 * (sum(map(ord, name)) % 41))
+
+
+def fill_padding(arrays, logprobs=None, base: float = 1.0, logits_fill=None, names=None):
     """`arrays` with every masked entry (a [B, T] input at ~mask, a [B] input of an all-masked
-    row or an invalid row, a [B, T, V] logits row at ~mask) replaced: log-probs by
-    `logprobs[name]` (default: the shared LOGP_PAD), the others by pad_value(name, base) (or by
-    `base` itself where it is not finite: garbage), logits by pad_logits (or `logits_fill`)."""
+    row or an invalid row, a [B, T, V] logits row at ~mask) replaced: log-probs (the inputs
+    `names`, by default those named as log-probs) by `logprobs` (one number for all, or a dict
+    by name; default: the shared LOGP_PAD), the others by pad_value(name, base) (or by `base`
+    itself where it is not finite: garbage), logits by pad_logits (or `logits_fill`)."""
     arrays = dict(arrays)
     m = arrays.get("mask")
     valid = arrays.get("valid")
+    lps = logprob_names(arrays, names)
     for k, v in list(arrays.items()):
         if v is None or not isinstance(v, np.ndarray) or v.dtype.kind != "f":
             continue
-        if k in LOGPROBS and logprobs is not None:
-            value = logprobs.get(k, LOGP_PAD)
+        if k in lps:
+            value = _logp_fill(logprobs, k)
         elif not np.isfinite(base):
             value = base
         else:
@@ -264,13 +335,14 @@ def fill_padding(arrays, logprobs=None, base: float = 1.0, logits_fill=None):
     return arrays
 
 
-def log_probs_in_domain(arrays):
-    """`arrays` with every log-prob input shifted by one constant so that the largest valid
-    log-prob is ≤ 0 (a case's log-ratios, the only thing most functions read, are unchanged): a
-    trainer's log-probs are never positive."""
+def log_probs_in_domain(arrays, names=None):
+    """`arrays` with every log-prob input (`names`, by default those named as log-probs)
+    shifted by one constant so that the largest valid log-prob is ≤ 0 (a case's log-ratios, the
+    only thing most functions read, are unchanged): a trainer's log-probs are never positive."""
     m = arrays.get("mask")
     top = -np.inf
-    for k in LOGPROBS:
+    lps = logprob_names(arrays, names)
+    for k in lps:
         v = arrays.get(k)
         if isinstance(v, np.ndarray) and v.size:
             at = v[np.asarray(m, dtype=bool)] if m is not None and v.shape == m.shape else v
@@ -279,14 +351,14 @@ def log_probs_in_domain(arrays):
                 top = max(top, float(at.max()))
     if not top > 0:
         return arrays
-    return {k: (v - top if k in LOGPROBS and isinstance(v, np.ndarray) else v)
+    return {k: (v - top if k in lps and isinstance(v, np.ndarray) else v)
             for k, v in arrays.items()}
 
 
-def finite_padding(case):
-    """The case as a trainer's batch holds it: log-probs ≤ 0, and every masked / invalid entry
-    replaced by a finite value inside its input's domain (see fill_padding)."""
-    arrays = fill_padding(log_probs_in_domain(case.arrays))
+def finite_padding(case, names=None):
+    """The case as a trainer's batch holds it: log-probs (`names`) ≤ 0, and every masked /
+    invalid entry replaced by a finite value inside its input's domain (see fill_padding)."""
+    arrays = fill_padding(log_probs_in_domain(case.arrays, names), names=names)
     return cases_mod.Case(case.label, arrays, case.params, case.stages, case.fd_step)
 
 
@@ -306,7 +378,8 @@ def as_trainer_batch(case):
 def audit_case(entry, seed: int, i: int):
     """Case `i` of `entry` under `seed` as the audit runs it: drawn by the registry's generator,
     padded with finite values (each input its own) and shaped as a trainer's batch."""
-    return as_trainer_batch(finite_padding(entry.case(cases_mod.rng_for(seed, entry.name, i), i)))
+    return as_trainer_batch(finite_padding(entry.case(cases_mod.rng_for(seed, entry.name, i), i),
+                                           entry.logprobs))
 
 
 def reference_args(data):

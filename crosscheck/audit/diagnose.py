@@ -33,7 +33,7 @@ def _probe_data(aud, case, n=6) -> List[Dict[str, object]]:
     out = [data]
     if data.get("mask") is not None and not np.asarray(data["mask"]).all():
         _, logprobs, base = IN_DOMAIN[1]
-        out.append(fill_padding(data, logprobs, base))
+        out.append(fill_padding(data, logprobs, base, names=aud.entry.logprobs))
     for i in range(40):
         if len(out) > n + 1:
             break
@@ -85,14 +85,31 @@ def _same(aud, a, b, data, cond=1.0, everywhere=False):
     return aud.mismatch(a, b, where, cond) is None
 
 
+def _grid(aud) -> Tuple[Dict[str, tuple], Dict[str, object]]:
+    """(the conventions a diagnosis may vary, their declared values): the entry's grid and,
+    for policy_objective, the chosen policy loss's own (DPPO's log_ratio_clamp under
+    loss='dppo'), at that loss's defaults where not declared."""
+    from ..check import registry
+
+    grid, declared = dict(aud.entry.grid), dict(aud.params)
+    loss = aud.params.get("loss") if aud.entry.takes_more else None
+    sub = registry.REGISTRY.get(registry.POLICY_LOSS_ENTRIES.get(loss, ""))
+    if sub is not None:
+        for k, values in sub.grid.items():
+            if k not in grid and k in sub.defaults:
+                grid[k] = values
+                declared.setdefault(k, sub.defaults[k])
+    return grid, declared
+
+
 def _variants(aud) -> List[Tuple[str, Dict[str, object]]]:
-    grid = aud.entry.grid
-    keys = [k for k in grid if k in aud.params]
+    grid, declared = _grid(aud)
+    keys = [k for k in grid if k in declared]
     out = []
     for n_changed in (1, 2):
         for combo in itertools.combinations(keys, n_changed):
             for values in itertools.product(*(grid[k] for k in combo)):
-                if any(aud.params.get(k) == v for k, v in zip(combo, values)):
+                if any(declared.get(k) == v for k, v in zip(combo, values)):
                     continue
                 out.append((", ".join(f"{k}={v!r}" for k, v in zip(combo, values)),
                             dict(aud.params, **dict(zip(combo, values)))))
@@ -101,7 +118,8 @@ def _variants(aud) -> List[Tuple[str, Dict[str, object]]]:
 
 def _declared(aud, label) -> str:
     keys = [part.split("=")[0] for part in label.split(", ")]
-    return ", ".join(f"{k}={aud.params.get(k)!r}" for k in keys)
+    declared = _grid(aud)[1]
+    return ", ".join(f"{k}={declared.get(k)!r}" for k in keys)
 
 
 def _deviation(aud, profile, label) -> str:

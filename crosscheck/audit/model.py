@@ -13,8 +13,11 @@ import sys
 from typing import Dict, List, Optional
 
 # The checks, in the order the report lists them.
-CHECKS = ("raises", "shape", "finite", "value", "grad", "mask", "garbage", "permutation",
-          "microbatch", "kl_direction")
+CHECKS = ("raises", "inputs", "shape", "finite", "value", "grad", "mask", "garbage",
+          "permutation", "microbatch", "kl_direction")
+# checks every function passes unless it does something unusual (writes to its inputs): listed
+# in a report only when they do not pass
+LISTED_WHEN_FAILING = ("inputs",)
 STATUSES = ("pass", "info", "warn", "fail")      # "info": not checked by design, and why
 # The grade of a finding (crosscheck.trainer.card grades a card's; an audit grades its own):
 # - deviation: on inputs the trainer really produces, beyond its precision (a failure);

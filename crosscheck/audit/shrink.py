@@ -4,7 +4,7 @@ import numpy as np
 from .. import bridge
 from ..check import cases as cases_mod
 from .auditor import Auditor
-from .calls import exception_text
+from .calls import InputMutated, exception_text
 from .model import Outcome
 
 SHRINK_STEPS = 60
@@ -106,7 +106,11 @@ def describe(aud: Auditor, case, outcome: Outcome):
     ce = {k: bridge.json_safe(v) for k, v in data.items() if aud.accepts(k)}
     try:
         ce["reference output"] = _labelled(aud, aud.reference_outputs(data))
-        raw, _ = aud.call(data)
+        try:
+            raw, _ = aud.call(data)
+        except InputMutated as exc:
+            raw = exc.output
+            ce["inputs after your call"] = {k: bridge.json_safe(v) for k, v in exc.after.items()}
         ce["your output"] = ("None: your function returned nothing" if raw is None else
                              _labelled(aud, aud.to_numpy(raw)))
     except Exception as exc:

@@ -427,9 +427,24 @@ def opsm_mask_case(rng, i):
         delta = float(0.5 * (drift[k - 1] + drift[k]))
     else:
         delta = 1e-4 if choice == "between" else choice
+    a, near = dict(a), ""
+    if choice == 1e-4 and i >= DEFAULT_CASES and "extreme" not in base.label:
+        # from case DEFAULT_CASES on, slime's small δ with rows whose drift sits near it: D =
+        # 0.2·δ (under δ, over 0) or 3·δ, each 8e-5 or more from δ, outside the rounding band
+        # in which the registry leaves a row undecided (opsm's `ambiguous`)
+        m = a["mask"]
+        rows = np.flatnonzero(m.any(axis=1))
+        chosen = rows[rng.random(rows.size) < 0.6]
+        if chosen.size:
+            d = opsm_drift(a["logp"], a["old_logp"], m).ravel()
+            target = np.where(rng.random(chosen.size) < 0.5, 0.2 * delta, 3.0 * delta)
+            shift = np.zeros(m.shape[0])
+            shift[chosen] = target - d[chosen]
+            a["old_logp"] = np.where(m, a["old_logp"] + shift[:, None], a["old_logp"])
+            near = ", drifts near delta"
     params = dict(delta=delta)
-    label = base.label.rstrip(", ") + f", delta={delta:.4g}"
-    return Case(label, dict(a), params, stages=("value",))
+    label = base.label.rstrip(", ") + f", delta={delta:.4g}" + near
+    return Case(label, a, params, stages=("value",))
 
 
 def m2po_mask_case(rng, i):
@@ -481,9 +496,24 @@ def dppo_loss_case(rng, i):
         # form "ratio"'s attached min(r, C) bends at r = C (policy_objective may set that form
         # on these arrays): move p to q where log r is near log C
         p = np.where(np.abs(np.log(p / q) - math.log(params["clip_c"])) < 0.05, q, p)
-    arrays = dict(logp=_garbage(np.log(p), m, rng), old_logp=_garbage(np.log(q), m, rng),
+    lp, old = np.log(p), np.log(q)
+    extreme = i >= DEFAULT_CASES and i % 4 == 3
+    if extreme:
+        # from case DEFAULT_CASES on, a quarter of the cases keep tokens with |log r| > 20, past
+        # the usual log-ratio clamp: p tiny (logp −30..−60, log r < −20), or q tiny (log r
+        # 21..30) with p 0.005..0.025, inside every region (p − q, and the binary KL ≈ p, stay
+        # under the smallest δ 0.05 by more than MARGIN)
+        pick = rng.random((B, T))
+        low, high = pick < 0.2, (pick >= 0.2) & (pick < 0.4)
+        lp = np.where(low, -rng.uniform(30.0, 60.0, (B, T)), lp)
+        p_high = rng.uniform(0.005, 0.025, (B, T))
+        old = np.where(low, np.minimum(old, -0.05), old)
+        lp = np.where(high, np.log(p_high), lp)
+        old = np.where(high, np.log(p_high) - rng.uniform(21.0, 30.0, (B, T)), old)
+    arrays = dict(logp=_garbage(lp, m, rng), old_logp=_garbage(old, m, rng),
                   advantages=_advantages(rng, B, T, i, m), mask=m)
     label = f"{kind} mask, " + ", ".join(f"{k}={v}" for k, v in params.items()) + \
+        (", extreme log-ratios |log r| > 20 kept" if extreme else "") + \
         _advantages_label(arrays, i)
     return Case(label, arrays, params)
 

@@ -75,6 +75,10 @@ class Entry:
     # the inputs that cannot change the output under given conventions (policy_objective's
     # ref_logp when beta = 0): an audited function need not take them
     unused: Optional[Callable[[Mapping[str, object]], Tuple[str, ...]]] = None
+    # the inputs holding log-probabilities (≤ 0 in a trainer's batch, padded alike, and whose
+    # differences are log-ratios a trainer exponentiates); by default every input the
+    # reference names logp or <policy>_logp (see logprob_inputs)
+    logprobs: Tuple[str, ...] = ()
 
     def freeze_for(self, params) -> Optional[Freeze]:
         """The freeze rule that applies to a case, or None (no stop-gradient in its definition)."""
@@ -110,17 +114,26 @@ def _twin(name):
     return twin
 
 
+def logprob_inputs(fn) -> Tuple[str, ...]:
+    """The array inputs of a reference that hold log-probabilities, read from its signature:
+    ref_common's vocabulary names a log-prob input `logp` or `<policy>_logp`
+    (vocab.is_logprob)."""
+    return tuple(n for n, p in inspect.signature(fn).parameters.items()
+                 if p.kind is p.POSITIONAL_OR_KEYWORD and vocab.is_logprob(n))
+
+
 def _entry(name, diff, **facts):
-    return Entry(name=name, numpy_fn=getattr(ref_numpy, name),
-                 numpy_vjp=getattr(ref_numpy, name + "_vjp", None),
+    fn = getattr(ref_numpy, name)
+    facts.setdefault("logprobs", logprob_inputs(fn))
+    return Entry(name=name, numpy_fn=fn, numpy_vjp=getattr(ref_numpy, name + "_vjp", None),
                  torch_fn=_twin(name), diff=diff,
                  case=getattr(cases, name + "_case"), **facts)
 
 
 def _kl_cov_tie(args, params):
     """KL-Cov penalises the k tokens of largest covariance; where the k-th and (k+1)-th are
-    equal (to rounding: the trainer forms them in its own arithmetic), any of the tied tokens
-    is a right choice. With one advantage per sequence and one non-empty row, every
+    equal (to rounding, float32's included: the trainer forms them in its own arithmetic), any
+    of the tied tokens is a right choice, whichever way its top-k breaks ties. With one advantage per sequence and one non-empty row, every
     covariance is 0."""
     import numpy as np
     lp = np.asarray(args["logp"], dtype=np.float64)
@@ -137,8 +150,12 @@ def _kl_cov_tie(args, params):
     if k >= len(cov):
         return None
     a, l = adv[m], lp[m]
-    scale = np.abs(a - a.mean()).max() * np.abs(l - l.mean()).max()
-    if cov[k - 1] - cov[k] <= 1e-12 * max(scale, 1e-300):
+    # the rounding of (a − ā)(l − l̄) scales with the inputs, not with the centred values: a
+    # batch of equal advantages has covariances of exactly 0 that rounding makes ±1e-17. The
+    # band covers float32 code (unit roundoff 6e-8, its sums' growth included)
+    da, dl = np.abs(a - a.mean()).max(), np.abs(l - l.mean()).max()
+    scale = np.abs(a).max() * dl + da * np.abs(l).max()
+    if cov[k - 1] - cov[k] <= 1e-6 * max(scale, 1e-300):
         return ("the covariance terms tie at the selection's boundary (the k-th and "
                 "(k+1)-th largest are equal): any of the tied tokens is a right KL-Cov "
                 "selection, so the case is not judged")
@@ -258,7 +275,9 @@ def build() -> Dict[str, Entry]:
                freeze=oracles.objective_rule, undetached=_objective_undetached,
                checks=("microbatch",), stack="many",
                grid=dict(agg=vocab.AGG_MODES, empty_rows=vocab.EMPTY_ROWS,
-                         loss=vocab.POLICY_LOSSES, kl_weight=vocab.KL_WEIGHTS),
+                         loss=vocab.POLICY_LOSSES, kl_weight=vocab.KL_WEIGHTS,
+                         kl_anchor=vocab.KL_ANCHORS),
+               known_bugs=variants.OBJECTIVE,
                unused=lambda params: () if params.get("beta") and
                params.get("kl_anchor", "ref") == "ref" else ("ref_logp",)),
         _entry("kl_estimator_moments", ("logits",), outputs=vocab.MOMENT_KEYS, dict_output=True,
@@ -279,7 +298,8 @@ def build() -> Dict[str, Entry]:
                detached="φ(w): the gamma weight of the sequence ratio",
                freeze=lambda params: oracles.freeze_ratio,
                grid=dict(k_pos=(2.0, 1.0), lambda_pos=(3.0, 1.0), k_neg=(3.0, 2.0),
-                         lambda_neg=(2.0, 1.0), log_ratio_clamp=(20.0, None))),
+                         lambda_neg=(2.0, 1.0), log_ratio_clamp=(20.0, None)),
+               known_bugs=variants.VESPO),
         _entry("rollout_is_weights", (), trainer_grad=False,     # detached weights: values
                grid=dict(level=vocab.IS_LEVELS, mode=vocab.IS_MODES, seq_stat=vocab.IS_SEQ_STATS,
                          kept=vocab.IS_KEPT, log_ratio_clamp=(None, 20.0))),
@@ -299,7 +319,8 @@ def build() -> Dict[str, Entry]:
                grid=dict(form=vocab.DPPO_FORMS, divergence=vocab.DPPO_DIVERGENCES,
                          clip_c=(3.0, 20.0, None),
                          kl_eps=(0.0, 1e-8), log_ratio_clamp=(20.0, None),
-                         clip_low=(0.2, 0.1, 0.28), clip_high=(None, 0.2, 0.28))),
+                         clip_low=(0.2, 0.1, 0.28), clip_high=(None, 0.2, 0.28)),
+               known_bugs=variants.DPPO),
         _entry("decoupled_ppo_loss", ("logp",), stack="rows",
                grid=dict(clip_low=(0.2, 0.1, 0.28), clip_high=(None, 0.2, 0.28),
                          clip_c=(None, 3.0), is_level=(None,) + vocab.IS_LEVELS,

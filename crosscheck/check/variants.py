@@ -129,6 +129,66 @@ def cispo_undetached_grad(data, p, g):
     return np.where(m, g * grad, 0.0)
 
 
+def dppo_undetached_grad(data, p, g):
+    """∂/∂logp of −A·w·logp·kept with w = min(r, C) differentiated too (form "logp"): the
+    held gradient −A·w·kept plus logp times form "ratio"'s −A·∂w/∂logp·kept."""
+    if p.get("form", "logp") != "logp":
+        raise ValueError("form 'ratio' differentiates its weight already")
+    a = arrays_of(data)
+    held = ref_numpy.dppo_loss_vjp(g, **a, **p)["logp"]
+    through = ref_numpy.dppo_loss_vjp(g, **a, **dict(p, form="ratio"))["logp"]
+    m = mask_of(data, a["logp"].shape)
+    return np.where(m, held + np.where(m, a["logp"], 0.0) * through, 0.0)
+
+
+def vespo_undetached_grad(data, p, g):
+    """∂/∂logp of −φ(w)·A·logp with φ differentiated too: the held gradient −φ·A·g plus, for
+    each token s of a row, ∂log w/∂logp_s · Σ_t g_t·(−φ_t·A_t)·logp_t·(k_t − λ_t·w), where
+    ∂φ/∂log w = φ·(k − λ·w) and log w = clip(Σ clip(ρ, ±c), log_w_min, log_w_max)."""
+    a = arrays_of(data)
+    lp = a["logp"]
+    m = mask_of(data, lp.shape)
+    d = dict(ref_numpy.vespo_loss.__kwdefaults__, **p)
+    held = ref_numpy.vespo_loss_vjp(g, **a, **p)["logp"]                 # −g·φ·A
+    rho = np.where(m, lp - a["old_logp"], 0.0)
+    c = d["log_ratio_clamp"]
+    passes = np.ones(rho.shape, bool) if c is None else np.abs(rho) < c
+    rho = rho if c is None else np.clip(rho, -c, c)
+    total = np.where(m, rho, 0.0).sum(axis=-1, keepdims=True)
+    inside = (total > d["log_w_min"]) & (total < d["log_w_max"])
+    log_w = np.clip(total, d["log_w_min"], d["log_w_max"])
+    pos = np.broadcast_to(_adv(data), lp.shape) >= 0
+    k = np.where(pos, d["k_pos"], d["k_neg"])
+    lam = np.where(pos, d["lambda_pos"], d["lambda_neg"])
+    with np.errstate(over="ignore", invalid="ignore"):
+        terms = np.where(m, held * np.where(m, lp, 0.0) * (k - lam * np.exp(log_w)), 0.0)
+    through = terms.sum(axis=-1, keepdims=True) * inside * passes
+    return np.where(m, held + through, 0.0)
+
+
+def objective_kl_swapped(data, p):
+    """policy_objective with its KL estimator's arguments swapped, k(ref_logp, logp), the
+    term's weight (TRL's ratio r = exp(logp − old_logp), or none) kept: aggregate is linear, so
+    the objective plus β·aggregate(swapped term − term)."""
+    a = arrays_of(data)
+    beta = p.get("beta") or 0.0
+    if not beta or p.get("kl_anchor", "ref") != "ref" or a.get("ref_logp") is None:
+        raise ValueError("no KL term against ref_logp")
+    from ref_numpy.objective import kl_term
+    lp, old, ref = (np.asarray(a[k], dtype=np.float64) for k in ("logp", "old_logp",
+                                                                  "ref_logp"))
+    m = mask_of(data, lp.shape)
+    kw = dict(kind=p.get("kl_kind", "k3"), clamp=p.get("kl_clamp"), weight=p.get("kl_weight"))
+    with np.errstate(all="ignore"):
+        term = kl_term(lp, old, ref, m, **kw)
+        # k(ref, logp)·r(logp, old): kl_term's ratio formed from ref against ref − (logp − old)
+        swapped = kl_term(ref, np.where(m, ref - (lp - old), 0.0), lp, m, **kw)
+    diff = np.where(m, beta * (swapped - term), 0.0)
+    return ref_numpy.policy_objective(**a, **p) + ref_numpy.aggregate(
+        diff, m, mode=p.get("agg", "seq-mean-token-mean"), norm=p.get("norm"),
+        empty_rows=p.get("empty_rows", "exclude"))
+
+
 PPO = (KnownBug("dual clip applied to positive advantages too (tianshou #433, verl #783)",
                 value=ppo_dual_on_positive),
        KnownBug("clip bounds swapped: ε_low and ε_high exchanged (DAPO clip-higher)",
@@ -149,3 +209,9 @@ GROUPS = (KnownBug("groups taken as consecutive blocks, ignoring group_ids (a re
                    value=groups_keep_invalid))
 CISPO = (KnownBug("CISPO's weight w = clip(ratio) is not detached: its gradient is "
                   "differentiated too", grad=cispo_undetached_grad, detach=True),)
+DPPO = (KnownBug("DPPO's weight min(r, C) is not detached: its gradient is differentiated "
+                 "too (form 'logp')", grad=dppo_undetached_grad, detach=True),)
+VESPO = (KnownBug("VESPO's weight φ(w) is not detached: the gamma weight of the sequence "
+                  "ratio is differentiated too", grad=vespo_undetached_grad, detach=True),)
+OBJECTIVE = (KnownBug("the KL estimator's arguments swapped (logp ↔ ref_logp), its weight "
+                      "kept (TRL's ratio-weighted KL)", value=objective_kl_swapped),)

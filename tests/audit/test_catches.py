@@ -420,3 +420,27 @@ def test_plausible_padding_that_changes_valid_outputs_fails_and_a_nan_leak_only_
     assert r.ok and finding(r, "garbage").status == "warn"
     assert finding(r, "garbage").message.startswith(
         "NaN at padding leaks into a valid output (returns[")
+
+
+def test_a_dppo_clamping_its_log_ratio_at_20_is_caught_where_the_reference_does_not():
+    """The DPPO cases keep tokens with |log r| > 20 (from case 12 on), where a clamp at 20
+    changes min(r, C)·logp."""
+    import ref_torch
+
+    def clamps(logp, old_logp, advantages, mask):
+        return ref_torch.dppo_loss(logp, old_logp, advantages, mask, log_ratio_clamp=20.0)
+    report = audit(clamps, "dppo_loss", log_ratio_clamp=None, cases=60)
+    assert "value" in failing(report), str(report)
+
+
+def test_an_opsm_that_compares_the_drift_with_0_not_delta_is_caught_at_a_small_delta():
+    """At slime's δ = 1e-4 the cases put rows' mean log-ratio D at 0.2·δ and 3·δ (outside the
+    band the registry leaves undecided): D > 0 in place of D > δ drops a row it must keep."""
+    def ignores_delta(logp, old_logp, advantages, mask):
+        m = mask.bool()
+        A = advantages[:, None].expand_as(logp) if advantages.dim() == 1 else advantages
+        d = torch.where(m, old_logp - logp, torch.zeros_like(logp)).sum(-1, keepdim=True) / \
+            m.sum(-1, keepdim=True).clamp(min=1)
+        return (m & ~((A < 0) & (d > 0))).to(logp.dtype)
+    report = audit(ignores_delta, "opsm_mask", delta=1e-4, cases=200)
+    assert "value" in failing(report), str(report)

@@ -81,17 +81,18 @@ def test_a_known_bug_and_the_convention_it_amounts_to_are_both_named():
 
 
 @pytest.mark.parametrize("fn, ref, conventions, says", [
-    ("dppo_undetached", "dppo_loss", {},
-     "min(r, C) (in form 'logp') and the trust-region indicator"),
-    ("vespo_undetached", "vespo_loss", {}, "φ(w): the gamma weight of the sequence ratio"),
+    ("dppo_undetached", "dppo_loss", {}, "DPPO's weight min(r, C) is not detached"),
+    ("vespo_undetached", "vespo_loss", {}, "VESPO's weight φ(w) is not detached"),
 ], ids=["dppo", "vespo"])
 def test_a_missing_stop_gradient_in_the_newer_losses_is_diagnosed_as_detach(fn, ref,
                                                                              conventions, says):
+    """As CISPO's: the stop-gradient factor differentiated is named as not detached, on every
+    probe (extreme log-ratios included), not only where finite differences of the value hold."""
     from tests.audit import trust_region_bugs as bugs
     report = audit(getattr(bugs, fn), ref, cases=40, **conventions)
     f = finding(report, "detach")
-    assert f.status == "fail" and f.diagnosis.startswith("a stop-gradient is missing")
-    assert says in f.diagnosis
+    assert f.status == "fail" and f.diagnosis.startswith("matches a known bug: " + says), \
+        str(report)
 
 
 def test_dppo_with_its_binary_kl_swapped_is_not_given_an_unsound_convention():
@@ -130,3 +131,43 @@ def test_a_dppo_with_a_narrower_low_bound_is_diagnosed_by_its_clip_low():
                    log_ratio_clamp=None, cases=N)
     f = finding(report, "value")
     assert f.status == "fail" and "clip_low=0.1" in f.diagnosis, f.diagnosis
+
+
+def test_a_kl_against_the_old_policy_is_named_as_kl_anchor():
+    import ref_torch
+
+    def anchored_old(logp, old_logp, advantages, mask, ref_logp):
+        return ref_torch.policy_objective(logp, old_logp, advantages, mask, ref_logp, beta=0.1,
+                                          kl_anchor="old")
+    report = audit(anchored_old, "policy_objective", beta=0.1, cases=30, accumulation="none")
+    assert "with kl_anchor='old' (the declared conventions are kl_anchor='ref')" in \
+        finding(report, "value").diagnosis, str(report)
+
+
+def test_dppos_log_ratio_clamp_is_named_under_policy_objective():
+    """The chosen policy loss's own conventions are varied too: DPPO's log_ratio_clamp (20 by
+    default) under loss='dppo', where the cases keep tokens with log r > 20."""
+    import ref_torch
+
+    def clamps(logp, old_logp, advantages, mask):
+        return ref_torch.policy_objective(logp, old_logp, advantages, mask, loss="dppo",
+                                          clip_c=None, log_ratio_clamp=20.0)
+    report = audit(clamps, "policy_objective", loss="dppo", clip_c=None, log_ratio_clamp=None,
+                   cases=100, accumulation="none")
+    assert "with log_ratio_clamp=20.0 (the declared conventions are log_ratio_clamp=None)" in \
+        finding(report, "value").diagnosis, str(report)
+
+
+def test_trls_ratio_weighted_kl_with_its_arguments_swapped_is_named():
+    import ref_torch
+
+    def swapped(logp, old_logp, advantages, mask, ref_logp):
+        m = mask.bool()
+        policy = ref_torch.ppo_clip_loss(logp, old_logp, advantages, mask)
+        r = torch.exp(torch.where(m, logp - old_logp, torch.zeros_like(logp)))
+        kl = ref_torch.kl_penalty(ref_logp, logp, mask, kind="k3")          # swapped
+        return ref_torch.aggregate(policy + 0.1 * r * kl, mask)
+    report = audit(swapped, "policy_objective", beta=0.1, kl_weight="ratio", cases=30,
+                   accumulation="none")
+    assert finding(report, "value").diagnosis.startswith(
+        "matches a known bug: the KL estimator's arguments swapped"), str(report)

@@ -382,3 +382,82 @@ def test_a_float32_value_saturated_beyond_float32s_range_is_a_robustness_note():
     f = finding(report, "value")
     assert f.status == "warn" and f.grade == "robustness", str(report)
     assert report.verdict == "CONFORMS", str(report)
+
+
+def _decoupled_ppo_float32(logp, prox_logp, behave_logp, advantages, mask):
+    """Decoupled PPO (dual clip 3, behaviour weight truncated at 5) computed in float32, its
+    ratio exp(logp − prox_logp) overflowing where that log-ratio passes 88.7."""
+    lp, px, bh = logp.float(), prox_logp.float(), behave_logp.float()
+    A = advantages.float()
+    A = A[:, None].expand_as(lp) if A.dim() == 1 else A
+    r = torch.exp(lp - px)
+    w = torch.exp(px - bh).detach().clamp(max=5.0)
+    s = torch.minimum(A * r, A * r.clamp(0.8, 1.2))
+    s = torch.where(A < 0, torch.maximum(s, 3.0 * A), s)
+    return torch.where(mask.bool(), -w * s, torch.zeros_like(s)).double()
+
+
+def test_float32_overflow_of_any_log_prob_inputs_ratio_is_a_robustness_note():
+    """Which inputs are log-probs is the registry's fact (Entry.logprobs): decoupled PPO's
+    prox_logp and behave_logp count, so an overflow of exp(logp − prox_logp) past float32's
+    range is a robustness note, as PPO's exp(logp − old_logp) is."""
+    from crosscheck.check.registry import REGISTRY
+    assert REGISTRY["decoupled_ppo_loss"].logprobs == ("logp", "prox_logp", "behave_logp")
+    report = audit(_decoupled_ppo_float32, "decoupled_ppo_loss", cases=60, precision="float32",
+                   clip_c=3.0, is_level="token", is_mode="truncate", is_upper=5.0)
+    f = finding(report, "grad")
+    assert f.status == "warn" and f.grade == "robustness", str(report)
+    assert report.verdict == "CONFORMS", str(report)
+
+
+def _kl_cov_by(select):
+    """A correct KL-Cov whose top-k is `select(cov, k)` (indices), its covariance formed in
+    its own arithmetic (means as sums over counts)."""
+    def fn(logp, old_logp, advantages, mask):
+        adv = advantages if advantages.dim() == logp.dim() else \
+            advantages[:, None].expand_as(logp)
+        m = mask.bool()
+        a, lp = adv[m].detach(), logp[m].detach()
+        cov = (a - a.sum() / len(a)) * (lp - lp.sum() / len(lp))
+        chosen = torch.zeros(len(cov), dtype=torch.bool)
+        chosen[select(cov, max(1, int(len(cov) * 0.25)))] = True
+        flat = torch.zeros_like(m)
+        flat[m] = chosen
+        log_r = logp - old_logp
+        loss = -adv * torch.exp(log_r) + 0.1 * log_r.abs() * flat
+        return torch.where(m, loss, torch.zeros_like(loss))
+    return fn
+
+
+KL_COV_TIE_BREAKS = dict(
+    topk=lambda c, k: torch.topk(c, k).indices,
+    argsort_descending_stable=lambda c, k: torch.argsort(c, descending=True, stable=True)[:k],
+    argsort_of_negative=lambda c, k: torch.argsort(-c, stable=True)[:k],
+    ascending_reversed=lambda c, k: torch.argsort(c, stable=True).flip(0)[:k],
+    numpy_argsort=lambda c, k: torch.as_tensor(np.argsort(c.numpy())[::-1][:k].copy()))
+
+
+@pytest.mark.parametrize("style", list(KL_COV_TIE_BREAKS))
+@pytest.mark.parametrize("A", [0.1, 0.7, 1 / 3])
+def test_kl_cov_ties_in_exact_arithmetic_are_not_judged_whatever_the_rounding(style, A):
+    """One advantage for every token: every covariance is 0 in exact arithmetic, a tie, though
+    the reference's float64 mean of 0.1s is not 0.1 exactly (its covariances are rounding
+    noise): no tie-break and no arithmetic of a correct implementation is a failure."""
+    from crosscheck.audit.api import prepare
+    from crosscheck.check import cases as cases_mod
+    aud, _, _ = prepare(_kl_cov_by(KL_COV_TIE_BREAKS[style]), "kl_cov_loss", ratio=0.25,
+                        coef=0.1)
+    lp = np.array([[-0.5, -1.0, -2.0, -0.3], [-1.5, -0.7, -0.9, -2.2], [-0.1, -0.4, -3.0, -1.1]])
+    case = cases_mod.Case("one advantage", dict(logp=lp, old_logp=lp - 0.3,
+                                                advantages=np.full(3, A),
+                                                mask=np.ones((3, 4), bool)), {})
+    outcomes = aud.run_case(case)
+    assert all(o.ok for o in outcomes), [o.message for o in outcomes if not o.ok]
+    assert outcomes[0].check == "skip" and "tie" in outcomes[0].message
+
+
+@pytest.mark.parametrize("style", list(KL_COV_TIE_BREAKS))
+def test_kl_cov_selections_breaking_ties_in_any_order_conform(style):
+    report = audit(_kl_cov_by(KL_COV_TIE_BREAKS[style]), "kl_cov_loss", ratio=0.25, coef=0.1,
+                   cases=60, domain=("per_sequence_advantages",))
+    assert report.ok, str(report)

@@ -140,6 +140,25 @@ def test_an_optional_hyper_parameter_set_to_nan_is_refused_by_its_own_name(name,
     assert named(key, str(exc.value)), str(exc.value)
 
 
+CHOICE_CASES = [(name, p) for name, e in sorted(ENTRIES.items())
+                for p, prm in inspect.signature(e.numpy_fn).parameters.items()
+                if prm.kind == prm.KEYWORD_ONLY and p not in e.data_keywords
+                and any(isinstance(v, str) for v in (prm.default,) + tuple(e.grid.get(p, ())))]
+
+
+@pytest.mark.parametrize("twin", ["numpy", "torch"])
+@pytest.mark.parametrize("name, key", CHOICE_CASES, ids=[f"{n}-{k}" for n, k in CHOICE_CASES])
+def test_an_unknown_choice_is_refused_by_the_callers_own_keyword(name, key, twin):
+    """A keyword that picks one of several conventions (decoupled_ppo_loss's is_seq_stat,
+    is_mode, ...) refused under the caller's name, not the name of the function it forwards to
+    (seq_stat)."""
+    entry = ENTRIES[name]
+    case = case0(name)
+    with pytest.raises((TypeError, ValueError)) as exc:
+        call(entry, twin, case.arrays, dict(case.params, **{key: "geo"}))
+    assert named(key, str(exc.value)), str(exc.value)
+
+
 def test_policy_objective_names_its_own_kl_keywords():
     import ref_numpy
     case = case0("policy_objective")
