@@ -540,12 +540,32 @@ def kl_cov_loss_case(rng, i):
         lp, adv, m = (case.arrays[k] for k in ("logp", "advantages", "mask"))
         if adv.shape != lp.shape:                   # one advantage per sequence
             adv = np.repeat(adv[:, None], lp.shape[1], axis=1)
-        if m.sum() < 2:
+        m = m.astype(bool)
+        if m.sum() < 2 or _kl_cov_apart(lp, adv, m, params["ratio"]):
             break
-        cov, k = kl_cov_ranking(lp, adv, m, params["ratio"])
-        if k >= len(cov) or cov[k - 1] - cov[k] > 0.05 * (1 + abs(cov[k - 1])):
-            break
+        # Many tokens pack the covariances densely: open the gap instead of drawing again.
+        # The unselected tokens' log-probs move halfway to their mean (a convex combination,
+        # so still ≤ 0), their covariance terms with them; old_logp moves alike, so every
+        # log-ratio, and its distance from |·|'s kink, is kept.
+        a, l = adv[m], lp[m]
+        cov = (a - a.mean()) * (l - l.mean())
+        k = kl_cov_ranking(lp, adv, m, params["ratio"])[1]
+        rest = np.argsort(-cov, kind="stable")[k:]
+        step = np.zeros(l.shape)
+        step[rest] = 0.5 * (l.mean() - l[rest])
+        shift = np.zeros(lp.shape)
+        shift[m] = step
+        moved = dict(case.arrays, logp=lp + shift, old_logp=case.arrays["old_logp"] + shift)
+        if _kl_cov_apart(moved["logp"], adv, m, params["ratio"]):
+            return Case(case.label, moved, case.params)
     return case
+
+
+def _kl_cov_apart(lp, adv, m, ratio) -> bool:
+    """The k-th and (k+1)-th largest covariance terms far apart, compared with how much a
+    finite-difference step moves them: the selection is constant under those steps."""
+    cov, k = kl_cov_ranking(lp, adv, m, ratio)
+    return k >= len(cov) or cov[k - 1] - cov[k] > 0.05 * (1 + abs(cov[k - 1]))
 
 
 def kl_cov_ranking(lp, adv, m, ratio):

@@ -133,8 +133,8 @@ def _entry(name, diff, **facts):
 def _kl_cov_tie(args, params):
     """KL-Cov penalises the k tokens of largest covariance; where the k-th and (k+1)-th are
     equal (to rounding, float32's included: the trainer forms them in its own arithmetic), any
-    of the tied tokens is a right choice, whichever way its top-k breaks ties. With one advantage per sequence and one non-empty row, every
-    covariance is 0."""
+    of the tied tokens is a right choice, whichever way its top-k breaks ties. With one
+    advantage per sequence and one non-empty row, every covariance is 0."""
     import numpy as np
     lp = np.asarray(args["logp"], dtype=np.float64)
     adv = np.asarray(args["advantages"], dtype=np.float64)

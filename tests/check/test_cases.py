@@ -315,3 +315,19 @@ def test_kl_kinks_of_an_output_clamp_alone_are_where_each_estimator_reaches_it()
     assert lo < 0 < hi
     assert cases_mod._kl_edges("abs", (None, 10.0)) == [-10.0, 10.0, 0.0]
     assert cases_mod._kl_edges("k3", (20.0, 10.0))[:2] == [-20.0, 20.0]
+
+
+def test_kl_cov_cases_keep_the_k_th_and_next_covariance_apart_at_every_seed():
+    """Many tokens pack the covariance terms densely (seed 151, case 7: 206 tokens, a gap of
+    5e-4 at the cut), where a finite-difference step can change which tokens are penalised."""
+    entry = registry.build()["kl_cov_loss"]
+    for seed in range(300):
+        for i in range(12):
+            c = entry.case(cases_mod.rng_for(seed, entry.name, i), i)
+            lp, adv, m = (c.arrays[k] for k in ("logp", "advantages", "mask"))
+            adv = adv if adv.shape == lp.shape else np.repeat(adv[:, None], lp.shape[1], 1)
+            m = m.astype(bool)
+            cov, k = cases_mod.kl_cov_ranking(lp, adv, m, c.params["ratio"])
+            assert m.sum() < 2 or k >= len(cov) or \
+                cov[k - 1] - cov[k] > 0.05 * (1 + abs(cov[k - 1])), (seed, i)
+            assert (lp[m] <= 0).all() and (np.abs(lp - c.arrays["old_logp"])[m] > 0).all()
