@@ -432,12 +432,15 @@ def main(argv=None) -> int:
     except BrokenPipeError:            # `... | head` closed stdout: stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_FAIL
-    except ModuleNotFoundError as exc:
-        if exc.name != "torch":
-            raise
-        print(f"{_prog(argv[0] if argv and argv[0] in SUBCOMMANDS else '')}: error: this "
-              f"command needs torch, which is not installed; see https://pytorch.org/get-started"
-              f"/locally/ (ref_numpy itself needs NumPy only)", file=sys.stderr)
+    except ModuleNotFoundError as exc:     # a missing package is no verdict: never exit 1
+        prog = _prog(argv[0] if argv and argv[0] in SUBCOMMANDS else '')
+        if exc.name == "torch":
+            print(f"{prog}: error: this command needs torch, which is not installed; see "
+                  f"https://pytorch.org/get-started/locally/ (ref_numpy itself needs NumPy "
+                  f"only)", file=sys.stderr)
+        else:
+            print(f"{prog}: error: this command needs the package {exc.name or exc}, which is "
+                  f"not installed", file=sys.stderr)
         return EXIT_USAGE
 
 

@@ -207,3 +207,14 @@ def test_without_torch_a_command_says_in_one_line_that_it_needs_it(monkeypatch):
     code, out, err = helpers.run_cli([])
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and "needs torch, which is not installed" in err
+
+
+def test_a_missing_optional_package_is_a_usage_error_not_a_traceback(monkeypatch):
+    from crosscheck import __main__ as cli
+
+    def explain_main(argv):
+        raise ModuleNotFoundError("No module named 'somepkg'", name="somepkg")
+    monkeypatch.setitem(cli.SUBCOMMANDS, "explain", explain_main)
+    code, out, err = helpers.run_cli(["explain"])
+    assert code == 2 and out == ""          # 1 would read as "does not conform"
+    assert err.count("\n") == 1 and "needs the package somepkg, which is not installed" in err
