@@ -105,8 +105,8 @@ def test_an_inconclusive_audit_exits_2_and_map_makes_it_conclusive(tmp_path):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--cases", "0"], "--cases is 0; expected a positive number"),
-    (["--cases", "-5"], "--cases is -5; expected a positive number"),
+    (["--cases", "0"], "--cases is 0; expected a whole number from 1 to 10000"),
+    (["--cases", "-5"], "--cases is -5; expected a whole number from 1 to 10000"),
     (["--seed", "-1"], "--seed is -1; expected a non-negative integer"),
     (["--set", "kind=k9"], "kind is 'k9'"),
 ])

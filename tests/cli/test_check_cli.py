@@ -218,3 +218,15 @@ def test_a_missing_optional_package_is_a_usage_error_not_a_traceback(monkeypatch
     code, out, err = helpers.run_cli(["explain"])
     assert code == 2 and out == ""          # 1 would read as "does not conform"
     assert err.count("\n") == 1 and "needs the package somepkg, which is not installed" in err
+
+
+@pytest.mark.parametrize("prefix", [[], ["audit", "examples/buggy.py:kl_sign_flipped", "--ref",
+                                         "kl_penalty"], ["trainer", "verl"]])
+def test_cases_past_the_bound_is_a_usage_error_naming_the_range(prefix, monkeypatch):
+    from crosscheck.check import stages
+    monkeypatch.setattr(stages, "run", lambda *a, **k: pytest.fail("the run started"))
+    code, out, err = helpers.run_cli(prefix + ["--cases", str(10 ** 20)])
+    assert code == 2 and out == ""
+    assert f"--cases is {10 ** 20}; expected a whole number from 1 to 10000" in err
+    code, out, err = helpers.run_cli(prefix + ["--cases", "10001"])
+    assert code == 2 and "--cases is 10001; expected a whole number from 1 to 10000" in err
