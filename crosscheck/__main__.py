@@ -37,7 +37,8 @@ def check_parser():
     p.add_argument("--cases", type=int, default=12, metavar="N",
                    help=f"cases per function, 1 to {MAX_CASES} (default 12)")
     p.add_argument("--only", metavar="NAME[,NAME]", help="check only these functions")
-    p.add_argument("--list", action="store_true", help="list the registry and exit")
+    p.add_argument("--list", action="store_true",
+                   help="list the registry and exit (with --json: as JSON)")
     p.add_argument("--json", action="store_true", help="print one JSON object (see docs/check.md)")
     p.add_argument("-q", "--quiet", action="store_true", help="print failures and a summary only")
     p.add_argument("--scale", type=int, metavar="N",
@@ -52,14 +53,23 @@ def _check_cases(parser, n) -> None:
         parser.error(f"--cases is {n}; expected a whole number from 1 to {MAX_CASES}")
 
 
+def _list_rows(entries):
+    """The registry's facts that --list shows, one dict per function (--list --json)."""
+    return [dict(name=e.name, differentiable_wrt=list(e.diff),
+                 trainers_use_it_as="a loss (differentiated)" if e.trainer_grad else
+                 "computed without grad",
+                 stop_gradient=e.detached or None, audit_property_checks=list(e.checks))
+            for e in entries.values()]
+
+
 def _list(entries) -> str:
     """The registry as a table: every column filled ("-" where a fact does not apply)."""
     rows = [("function", "differentiable wrt", "trainers use it as", "stop-gradient",
              "audit property checks")]
-    for e in entries.values():
-        rows.append((e.name, ", ".join(e.diff) or "- (not differentiated)",
-                     "a loss (differentiated)" if e.trainer_grad else "computed without grad",
-                     e.detached or "-", ", ".join(e.checks) or "-"))
+    for r in _list_rows(entries):
+        rows.append((r["name"], ", ".join(r["differentiable_wrt"]) or "- (not differentiated)",
+                     r["trainers_use_it_as"], r["stop_gradient"] or "-",
+                     ", ".join(r["audit_property_checks"]) or "-"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1]
                      for r in rows)
@@ -82,7 +92,11 @@ def check_main(argv, workers: int = 1) -> int:
                          f"known: {', '.join(entries)}")
         entries = {n: entries[n] for n in names}
     if args.list:
-        print(_list(entries))
+        if args.json:
+            import json
+            print(json.dumps(dict(functions=_list_rows(entries)), indent=2, ensure_ascii=False))
+        else:
+            print(_list(entries))
         return EXIT_PASS
     from .check import report
     from .check.stages import run

@@ -230,3 +230,40 @@ def test_cases_past_the_bound_is_a_usage_error_naming_the_range(prefix, monkeypa
     assert f"--cases is {10 ** 20}; expected a whole number from 1 to 10000" in err
     code, out, err = helpers.run_cli(prefix + ["--cases", "10001"])
     assert code == 2 and "--cases is 10001; expected a whole number from 1 to 10000" in err
+
+
+LIST_SCHEMA = {
+    "type": "object",
+    "required": ["functions"],
+    "additionalProperties": False,
+    "properties": {"functions": {"type": "array", "items": {
+        "type": "object",
+        "required": ["name", "differentiable_wrt", "trainers_use_it_as", "stop_gradient",
+                     "audit_property_checks"],
+        "additionalProperties": False,
+        "properties": {
+            "name": {"type": "string"},
+            "differentiable_wrt": {"type": "array", "items": {"type": "string"}},
+            "trainers_use_it_as": {"enum": ["a loss (differentiated)",
+                                            "computed without grad"]},
+            "stop_gradient": {"type": ["string", "null"]},
+            "audit_property_checks": {"type": "array", "items": {"type": "string"}},
+        },
+    }}},
+}
+
+
+def test_list_json_prints_the_registry_as_json_with_the_columns_of_list():
+    code, text = run_cli(["--list", "--json"])
+    assert code == 0
+    doc = json.loads(text)
+    jsonschema.validate(doc, LIST_SCHEMA)
+    assert [f["name"] for f in doc["functions"]] == list(registry.build())
+    by_name = {f["name"]: f for f in doc["functions"]}
+    assert by_name["gae"] == {"name": "gae", "differentiable_wrt": ["rewards", "values"],
+                              "trainers_use_it_as": "computed without grad",
+                              "stop_gradient": None, "audit_property_checks": []}
+    assert by_name["cispo_loss"]["stop_gradient"] == "w = clip(ratio): CISPO's importance weight"
+    assert by_name["kl_penalty"]["audit_property_checks"] == ["kl_direction"]
+    code, text = run_cli(["--list", "--json", "--only", "aggregate"])
+    assert [f["name"] for f in json.loads(text)["functions"]] == ["aggregate"]
