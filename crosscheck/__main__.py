@@ -144,14 +144,16 @@ def explain_parser():
     p.add_argument("--topic", choices=TOPICS, help="show one topic")
     p.add_argument("--json", action="store_true", help="the numbers, for programs")
     p.add_argument("--plot", metavar="DIR",
-                   help="write the topics' PNG figures to DIR (needs matplotlib)")
+                   help="write the topics' PNG figures to DIR, created if missing (needs "
+                        "matplotlib)")
     return p
 
 
 def explain_main(argv) -> int:
     import json
 
-    args = explain_parser().parse_args(argv)
+    p = explain_parser()
+    args = p.parse_args(argv)
     from .explain import TOPICS
     from .explain import topics as explain
     topics = (args.topic,) if args.topic else TOPICS
@@ -159,14 +161,11 @@ def explain_main(argv) -> int:
     if args.plot:                        # refuse an unusable DIR before printing anything
         from .explain import plots
         try:
-            plots.ready(args.plot)
+            plots.ready()
         except plots.PlotUnavailable as exc:
             print(str(exc), file=sys.stderr)
             return EXIT_USAGE
-        except OSError as exc:
-            print(f"--plot {args.plot}: cannot write there ({exc.strerror or exc})",
-                  file=sys.stderr)
-            return EXIT_USAGE
+        _output_path(p, "--plot", args.plot, folder=True)
     try:
         sections = explain.walkthrough(topics)
     except explain.WalkthroughError as exc:
@@ -334,7 +333,9 @@ def trainer_parser():
                    help=f"cases per row, 1 to {MAX_CASES} (default 48)")
     p.add_argument("--seed", type=int, default=0, help="case seed (default 0)")
     p.add_argument("--json", action="store_true", help="the card as JSON")
-    p.add_argument("--markdown", metavar="FILE", help="also write the card as Markdown to FILE")
+    p.add_argument("--markdown", metavar="FILE",
+                   help="also write the card as Markdown to FILE (its folder created if "
+                        "missing)")
     p.add_argument("--list", action="store_true",
                    help="list the trainers and the functions each card covers")
     p.add_argument("--all", action="store_true",
@@ -355,16 +356,32 @@ def _trainer_list() -> str:
     return "\n".join(lines)
 
 
-def _unwritable(path):
-    """Why the file `path` cannot be written (checked before the work that fills it), or None."""
-    if os.path.isdir(path):
-        return "is a directory; expected a file name"
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        return f"its folder {folder!r} does not exist"
-    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
-        return "is not writable"
-    return None
+def _output_path(parser, option, path, folder=False) -> None:
+    """The one rule for every option naming where output goes (trainer --markdown FILE,
+    explain --plot DIR), applied before any work: missing folders are created; a path that
+    cannot be written is a usage error (exit 2) naming the option, the path and why."""
+    where = os.path.abspath(path)
+    target = where if folder else os.path.dirname(where)
+    up = target
+    while not os.path.exists(up):                 # the deepest part of the path that exists
+        up = os.path.dirname(up)
+    if not folder and os.path.isdir(where):
+        problem = "is a folder; expected a file name"
+    elif folder and os.path.exists(where) and not os.path.isdir(where):
+        problem = "is a file; expected a folder"
+    elif not os.path.isdir(up):
+        problem = f"{up!r} is a file, not a folder"
+    else:
+        try:
+            os.makedirs(target, exist_ok=True)
+            problem = None
+        except OSError as exc:
+            problem = f"cannot create its folder ({exc.strerror or exc})"
+        if problem is None and (not os.access(target, os.W_OK) or (
+                os.path.exists(where) and not os.access(where, os.W_OK))):
+            problem = "is not writable"
+    if problem:
+        parser.error(f"{option} {path!r}: {problem}")
 
 
 def trainer_main(argv, workers: int = 1) -> int:
@@ -384,9 +401,7 @@ def trainer_main(argv, workers: int = 1) -> int:
     if args.seed < 0:
         p.error(f"--seed is {args.seed}; expected a non-negative integer")
     if args.markdown:
-        problem = _unwritable(args.markdown)
-        if problem:
-            p.error(f"--markdown {args.markdown!r}: {problem}")
+        _output_path(p, "--markdown", args.markdown)
     from . import trainer as trainers
     from .audit.model import progress_stream
     from .trainer import card, loading

@@ -478,7 +478,10 @@ def test_plot_into_an_unwritable_folder_refuses_before_printing_anything(tmp_pat
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     code, out, err = run(["explain", "--topic", "gae", "--plot", str(blocker / "figs")])
-    assert code == 2 and out == "" and str(blocker / "figs") in err
+    assert code == 2 and out == ""
+    assert f"--plot {str(blocker / 'figs')!r}: " in err and "is a file, not a folder" in err
+    code, out, err = run(["explain", "--topic", "gae", "--plot", str(blocker)])
+    assert code == 2 and out == "" and f"--plot {str(blocker)!r}: is a file" in err
 
 
 def test_plot_of_one_topic_writes_that_topics_figures_only(tmp_path):
