@@ -273,14 +273,15 @@ def audit_parser():
     return p
 
 
-def audit_main(argv) -> int:
+def audit_main(argv, isolate: bool = False) -> int:
+    """`audit`. With `isolate` (a fresh command line, whose torch has not run), the audit runs
+    in a forked child: a function that ends the process, even below Python, ends the child,
+    and the verdict is INCONCLUSIVE (exit 2), never the exit status it chose."""
     import json
 
     p = audit_parser()
     args = p.parse_args(argv)
-    from .audit import audit as run_audit
     from .audit import profiles
-    from .audit.model import progress_stream
     if args.list_profiles:
         print(json.dumps(profiles.to_dict(), indent=2, ensure_ascii=False) if args.json else
               profiles.describe())
@@ -292,6 +293,24 @@ def audit_main(argv) -> int:
         p.error(f"--seed is {args.seed}; expected a non-negative integer")
     if not (args.timeout > 0 and math.isfinite(args.timeout)):
         p.error(f"--timeout is {args.timeout}; expected a positive number of seconds")
+    if isolate:
+        from . import fork
+        status, result = fork.in_child(lambda: _audit(args))
+        out, err, code = result if status == "ok" else _ended(args, status, result)
+    else:
+        out, err, code = _audit(args)
+    if err:
+        print(err, file=sys.stderr)
+    if out:
+        print(out)
+    return code
+
+
+def _audit(args):
+    """(what to print, what to print on stderr, the exit status) of the audit `args` asks for;
+    the user's module is imported here, where the audit runs."""
+    from .audit import audit as run_audit
+    from .audit.model import progress_stream
     try:
         fn = _load_target(args.target)
         conventions = _pairs(args.set, "--set", "ddof=1")
@@ -304,15 +323,35 @@ def audit_main(argv) -> int:
                            progress=progress_stream(args.json or not sys.stdout.isatty()),
                            **conventions)
     except (ValueError, TypeError) as exc:
-        print(f"{_prog('audit')}: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    if args.json:
-        print(json.dumps(report.to_dict(), indent=2, ensure_ascii=False))
-    else:
-        print(report)
+        return "", f"{_prog('audit')}: error: {exc}", EXIT_USAGE
+    return _audit_output(args, report)
+
+
+def _audit_output(args, report):
+    import json
+
+    out = json.dumps(report.to_dict(), indent=2, ensure_ascii=False) if args.json else \
+        str(report)
     if report.verdict == "INCONCLUSIVE":
-        return EXIT_USAGE
-    return EXIT_PASS if report.ok else EXIT_FAIL
+        return out, "", EXIT_USAGE
+    return out, "", EXIT_PASS if report.ok else EXIT_FAIL
+
+
+def _ended(args, status, how):
+    """The report of an audit whose process ended without a verdict (or failed to send one)."""
+    from .audit.model import AuditReport
+
+    try:
+        conventions = _pairs(args.set, "--set", "ddof=1")
+    except ValueError:
+        conventions = {}
+    report = AuditReport(args.ref, args.profile, conventions, args.backend, 0, args.seed, [],
+                         {}, n_drawn=args.cases)
+    report.inconclusive.append(
+        f"the process running the audit ended ({how}) before giving a verdict: your function "
+        f"(or its module) ends the process; an audit needs one that returns" if status == "ended"
+        else f"the process running the audit failed ({how})")
+    return _audit_output(args, report)
 
 
 def trainer_parser():
@@ -463,6 +502,8 @@ def main(argv=None) -> int:
         workers = 2 if program and (os.cpu_count() or 1) >= 2 else 1
         if argv and argv[0] == "trainer":
             return trainer_main(argv[1:], workers=workers)
+        if argv and argv[0] == "audit":
+            return audit_main(argv[1:], isolate=program and hasattr(os, "fork"))
         if argv and argv[0] in SUBCOMMANDS:
             return SUBCOMMANDS[argv[0]](argv[1:])
         return check_main(argv, workers=workers)

@@ -362,3 +362,30 @@ def test_float32_code_cast_back_gets_the_hint_and_conforms_at_float32():
     assert at32.ok, str(at32)
     assert all(f.grade == "robustness" for f in at32.findings if f.status == "warn")
     assert "carries no gradient" not in str(at32)
+
+
+_ENDING = ("import ctypes, os, sys\n"
+           "def k3(logp, ref_logp, mask):\n"
+           "    {how}\n")
+
+
+@pytest.mark.parametrize("how, text", [("os._exit(0)", "os._exit(0)"),
+                                       ("sys.exit(0)", "SystemExit: 0")])
+def test_a_function_that_ends_the_process_fails_raises_and_never_conforms(how, text, tmp_path):
+    # in a child Python: an audit ended with its process would leave exit status 0, no verdict
+    import subprocess
+    import sys
+    from tests.helpers import ROOT
+    target = tmp_path / "ending.py"
+    target.write_text(_ENDING.format(how=how))
+    code = ("import importlib.util, sys\n"
+            f"spec = importlib.util.spec_from_file_location('ending', {str(target)!r})\n"
+            "mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)\n"
+            "from crosscheck import audit\n"
+            "report = audit(mod.k3, 'kl_penalty', kind='k3', cases=3)\n"
+            "print(report)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "verdict: DOES NOT CONFORM (" in proc.stdout, proc.stdout
+    assert f"FAIL raises" in proc.stdout and text in proc.stdout

@@ -186,3 +186,23 @@ def test_a_loss_taking_only_per_token_advantages_is_told_about_domain_and_confor
     code, _, err = run_cli(["audit", f"{target}:ppo", "--ref", "ppo_clip_loss",
                             "--domain", "tokens"])
     assert code == 2 and "invalid choice: 'tokens'" in err
+
+
+@pytest.mark.parametrize("how, code, text", [
+    ("os._exit(0)", 1, "FAIL raises"),
+    # below Python: only the process running the audit apart from the command sees it
+    ("ctypes.CDLL(None)._exit(0)", 2, "verdict: INCONCLUSIVE: the process running the audit "
+                                      "ended (exit status 0) before giving a verdict")])
+def test_an_audited_function_ending_the_process_never_exits_0(how, code, text, tmp_path):
+    import subprocess
+    import sys
+    from tests.helpers import ROOT
+    target = tmp_path / "ending.py"
+    target.write_text("import ctypes, os\n"
+                      "def k3(logp, ref_logp, mask):\n"
+                      f"    {how}\n")
+    proc = subprocess.run([sys.executable, "-m", "crosscheck", "audit", f"{target}:k3", "--ref",
+                           "kl_penalty", "--set", "kind=k3", "--cases", "3"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == code, (proc.stdout, proc.stderr)
+    assert text in proc.stdout
