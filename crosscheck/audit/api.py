@@ -551,7 +551,7 @@ def _inconclusive(aud, tally, skipped):
         reasons.append(f"{plural(sum(skipped.values()), 'case')} skipped, "
                        f"{skipped[top]} because {top}")
         if any("requires" in why or "does not accept" in why for why in skipped):
-            reasons.append(aud.adapter.mapping_help())
+            reasons.append(aud.adapter.mapping_help(aud.entry.name))
     return reasons
 
 

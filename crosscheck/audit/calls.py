@@ -176,8 +176,9 @@ class Adapter:
         known = {self.own(n) for n in self.inputs} | {self.own(n) for n in GLOBAL_KW}
         return [n for n in self.params if n in self.required and n not in known]
 
-    def mapping_help(self) -> str:
-        """What the reference passes, what the function takes, and how to map them."""
+    def mapping_help(self, ref: str = "the reference") -> str:
+        """What the reference passes, what the function takes, and how to map them: a --map is
+        suggested only where it gives every required parameter an input (the call then fits)."""
         unmet = self.unmet()
         lines = [f"the reference passes: {', '.join(self.inputs)} (and, to a function that "
                  f"names them, {', '.join(GLOBAL_KW)})",
@@ -189,7 +190,12 @@ class Adapter:
             if match:
                 pairs.append((own, match[0]))
                 free.remove(match[0])
-        if pairs:
+        lost = [own for own in unmet if own not in dict(pairs)]
+        if lost:
+            lines.append(f"no --map makes it fit: your function requires "
+                         f"{', '.join(n + '=' for n in unmet)}, and {ref} passes no input to "
+                         f"match {', '.join(n + '=' for n in lost)}")
+        elif pairs:
             lines.append("map them: --map " + " --map ".join(f"{a}={b}" for a, b in pairs) +
                          " (CLI), or rename={" +
                          ", ".join(f"{a!r}: {b!r}" for a, b in pairs) + "} (API)")

@@ -389,3 +389,21 @@ def test_a_function_that_ends_the_process_fails_raises_and_never_conforms(how, t
     assert proc.returncode == 0, proc.stderr
     assert "verdict: DOES NOT CONFORM (" in proc.stdout, proc.stdout
     assert f"FAIL raises" in proc.stdout and text in proc.stdout
+
+
+def test_no_map_is_suggested_for_a_function_that_no_map_makes_fit():
+    def gae_like(rewards, values, dones):         # not a KL term: no renaming fits it
+        return rewards
+    report = audit(gae_like, "kl_penalty", kind="k3", cases=2)
+    line = report.verdict_line()
+    assert report.verdict == "INCONCLUSIVE" and "map them" not in line and "rename=" not in line
+    assert ("no --map makes it fit: your function requires rewards=, values=, dones=, and "
+            "kl_penalty passes no input to match values=, dones=") in line
+
+
+def test_a_map_is_suggested_where_it_makes_the_call_fit():
+    def k3(log_prob, ref_log_prob, response_mask):
+        return log_prob
+    line = audit(k3, "kl_penalty", kind="k3", cases=2).verdict_line()
+    assert ("map them: --map log_prob=logp --map ref_log_prob=ref_logp --map "
+            "response_mask=mask") in line
