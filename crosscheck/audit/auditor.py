@@ -1,5 +1,6 @@
 """The checks of one case: run the user's function and the reference on the same data, and
 compare outputs, gradients and what padding does."""
+import numbers
 from typing import Dict, List
 
 import numpy as np
@@ -54,6 +55,14 @@ def _dtype_name(x):
             isinstance(v, complex) for v in np.ravel(np.asarray(x, dtype=object)))):
         return "complex128"
     return None
+
+
+def _shown(x) -> str:
+    """'an int (3)', 'a str ('0.5')': what a function returned, for a message."""
+    name = type(x).__name__
+    text = repr(x)
+    return f"{'an' if name[:1] in 'aeiou' else 'a'} {name} ({text[:40]}" + \
+        ("…)" if len(text) > 40 else ")")
 
 
 class BadReturn(TypeError):
@@ -190,6 +199,13 @@ class Auditor:
         else:
             outs = list(raw) if isinstance(raw, (tuple, list)) else [raw]
         for o in outs:
+            if self.backend == "torch" and self.entry.trainer_grad and \
+                    not isinstance(o, torch.Tensor):
+                raise BadReturn(f"your function returned {_shown(o)}, not a torch tensor "
+                                f"(backend='torch': a loss trainers differentiate must carry "
+                                f"its gradient)")
+            if not isinstance(o, (torch.Tensor, np.ndarray, np.generic, numbers.Real)):
+                raise BadReturn(f"your function returned {_shown(o)}, not an array or a number")
             kind = _dtype_name(o)
             if kind is not None and kind.startswith("complex"):
                 raise BadReturn(f"your function returned {kind}, a complex number: the audit "

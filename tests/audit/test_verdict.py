@@ -407,3 +407,17 @@ def test_a_map_is_suggested_where_it_makes_the_call_fit():
     line = audit(k3, "kl_penalty", kind="k3", cases=2).verdict_line()
     assert ("map them: --map log_prob=logp --map ref_log_prob=ref_logp --map "
             "response_mask=mask") in line
+
+
+@pytest.mark.parametrize("value, seen", [(3, "an int (3)"), ("0.5", "a str ('0.5')")])
+def test_a_loss_returning_a_python_value_is_a_shape_failure_naming_it(value, seen):
+    def agg(loss, mask):
+        return value
+    report = audit(agg, "aggregate", mode="token-mean", cases=3)
+    text = str(report)
+    assert "AttributeError" not in text and "object has no attribute" not in text
+    f = finding(report, "shape")
+    assert f.status == "fail" and f.message == (
+        f"your function returned {seen}, not a torch tensor (backend='torch': a loss trainers "
+        f"differentiate must carry its gradient); expected ()")
+    assert report.verdict.startswith("DOES NOT CONFORM")
