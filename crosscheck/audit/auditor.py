@@ -486,7 +486,12 @@ class Auditor:
         if not self._masked(data):
             return []
         out = []
-        for label, logprobs, base in IN_DOMAIN:
+        # a function without log-prob inputs (gae, whiten): name the inputs padded instead
+        own = None if any(k in data for k in LOGPROBS) else ", ".join(
+            k for k, v in data.items() if isinstance(v, np.ndarray) and v.dtype.kind == "f")
+        for n, (label, logprobs, base) in enumerate(IN_DOMAIN):
+            if own:
+                label = f"a {('second', 'third')[n]} finite padding of {own}"
             padded = fill_padding(data, logprobs, base)
             try:
                 other = self.to_numpy(self.call(padded)[0])
