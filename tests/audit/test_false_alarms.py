@@ -94,6 +94,20 @@ def test_float32_rounding_is_not_mistaken_for_groups_taken_by_position():
     assert report.ok and finding(report, "permutation").status == "pass", str(report)
 
 
+def test_float32_rounding_judged_by_the_value_check_is_not_counted_again_by_permutation():
+    # float32 arithmetic cast back to float64, judged at float64: the value check fails with
+    # the float32 hint; the shuffle's own float32 rounding is that same finding, not a second
+    inner = grpo_float32(0, 1e-4)
+
+    def cast_back(rewards, group_ids):
+        return inner(rewards, group_ids).double()
+    report = audit(cast_back, "group_advantages", profile="minimind", cases=200)
+    assert finding(report, "value").status == "fail" and "float32 row" in \
+        finding(report, "value").message
+    assert finding(report, "permutation").status == "pass", str(report)
+    assert report.verdict_line() == "verdict: DOES NOT CONFORM (1 failing check: value)"
+
+
 def test_given_tolerances_replace_the_rows():
     report = audit(kl("k3"), "kl_penalty", cases=4, rtol=1e-3)
     assert report.tolerance["rtol"] == 1e-3
