@@ -349,13 +349,15 @@ def prepare(fn, ref, *, backend="torch", profile=None, seed=0, rtol=None, atol=N
         if adapter.requires(k) and k in NEUTRAL:
             notes.append(f"your function requires {adapter.own(k)}=: cases without it pass its "
                          f"neutral value (no dones, a zero last_value, every row valid)")
-    tol = None
+    tol, warning = None, None
     if rtol is not None or atol is not None:
         default = tolerances.get("audit", precision or "float64")
         tol = tolerances.Tolerance(default.rtol if rtol is None else rtol,
                                    default.atol if atol is None else atol, "as given")
+        warning = tolerances.too_wide(rtol, atol)
     aud = Auditor(adapter, entry, params, backend, tol, accumulation, timeout, precision, kl_use,
                   accumulation_assumed=assumed)
+    aud.tolerance_warning = warning
     return aud, rule, notes
 
 
@@ -516,6 +518,8 @@ def _run_audit(aud, profile, rule, n_cases, seed, progress=None) -> AuditReport:
     if aud.tol is not None:
         report.tolerance = dict(rtol=aud.tol.rtol, atol=aud.tol.atol,
                                 why=aud.tolerance_why or aud.tol.why)
+        if aud.tolerance_warning:
+            report.tolerance["warning"] = aud.tolerance_warning
     report.inconclusive = _inconclusive(aud, tally, skipped)
     return report
 

@@ -84,6 +84,7 @@ class Auditor:
         self.accumulation, self.timeout, self.kl_use = accumulation, timeout, kl_use
         self.accumulation_assumed = accumulation_assumed   # neither declared nor a profile's
         self.tolerance_why = ""
+        self.tolerance_warning = None           # a given tolerance too wide to mean anything
         self.variant = dict(variant or {})      # a documented variant of the reference (cards)
         self.garbage_runs = 0                   # cases the robustness check has run on
         self.padding_checks = True              # False: the function never sees padding

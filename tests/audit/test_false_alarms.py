@@ -115,6 +115,24 @@ def test_given_tolerances_replace_the_rows():
     assert report.tolerance["why"] == "as given"
 
 
+@pytest.mark.parametrize("given, said, scale, shift", [
+    (dict(rtol=1e9), "rtol 1e+09", 1.001, 0.0), (dict(atol=0.5), "atol 0.5", 1.0, 0.01),
+    (dict(rtol=1e-3, atol=1e-3), "rtol 0.001, atol 0.001", 1.001, 0.0)])
+def test_a_tolerance_too_wide_to_tell_conventions_apart_is_said_in_the_verdict(given, said,
+                                                                             scale, shift):
+    def wrong(logp, ref_logp, mask):                   # k3 off by 1e-3 or by 0.01: wrong
+        return (kl("k3")(logp, ref_logp, mask) * scale + shift) * mask
+    report = audit(wrong, "kl_penalty", kind="k3", cases=4, **given)
+    warning = (f"the tolerance given ({said}) is wider than 0.0001, the smallest difference "
+               f"between two conventions the audit must tell apart: a wrong function can pass")
+    assert report.verdict_line() == f"verdict: CONFORMS, but {warning}"
+    assert f"  WARN tolerance: {warning}" in str(report).splitlines()
+    assert report.to_dict()["tolerance"]["warning"] == warning
+    assert audit(wrong, "kl_penalty", kind="k3", cases=4, rtol=1e-4).tolerance.get(
+        "warning") is None                       # at the bound: no warning
+    assert audit(wrong, "kl_penalty", kind="k3", cases=4).verdict == "DOES NOT CONFORM"
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision_code_is_refused_with_what_to_do(dtype):
     def half(logp, ref_logp, mask):
