@@ -76,3 +76,18 @@ def test_every_marked_example_is_known_and_every_known_one_is_shown():
     files = {n for n, ex in render_examples.EXAMPLES.items() if ex.output}
     assert shown <= known
     assert known - files <= shown, known - files - shown
+
+
+def test_the_audit_quick_start_names_real_references_and_every_profile():
+    from crosscheck.audit import profiles
+    from crosscheck.check import registry
+    doc = text("docs/audit.md")
+    start = doc.index("## Quick start")
+    assert start < doc.index("## The adapter contract")           # near the top
+    quick = doc[start:doc.index("## The adapter contract")]
+    refs = re.findall(r"^\| [^|]+ \| `(\w+)`", quick, re.M)
+    assert {"group_advantages", "gae", "ppo_clip_loss", "policy_objective", "kl_penalty",
+            "aggregate"} <= set(refs)
+    assert set(refs) <= set(registry.build())
+    named = re.search(r"`--profile` is one of (.*?);", quick, re.S).group(1)
+    assert sorted(re.findall(r"`(\w+)`", named)) == sorted(profiles.PROFILES)
