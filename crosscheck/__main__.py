@@ -10,6 +10,9 @@ import sys
 import time
 
 EXIT_PASS, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+# --cases, every subcommand: past this, a run no longer ends in a working session (the
+# cross-check takes about 0.1 s a case, an audit 0.01 to 1 s, a card 0.1 s a row)
+MAX_CASES = 10_000
 
 
 def _prog(sub: str = "") -> str:
@@ -32,9 +35,10 @@ def check_parser():
     p.add_argument("--version", action="version", version=f"rl-crosscheck {__version__}")
     p.add_argument("--seed", type=int, default=0, help="case seed (default 0)")
     p.add_argument("--cases", type=int, default=12, metavar="N",
-                   help="cases per function (default 12)")
+                   help=f"cases per function, 1 to {MAX_CASES} (default 12)")
     p.add_argument("--only", metavar="NAME[,NAME]", help="check only these functions")
-    p.add_argument("--list", action="store_true", help="list the registry and exit")
+    p.add_argument("--list", action="store_true",
+                   help="list the registry and exit (with --json: as JSON)")
     p.add_argument("--json", action="store_true", help="print one JSON object (see docs/check.md)")
     p.add_argument("-q", "--quiet", action="store_true", help="print failures and a summary only")
     p.add_argument("--scale", type=int, metavar="N",
@@ -43,14 +47,29 @@ def check_parser():
     return p
 
 
+def _check_cases(parser, n) -> None:
+    """--cases must lie in 1..MAX_CASES: a usage error naming the value and the range."""
+    if not 1 <= n <= MAX_CASES:
+        parser.error(f"--cases is {n}; expected a whole number from 1 to {MAX_CASES}")
+
+
+def _list_rows(entries):
+    """The registry's facts that --list shows, one dict per function (--list --json)."""
+    return [dict(name=e.name, differentiable_wrt=list(e.diff),
+                 trainers_use_it_as="a loss (differentiated)" if e.trainer_grad else
+                 "computed without grad",
+                 stop_gradient=e.detached or None, audit_property_checks=list(e.checks))
+            for e in entries.values()]
+
+
 def _list(entries) -> str:
     """The registry as a table: every column filled ("-" where a fact does not apply)."""
     rows = [("function", "differentiable wrt", "trainers use it as", "stop-gradient",
              "audit property checks")]
-    for e in entries.values():
-        rows.append((e.name, ", ".join(e.diff) or "- (not differentiated)",
-                     "a loss (differentiated)" if e.trainer_grad else "computed without grad",
-                     e.detached or "-", ", ".join(e.checks) or "-"))
+    for r in _list_rows(entries):
+        rows.append((r["name"], ", ".join(r["differentiable_wrt"]) or "- (not differentiated)",
+                     r["trainers_use_it_as"], r["stop_gradient"] or "-",
+                     ", ".join(r["audit_property_checks"]) or "-"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1]
                      for r in rows)
@@ -62,8 +81,7 @@ def check_main(argv, workers: int = 1) -> int:
     from .check import registry                  # facts only: --list needs no torch
 
     entries = registry.build()
-    if args.cases < 1:
-        parser.error(f"--cases is {args.cases}; expected a positive number of cases")
+    _check_cases(parser, args.cases)
     if args.seed < 0:
         parser.error(f"--seed is {args.seed}; expected a non-negative integer")
     if args.only is not None:
@@ -74,7 +92,11 @@ def check_main(argv, workers: int = 1) -> int:
                          f"known: {', '.join(entries)}")
         entries = {n: entries[n] for n in names}
     if args.list:
-        print(_list(entries))
+        if args.json:
+            import json
+            print(json.dumps(dict(functions=_list_rows(entries)), indent=2, ensure_ascii=False))
+        else:
+            print(_list(entries))
         return EXIT_PASS
     from .check import report
     from .check.stages import run
@@ -122,14 +144,16 @@ def explain_parser():
     p.add_argument("--topic", choices=TOPICS, help="show one topic")
     p.add_argument("--json", action="store_true", help="the numbers, for programs")
     p.add_argument("--plot", metavar="DIR",
-                   help="write the topics' PNG figures to DIR (needs matplotlib)")
+                   help="write the topics' PNG figures to DIR, created if missing (needs "
+                        "matplotlib)")
     return p
 
 
 def explain_main(argv) -> int:
     import json
 
-    args = explain_parser().parse_args(argv)
+    p = explain_parser()
+    args = p.parse_args(argv)
     from .explain import TOPICS
     from .explain import topics as explain
     topics = (args.topic,) if args.topic else TOPICS
@@ -137,14 +161,11 @@ def explain_main(argv) -> int:
     if args.plot:                        # refuse an unusable DIR before printing anything
         from .explain import plots
         try:
-            plots.ready(args.plot)
+            plots.ready()
         except plots.PlotUnavailable as exc:
             print(str(exc), file=sys.stderr)
             return EXIT_USAGE
-        except OSError as exc:
-            print(f"--plot {args.plot}: cannot write there ({exc.strerror or exc})",
-                  file=sys.stderr)
-            return EXIT_USAGE
+        _output_path(p, "--plot", args.plot, folder=True)
     try:
         sections = explain.walkthrough(topics)
     except explain.WalkthroughError as exc:
@@ -229,7 +250,8 @@ def audit_parser():
     p.add_argument("--map", action="append", metavar="YOURS=INPUT",
                    help="pass the reference's INPUT as your parameter YOURS (repeatable), e.g. "
                         "--map log_prob=logp")
-    p.add_argument("--cases", type=int, default=200, help="cases (default 200)")
+    p.add_argument("--cases", type=int, default=200, metavar="N",
+                   help=f"cases, 1 to {MAX_CASES} (default 200)")
     p.add_argument("--seed", type=int, default=0, help="case seed (default 0)")
     p.add_argument("--backend", choices=("torch", "numpy"), default="torch",
                    help="what your function takes and returns (default torch)")
@@ -251,26 +273,44 @@ def audit_parser():
     return p
 
 
-def audit_main(argv) -> int:
+def audit_main(argv, isolate: bool = False) -> int:
+    """`audit`. With `isolate` (a fresh command line, whose torch has not run), the audit runs
+    in a forked child: a function that ends the process, even below Python, ends the child,
+    and the verdict is INCONCLUSIVE (exit 2), never the exit status it chose."""
     import json
 
     p = audit_parser()
     args = p.parse_args(argv)
-    from .audit import audit as run_audit
     from .audit import profiles
-    from .audit.model import progress_stream
     if args.list_profiles:
         print(json.dumps(profiles.to_dict(), indent=2, ensure_ascii=False) if args.json else
               profiles.describe())
         return EXIT_PASS
     if not args.target or not args.ref:
         p.error("give a target path/to/file.py:function and --ref NAME (or --list-profiles)")
-    if args.cases < 1:
-        p.error(f"--cases is {args.cases}; expected a positive number")
+    _check_cases(p, args.cases)
     if args.seed < 0:
         p.error(f"--seed is {args.seed}; expected a non-negative integer")
     if not (args.timeout > 0 and math.isfinite(args.timeout)):
         p.error(f"--timeout is {args.timeout}; expected a positive number of seconds")
+    if isolate:
+        from . import fork
+        status, result = fork.in_child(lambda: _audit(args))
+        out, err, code = result if status == "ok" else _ended(args, status, result)
+    else:
+        out, err, code = _audit(args)
+    if err:
+        print(err, file=sys.stderr)
+    if out:
+        print(out)
+    return code
+
+
+def _audit(args):
+    """(what to print, what to print on stderr, the exit status) of the audit `args` asks for;
+    the user's module is imported here, where the audit runs."""
+    from .audit import audit as run_audit
+    from .audit.model import progress_stream
     try:
         fn = _load_target(args.target)
         conventions = _pairs(args.set, "--set", "ddof=1")
@@ -283,15 +323,35 @@ def audit_main(argv) -> int:
                            progress=progress_stream(args.json or not sys.stdout.isatty()),
                            **conventions)
     except (ValueError, TypeError) as exc:
-        print(f"{_prog('audit')}: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    if args.json:
-        print(json.dumps(report.to_dict(), indent=2, ensure_ascii=False))
-    else:
-        print(report)
+        return "", f"{_prog('audit')}: error: {exc}", EXIT_USAGE
+    return _audit_output(args, report)
+
+
+def _audit_output(args, report):
+    import json
+
+    out = json.dumps(report.to_dict(), indent=2, ensure_ascii=False) if args.json else \
+        str(report)
     if report.verdict == "INCONCLUSIVE":
-        return EXIT_USAGE
-    return EXIT_PASS if report.ok else EXIT_FAIL
+        return out, "", EXIT_USAGE
+    return out, "", EXIT_PASS if report.ok else EXIT_FAIL
+
+
+def _ended(args, status, how):
+    """The report of an audit whose process ended without a verdict (or failed to send one)."""
+    from .audit.model import AuditReport
+
+    try:
+        conventions = _pairs(args.set, "--set", "ddof=1")
+    except ValueError:
+        conventions = {}
+    report = AuditReport(args.ref, args.profile, conventions, args.backend, 0, args.seed, [],
+                         {}, n_drawn=args.cases)
+    report.inconclusive.append(
+        f"the process running the audit ended ({how}) before giving a verdict: your function "
+        f"(or its module) ends the process; an audit needs one that returns" if status == "ended"
+        else f"the process running the audit failed ({how})")
+    return _audit_output(args, report)
 
 
 def trainer_parser():
@@ -308,10 +368,13 @@ def trainer_parser():
     p.add_argument("name", nargs="?", choices=TRAINERS, help="the trainer")
     p.add_argument("--path", metavar="DIR", help="a source checkout or a fork (default: the "
                                                  "installed package; MiniMind needs it)")
-    p.add_argument("--cases", type=int, default=48, help="cases per row (default 48)")
+    p.add_argument("--cases", type=int, default=48, metavar="N",
+                   help=f"cases per row, 1 to {MAX_CASES} (default 48)")
     p.add_argument("--seed", type=int, default=0, help="case seed (default 0)")
     p.add_argument("--json", action="store_true", help="the card as JSON")
-    p.add_argument("--markdown", metavar="FILE", help="also write the card as Markdown to FILE")
+    p.add_argument("--markdown", metavar="FILE",
+                   help="also write the card as Markdown to FILE (its folder created if "
+                        "missing)")
     p.add_argument("--list", action="store_true",
                    help="list the trainers and the functions each card covers")
     p.add_argument("--all", action="store_true",
@@ -332,16 +395,32 @@ def _trainer_list() -> str:
     return "\n".join(lines)
 
 
-def _unwritable(path):
-    """Why the file `path` cannot be written (checked before the work that fills it), or None."""
-    if os.path.isdir(path):
-        return "is a directory; expected a file name"
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        return f"its folder {folder!r} does not exist"
-    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
-        return "is not writable"
-    return None
+def _output_path(parser, option, path, folder=False) -> None:
+    """The one rule for every option naming where output goes (trainer --markdown FILE,
+    explain --plot DIR), applied before any work: missing folders are created; a path that
+    cannot be written is a usage error (exit 2) naming the option, the path and why."""
+    where = os.path.abspath(path)
+    target = where if folder else os.path.dirname(where)
+    up = target
+    while not os.path.exists(up):                 # the deepest part of the path that exists
+        up = os.path.dirname(up)
+    if not folder and os.path.isdir(where):
+        problem = "is a folder; expected a file name"
+    elif folder and os.path.exists(where) and not os.path.isdir(where):
+        problem = "is a file; expected a folder"
+    elif not os.path.isdir(up):
+        problem = f"{up!r} is a file, not a folder"
+    else:
+        try:
+            os.makedirs(target, exist_ok=True)
+            problem = None
+        except OSError as exc:
+            problem = f"cannot create its folder ({exc.strerror or exc})"
+        if problem is None and (not os.access(target, os.W_OK) or (
+                os.path.exists(where) and not os.access(where, os.W_OK))):
+            problem = "is not writable"
+    if problem:
+        parser.error(f"{option} {path!r}: {problem}")
 
 
 def trainer_main(argv, workers: int = 1) -> int:
@@ -357,14 +436,11 @@ def trainer_main(argv, workers: int = 1) -> int:
                 "or --markdown")
     if not args.name and not args.all:
         p.error("name a trainer (or --all, or --list)")
-    if args.cases < 1:
-        p.error(f"--cases is {args.cases}; expected a positive number")
+    _check_cases(p, args.cases)
     if args.seed < 0:
         p.error(f"--seed is {args.seed}; expected a non-negative integer")
     if args.markdown:
-        problem = _unwritable(args.markdown)
-        if problem:
-            p.error(f"--markdown {args.markdown!r}: {problem}")
+        _output_path(p, "--markdown", args.markdown)
     from . import trainer as trainers
     from .audit.model import progress_stream
     from .trainer import card, loading
@@ -426,18 +502,23 @@ def main(argv=None) -> int:
         workers = 2 if program and (os.cpu_count() or 1) >= 2 else 1
         if argv and argv[0] == "trainer":
             return trainer_main(argv[1:], workers=workers)
+        if argv and argv[0] == "audit":
+            return audit_main(argv[1:], isolate=program and hasattr(os, "fork"))
         if argv and argv[0] in SUBCOMMANDS:
             return SUBCOMMANDS[argv[0]](argv[1:])
         return check_main(argv, workers=workers)
     except BrokenPipeError:            # `... | head` closed stdout: stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_FAIL
-    except ModuleNotFoundError as exc:
-        if exc.name != "torch":
-            raise
-        print(f"{_prog(argv[0] if argv and argv[0] in SUBCOMMANDS else '')}: error: this "
-              f"command needs torch, which is not installed; see https://pytorch.org/get-started"
-              f"/locally/ (ref_numpy itself needs NumPy only)", file=sys.stderr)
+    except ModuleNotFoundError as exc:     # a missing package is no verdict: never exit 1
+        prog = _prog(argv[0] if argv and argv[0] in SUBCOMMANDS else '')
+        if exc.name == "torch":
+            print(f"{prog}: error: this command needs torch, which is not installed; see "
+                  f"https://pytorch.org/get-started/locally/ (ref_numpy itself needs NumPy "
+                  f"only)", file=sys.stderr)
+        else:
+            print(f"{prog}: error: this command needs the package {exc.name or exc}, which is "
+                  f"not installed", file=sys.stderr)
         return EXIT_USAGE
 
 

@@ -58,5 +58,24 @@ TOLERANCES = {
 }
 
 
+# The widest rtol or atol an audit's given tolerance (`rtol=`, `atol=`) may have and still mean
+# something: the audit rows above exist to separate rounding from a convention, and conventions
+# differ by ≥ 1e-4 (eps 1e-4 vs 1e-6 on a unit std, the smallest gap they list) on outputs of
+# order one, which the audit's cases are. Past it a convention, or a wrong formula, can pass:
+# the report and the verdict say so.
+WIDEST_GIVEN = 1e-4
+
+
+def too_wide(rtol, atol):
+    """The warning for a tolerance given to an audit wider than WIDEST_GIVEN (None: within)."""
+    wide = [f"{name} {v:g}" for name, v in (("rtol", rtol), ("atol", atol))
+            if v is not None and v > WIDEST_GIVEN]
+    if not wide:
+        return None
+    return (f"the tolerance given ({', '.join(wide)}) is wider than {WIDEST_GIVEN:g}, the "
+            f"smallest difference between two conventions the audit must tell apart: a wrong "
+            f"function can pass")
+
+
 def get(stage: str, dtype: str = "float64") -> Tolerance:
     return TOLERANCES[(stage, dtype)]

@@ -851,7 +851,15 @@ def log_var_gradient(defined: bool) -> None:
                          "cotangent")
 
 
-def moment_cotangent(g) -> None:
-    if not isinstance(g, dict) or set(g) != set(vocab.MOMENT_KEYS):
-        raise TypeError(f"g must be a dict with keys {', '.join(vocab.MOMENT_KEYS)}")
+def moment_cotangent(g) -> dict:
+    """The cotangent of kl_estimator_moments with every key: a key left out is 0 (code written
+    before log_var keeps working); a key that is not an output is refused by name."""
+    if not isinstance(g, dict):
+        raise TypeError(f"g is a {type(g).__name__}; expected a dict with some of the keys "
+                        f"{', '.join(vocab.MOMENT_KEYS)} (a missing key is 0)")
+    unknown = [k for k in g if k not in vocab.MOMENT_KEYS]
+    if unknown:
+        raise ValueError(f"g has unknown key(s) {', '.join(map(repr, unknown))}; its keys are "
+                         f"{', '.join(vocab.MOMENT_KEYS)} (a missing key is 0)")
+    return {k: g.get(k, 0.0) for k in vocab.MOMENT_KEYS}
 

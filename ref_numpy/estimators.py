@@ -199,7 +199,8 @@ def _moments(logp, logref, p, q, kind):
 
 
 def kl_estimator_moments_vjp(g, logits, ref_logits, *, kind):
-    """VJP of `kl_estimator_moments` wrt logits (g: a dict with the six keys, floats).
+    """VJP of `kl_estimator_moments` wrt logits (g: a dict of floats by output key; a key left
+    out is 0, an unknown key a ValueError).
 
     Gradient:
       One rule covers every expectation under π: for F = Σ_x π(x)·h(ℓ_x), ℓ = log π,
@@ -219,7 +220,7 @@ def kl_estimator_moments_vjp(g, logits, ref_logits, *, kind):
     Returns:
       {"logits": [V]} float64.
     """
-    args.moment_cotangent(g)
+    g = args.moment_cotangent(g)
     return moments_vjp_of(_moment_gradients(logits, ref_logits, kind), g)
 
 

@@ -262,9 +262,7 @@ def _whitened_group_advantages_vjps(gs, rewards, mask, group_size=None, group_id
 def _kl_estimator_moments_vjps(gs, logits, ref_logits, kind):
     """The six moment gradients once, combined per cotangent."""
     parts = _moment_gradients(logits, ref_logits, kind)                            # validates
-    for g in gs:
-        args.moment_cotangent(g)
-    return [moments_vjp_of(parts, g) for g in gs]
+    return [moments_vjp_of(parts, args.moment_cotangent(g)) for g in gs]
 
 
 def _kl_cov_loss_vjps(gs, logp, old_logp, advantages, mask=None, ratio=2e-4, coef=0.1):

@@ -1,5 +1,6 @@
 """The checks of one case: run the user's function and the reference on the same data, and
 compare outputs, gradients and what padding does."""
+import numbers
 from typing import Dict, List
 
 import numpy as np
@@ -57,6 +58,14 @@ def _dtype_name(x):
     return None
 
 
+def _shown(x) -> str:
+    """'an int (3)', 'a str ('0.5')': what a function returned, for a message."""
+    name = type(x).__name__
+    text = repr(x)
+    return f"{'an' if name[:1] in 'aeiou' else 'a'} {name} ({text[:40]}" + \
+        ("…)" if len(text) > 40 else ")")
+
+
 class BadReturn(TypeError):
     """What the function returned is not what the reference returns (None, a dict without a
     key): a failure of the `shape` check, not an exception of the user's code."""
@@ -76,6 +85,7 @@ class Auditor:
         self.accumulation, self.timeout, self.kl_use = accumulation, timeout, kl_use
         self.accumulation_assumed = accumulation_assumed   # neither declared nor a profile's
         self.tolerance_why = ""
+        self.tolerance_warning = None           # a given tolerance too wide to mean anything
         self.variant = dict(variant or {})      # a documented variant of the reference (cards)
         self.garbage_runs = 0                   # cases the robustness check has run on
         self.padding_checks = True              # False: the function never sees padding
@@ -197,6 +207,13 @@ class Auditor:
         else:
             outs = list(raw) if isinstance(raw, (tuple, list)) else [raw]
         for o in outs:
+            if self.backend == "torch" and self.entry.trainer_grad and \
+                    not isinstance(o, torch.Tensor):
+                raise BadReturn(f"your function returned {_shown(o)}, not a torch tensor "
+                                f"(backend='torch': a loss trainers differentiate must carry "
+                                f"its gradient)")
+            if not isinstance(o, (torch.Tensor, np.ndarray, np.generic, numbers.Real)):
+                raise BadReturn(f"your function returned {_shown(o)}, not an array or a number")
             kind = _dtype_name(o)
             if kind is not None and kind.startswith("complex"):
                 raise BadReturn(f"your function returned {kind}, a complex number: the audit "
@@ -491,7 +508,12 @@ class Auditor:
         if not self._masked(data):
             return []
         out = []
-        for label, logprobs, base in IN_DOMAIN:
+        # a function without log-prob inputs (gae, whiten): name the inputs padded instead
+        own = None if any(k in data for k in self.entry.logprobs) else ", ".join(
+            k for k, v in data.items() if isinstance(v, np.ndarray) and v.dtype.kind == "f")
+        for n, (label, logprobs, base) in enumerate(IN_DOMAIN):
+            if own:
+                label = f"a {('second', 'third')[n]} finite padding of {own}"
             padded = fill_padding(data, logprobs, base, names=self.entry.logprobs)
             try:
                 other = self.to_numpy(self.call(padded)[0])

@@ -97,6 +97,24 @@ def mutation_message(changes) -> str:
             f"its mask and advantages again after the loss); work on a copy")
 
 
+class ProcessExit(BaseException):
+    """The audited function called os._exit, which would end the audit's process at once (no
+    verdict, and an exit status the function chose, 0 reading as a pass): raised in its place
+    and recorded as a failure of `raises`, as sys.exit's SystemExit is."""
+
+
+_calling = threading.local()          # .pid: the process whose audit call this thread runs
+_real_exit = os._exit
+
+
+def _guarded_exit(status):
+    """os._exit, except inside an audited call of this process (a process the function forks
+    exits as it would)."""
+    if getattr(_calling, "pid", None) == os.getpid():
+        raise ProcessExit(f"your function called os._exit({status}), which ends the process")
+    _real_exit(status)
+
+
 def exception_text(exc: BaseException) -> str:
     """'Type: message' of what the user's code raised (a UserRaised unwrapped; the bare type
     name when the message is empty)."""
@@ -127,7 +145,9 @@ def call_with_deadline(fn, kwargs, timeout):
     """fn(**kwargs) in a worker thread (carrying torch's thread-local grad mode); raise
     AuditTimeout if it has not returned after `timeout` seconds (None: wait as long as it
     takes). Whatever the function raises comes back as an Exception (UserRaised for a
-    BaseException), so that no user code can end the audit. A real Ctrl-C reaches the caller's
+    BaseException), so that no user code can end the audit; os._exit called by it raises
+    ProcessExit instead (a C-level exit still ends the process: the command line runs the
+    audit in a child process for that). A real Ctrl-C reaches the caller's
     thread, not the worker, and still stops it. The worker is reused from call to call; one
     left running past its deadline is abandoned, and the next call gets a fresh one."""
     result = {}
@@ -135,6 +155,7 @@ def call_with_deadline(fn, kwargs, timeout):
     done = threading.Event()
 
     def work():
+        _calling.pid = os.getpid()
         try:
             with torch.set_grad_enabled(grad_mode):
                 result["value"] = fn(**kwargs)
@@ -143,7 +164,11 @@ def call_with_deadline(fn, kwargs, timeout):
         except BaseException as exc:           # SystemExit, KeyboardInterrupt inside user code
             result["error"] = UserRaised(exc)
         finally:
+            _calling.pid = None
             done.set()
+
+    if os._exit is not _guarded_exit:          # installed once; transparent outside a call
+        os._exit = _guarded_exit
 
     worker = getattr(_workers, "worker", None)
     if worker is None:
@@ -202,8 +227,9 @@ class Adapter:
         known = {self.own(n) for n in self.inputs} | {self.own(n) for n in GLOBAL_KW}
         return [n for n in self.params if n in self.required and n not in known]
 
-    def mapping_help(self) -> str:
-        """What the reference passes, what the function takes, and how to map them."""
+    def mapping_help(self, ref: str = "the reference") -> str:
+        """What the reference passes, what the function takes, and how to map them: a --map is
+        suggested only where it gives every required parameter an input (the call then fits)."""
         unmet = self.unmet()
         lines = [f"the reference passes: {', '.join(self.inputs)} (and, to a function that "
                  f"names them, {', '.join(GLOBAL_KW)})",
@@ -215,7 +241,12 @@ class Adapter:
             if match:
                 pairs.append((own, match[0]))
                 free.remove(match[0])
-        if pairs:
+        lost = [own for own in unmet if own not in dict(pairs)]
+        if lost:
+            lines.append(f"no --map makes it fit: your function requires "
+                         f"{', '.join(n + '=' for n in unmet)}, and {ref} passes no input to "
+                         f"match {', '.join(n + '=' for n in lost)}")
+        elif pairs:
             lines.append("map them: --map " + " --map ".join(f"{a}={b}" for a, b in pairs) +
                          " (CLI), or rename={" +
                          ", ".join(f"{a!r}: {b!r}" for a, b in pairs) + "} (API)")

@@ -106,6 +106,8 @@ class AuditReport:
                     f"{', '.join(f.check for f in self.failures)})")
         if self.inconclusive:
             return "verdict: INCONCLUSIVE: " + "; ".join(self.inconclusive)
+        if self.tolerance.get("warning"):
+            return f"verdict: CONFORMS, but {self.tolerance['warning']}"
         return "verdict: CONFORMS"
 
     def __str__(self) -> str:
@@ -117,6 +119,8 @@ class AuditReport:
         if self.tolerance:
             t = self.tolerance
             lines.append(f"  tolerance: rtol {t['rtol']:g}, atol {t['atol']:g} ({t['why']})")
+            if t.get("warning"):
+                lines.append(f"  WARN tolerance: {t['warning']}")
         lines += [f"  {note}" for note in self.notes]
         for f in self.findings:
             lines.append(f"  {f.status.upper():<4} {f.check:<13} {plural(f.cases, 'case'):>9}"

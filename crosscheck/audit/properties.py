@@ -37,7 +37,9 @@ def permutation_check(aud: Auditor, case, rng) -> Optional[Outcome]:
                "your unshuffled values differ from the reference's too: see the value check")
         return Outcome("permutation", False,
                        f"shuffling rows with their group_ids changed an advantage: row {perm[i]} "
-                       f"was {base[perm[i]]:.10g}, became {moved[i]:.10g} ({why})")
+                       f"was {base[perm[i]]:.10g}, became {moved[i]:.10g} ({why})",
+                       loose=aud.loose(moved, base[perm], np.ones(base.shape, bool),
+                                       np.maximum(kappa, kappa[perm])))
     return Outcome("permutation", True)
 
 

@@ -11,10 +11,10 @@ print the same numbers in the same order.
 """
 import dataclasses
 import math
+import unicodedata
 from typing import Dict, List
 
 import numpy as np
-from wcwidth import wcswidth
 
 from ref_common.vocab import AGG_MODES
 
@@ -102,14 +102,22 @@ def render(section: Section, lang: str) -> str:
     return "\n".join(out)
 
 
+def display_width(text: str) -> int:
+    """The columns `text` takes in a terminal: a wide or full-width (CJK) character 2, a
+    combining mark or format character 0, any other 1 (Unicode's East Asian Width)."""
+    return sum(0 if unicodedata.combining(ch) or unicodedata.category(ch) in ("Mn", "Me", "Cf")
+               else 2 if unicodedata.east_asian_width(ch) in ("W", "F") else 1 for ch in text)
+
+
 def grid(headers, rows):
     """A table aligned by display width (CJK characters count 2)."""
-    widths = [max(wcswidth(str(r[i])) for r in [headers] + rows) for i in range(len(headers))]
+    widths = [max(display_width(str(r[i])) for r in [headers] + rows)
+              for i in range(len(headers))]
 
     def line(cells):
         parts = []
         for c, w in zip(cells, widths):
-            pad = " " * (w - wcswidth(str(c)))
+            pad = " " * (w - display_width(str(c)))
             numeric = str(c).lstrip("−-+").replace(".", "", 1).replace("e", "", 1).isdigit()
             parts.append(pad + str(c) if numeric else str(c) + pad)
         return ("  " + " | ".join(parts)).rstrip()

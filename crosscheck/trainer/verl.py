@@ -21,7 +21,9 @@ from .card import (DoesNotFit, Known, NotInVersion, Row, Trainer, per_sequence, 
 
 CA = "verl.trainer.ppo.core_algos"
 TF = "verl.utils.torch_functional"
-GAMMA, LAM = 0.99, 0.95       # the profile's defaults (1, 1) would hide any discounting error
+# not verl's defaults (AlgoConfig gamma = lam = 1.0, the verl profile's): at 1, 1 a missing or
+# misplaced discount factor changes nothing, so the card checks GAE where discounting shows
+GAMMA, LAM = 0.99, 0.95
 
 
 def _float(mask, like):
@@ -474,7 +476,10 @@ _MICRO_MEAN = Known(
 
 ROWS = (
     Row(f"{CA}:compute_gae_advantage_return", "gae", _gae,
-        choices=(f"γ = {GAMMA}, λ = {LAM} passed to both (the profile's 1, 1 hide discounting)",
+        choices=(f"γ = {GAMMA}, λ = {LAM} passed to both, not verl's config defaults γ = λ = "
+                 f"1.0 (AlgoConfig; the verl profile's), under which a missing or misplaced "
+                 f"discount changes nothing; the function takes γ and λ as arguments, so these "
+                 f"audit the same code",
                  "response_mask as a float tensor, as verl builds it; values and token rewards 0 "
                  "at masked positions, as verl's critic and reward managers leave them",
                  "advantages read as returns − values: the function whitens its advantages "

@@ -409,8 +409,10 @@ def test_plausible_padding_that_changes_valid_outputs_fails_and_a_nan_leak_only_
         return (xm - mu) * m
     r = audit(whiten_unmasked_mean, "whiten", ddof=0, eps=1e-8, cases=N)
     assert finding(r, "mask").status == "fail"
-    assert re.fullmatch(r"padding with shared log-probs \(in every input's domain\) changes a "
-                        r"valid output: output\[\d+, \d+\] \S+ → \S+", finding(r, "mask").message)
+    # whiten has no log-prob input: the message names what it pads
+    assert re.fullmatch(r"padding with a second finite padding of x \(in every input's domain\) "
+                        r"changes a valid output: output\[\d+, \d+\] \S+ → \S+",
+                        finding(r, "mask").message)
     inner = gae_loop(1.0, 1.0)
 
     def gae_nan_in_returns(rewards, values, mask, dones=None, last_value=None):
@@ -444,3 +446,18 @@ def test_an_opsm_that_compares_the_drift_with_0_not_delta_is_caught_at_a_small_d
         return (m & ~((A < 0) & (d > 0))).to(logp.dtype)
     report = audit(ignores_delta, "opsm_mask", delta=1e-4, cases=200)
     assert "value" in failing(report), str(report)
+
+
+def test_the_mask_check_of_gae_speaks_of_its_own_inputs():
+    def gae_reading_padding(rewards, values, mask):      # bootstraps from the padding's value
+        B, T = rewards.shape
+        adv, last = torch.zeros_like(rewards), torch.zeros(B, dtype=rewards.dtype)
+        for t in reversed(range(T)):
+            nv = values[:, t + 1] if t + 1 < T else torch.zeros(B, dtype=rewards.dtype)
+            last = rewards[:, t] + nv - values[:, t] + 0.95 * last
+            adv[:, t] = last
+        return adv, adv + values
+    f = finding(audit(gae_reading_padding, "gae", gamma=1.0, lam=0.95, cases=20), "mask")
+    assert f.status == "fail" and "log-prob" not in f.message
+    assert f.message.startswith("padding with a second finite padding of rewards, values (in "
+                                "every input's domain) changes a valid output: advantages[")

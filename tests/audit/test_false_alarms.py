@@ -94,11 +94,43 @@ def test_float32_rounding_is_not_mistaken_for_groups_taken_by_position():
     assert report.ok and finding(report, "permutation").status == "pass", str(report)
 
 
+def test_float32_rounding_judged_by_the_value_check_is_not_counted_again_by_permutation():
+    # float32 arithmetic cast back to float64, judged at float64: the value check fails with
+    # the float32 hint; the shuffle's own float32 rounding is that same finding, not a second
+    inner = grpo_float32(0, 1e-4)
+
+    def cast_back(rewards, group_ids):
+        return inner(rewards, group_ids).double()
+    report = audit(cast_back, "group_advantages", profile="minimind", cases=200)
+    assert finding(report, "value").status == "fail" and "float32 row" in \
+        finding(report, "value").message
+    assert finding(report, "permutation").status == "pass", str(report)
+    assert report.verdict_line() == "verdict: DOES NOT CONFORM (1 failing check: value)"
+
+
 def test_given_tolerances_replace_the_rows():
     report = audit(kl("k3"), "kl_penalty", cases=4, rtol=1e-3)
     assert report.tolerance["rtol"] == 1e-3
     assert report.tolerance["atol"] == tolerances.get("audit", "float64").atol
     assert report.tolerance["why"] == "as given"
+
+
+@pytest.mark.parametrize("given, said, scale, shift", [
+    (dict(rtol=1e9), "rtol 1e+09", 1.001, 0.0), (dict(atol=0.5), "atol 0.5", 1.0, 0.01),
+    (dict(rtol=1e-3, atol=1e-3), "rtol 0.001, atol 0.001", 1.001, 0.0)])
+def test_a_tolerance_too_wide_to_tell_conventions_apart_is_said_in_the_verdict(given, said,
+                                                                             scale, shift):
+    def wrong(logp, ref_logp, mask):                   # k3 off by 1e-3 or by 0.01: wrong
+        return (kl("k3")(logp, ref_logp, mask) * scale + shift) * mask
+    report = audit(wrong, "kl_penalty", kind="k3", cases=4, **given)
+    warning = (f"the tolerance given ({said}) is wider than 0.0001, the smallest difference "
+               f"between two conventions the audit must tell apart: a wrong function can pass")
+    assert report.verdict_line() == f"verdict: CONFORMS, but {warning}"
+    assert f"  WARN tolerance: {warning}" in str(report).splitlines()
+    assert report.to_dict()["tolerance"]["warning"] == warning
+    assert audit(wrong, "kl_penalty", kind="k3", cases=4, rtol=1e-4).tolerance.get(
+        "warning") is None                       # at the bound: no warning
+    assert audit(wrong, "kl_penalty", kind="k3", cases=4).verdict == "DOES NOT CONFORM"
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

@@ -362,3 +362,62 @@ def test_float32_code_cast_back_gets_the_hint_and_conforms_at_float32():
     assert at32.ok, str(at32)
     assert all(f.grade == "robustness" for f in at32.findings if f.status == "warn")
     assert "carries no gradient" not in str(at32)
+
+
+_ENDING = ("import ctypes, os, sys\n"
+           "def k3(logp, ref_logp, mask):\n"
+           "    {how}\n")
+
+
+@pytest.mark.parametrize("how, text", [("os._exit(0)", "os._exit(0)"),
+                                       ("sys.exit(0)", "SystemExit: 0")])
+def test_a_function_that_ends_the_process_fails_raises_and_never_conforms(how, text, tmp_path):
+    # in a child Python: an audit ended with its process would leave exit status 0, no verdict
+    import subprocess
+    import sys
+    from tests.helpers import ROOT
+    target = tmp_path / "ending.py"
+    target.write_text(_ENDING.format(how=how))
+    code = ("import importlib.util, sys\n"
+            f"spec = importlib.util.spec_from_file_location('ending', {str(target)!r})\n"
+            "mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)\n"
+            "from crosscheck import audit\n"
+            "report = audit(mod.k3, 'kl_penalty', kind='k3', cases=3)\n"
+            "print(report)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "verdict: DOES NOT CONFORM (" in proc.stdout, proc.stdout
+    assert f"FAIL raises" in proc.stdout and text in proc.stdout
+
+
+def test_no_map_is_suggested_for_a_function_that_no_map_makes_fit():
+    def gae_like(rewards, values, dones):         # not a KL term: no renaming fits it
+        return rewards
+    report = audit(gae_like, "kl_penalty", kind="k3", cases=2)
+    line = report.verdict_line()
+    assert report.verdict == "INCONCLUSIVE" and "map them" not in line and "rename=" not in line
+    assert ("no --map makes it fit: your function requires rewards=, values=, dones=, and "
+            "kl_penalty passes no input to match values=, dones=") in line
+
+
+def test_a_map_is_suggested_where_it_makes_the_call_fit():
+    def k3(log_prob, ref_log_prob, response_mask):
+        return log_prob
+    line = audit(k3, "kl_penalty", kind="k3", cases=2).verdict_line()
+    assert ("map them: --map log_prob=logp --map ref_log_prob=ref_logp --map "
+            "response_mask=mask") in line
+
+
+@pytest.mark.parametrize("value, seen", [(3, "an int (3)"), ("0.5", "a str ('0.5')")])
+def test_a_loss_returning_a_python_value_is_a_shape_failure_naming_it(value, seen):
+    def agg(loss, mask):
+        return value
+    report = audit(agg, "aggregate", mode="token-mean", cases=3)
+    text = str(report)
+    assert "AttributeError" not in text and "object has no attribute" not in text
+    f = finding(report, "shape")
+    assert f.status == "fail" and f.message == (
+        f"your function returned {seen}, not a torch tensor (backend='torch': a loss trainers "
+        f"differentiate must carry its gradient); expected ()")
+    assert report.verdict.startswith("DOES NOT CONFORM")

@@ -105,8 +105,8 @@ def test_an_inconclusive_audit_exits_2_and_map_makes_it_conclusive(tmp_path):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--cases", "0"], "--cases is 0; expected a positive number"),
-    (["--cases", "-5"], "--cases is -5; expected a positive number"),
+    (["--cases", "0"], "--cases is 0; expected a whole number from 1 to 10000"),
+    (["--cases", "-5"], "--cases is -5; expected a whole number from 1 to 10000"),
     (["--seed", "-1"], "--seed is -1; expected a non-negative integer"),
     (["--set", "kind=k9"], "kind is 'k9'"),
 ])
@@ -186,3 +186,23 @@ def test_a_loss_taking_only_per_token_advantages_is_told_about_domain_and_confor
     code, _, err = run_cli(["audit", f"{target}:ppo", "--ref", "ppo_clip_loss",
                             "--domain", "tokens"])
     assert code == 2 and "invalid choice: 'tokens'" in err
+
+
+@pytest.mark.parametrize("how, code, text", [
+    ("os._exit(0)", 1, "FAIL raises"),
+    # below Python: only the process running the audit apart from the command sees it
+    ("ctypes.CDLL(None)._exit(0)", 2, "verdict: INCONCLUSIVE: the process running the audit "
+                                      "ended (exit status 0) before giving a verdict")])
+def test_an_audited_function_ending_the_process_never_exits_0(how, code, text, tmp_path):
+    import subprocess
+    import sys
+    from tests.helpers import ROOT
+    target = tmp_path / "ending.py"
+    target.write_text("import ctypes, os\n"
+                      "def k3(logp, ref_logp, mask):\n"
+                      f"    {how}\n")
+    proc = subprocess.run([sys.executable, "-m", "crosscheck", "audit", f"{target}:k3", "--ref",
+                           "kl_penalty", "--set", "kind=k3", "--cases", "3"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == code, (proc.stdout, proc.stderr)
+    assert text in proc.stdout

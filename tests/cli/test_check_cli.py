@@ -207,3 +207,63 @@ def test_without_torch_a_command_says_in_one_line_that_it_needs_it(monkeypatch):
     code, out, err = helpers.run_cli([])
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and "needs torch, which is not installed" in err
+
+
+def test_a_missing_optional_package_is_a_usage_error_not_a_traceback(monkeypatch):
+    from crosscheck import __main__ as cli
+
+    def explain_main(argv):
+        raise ModuleNotFoundError("No module named 'somepkg'", name="somepkg")
+    monkeypatch.setitem(cli.SUBCOMMANDS, "explain", explain_main)
+    code, out, err = helpers.run_cli(["explain"])
+    assert code == 2 and out == ""          # 1 would read as "does not conform"
+    assert err.count("\n") == 1 and "needs the package somepkg, which is not installed" in err
+
+
+@pytest.mark.parametrize("prefix", [[], ["audit", "examples/buggy.py:kl_sign_flipped", "--ref",
+                                         "kl_penalty"], ["trainer", "verl"]])
+def test_cases_past_the_bound_is_a_usage_error_naming_the_range(prefix, monkeypatch):
+    from crosscheck.check import stages
+    monkeypatch.setattr(stages, "run", lambda *a, **k: pytest.fail("the run started"))
+    code, out, err = helpers.run_cli(prefix + ["--cases", str(10 ** 20)])
+    assert code == 2 and out == ""
+    assert f"--cases is {10 ** 20}; expected a whole number from 1 to 10000" in err
+    code, out, err = helpers.run_cli(prefix + ["--cases", "10001"])
+    assert code == 2 and "--cases is 10001; expected a whole number from 1 to 10000" in err
+
+
+LIST_SCHEMA = {
+    "type": "object",
+    "required": ["functions"],
+    "additionalProperties": False,
+    "properties": {"functions": {"type": "array", "items": {
+        "type": "object",
+        "required": ["name", "differentiable_wrt", "trainers_use_it_as", "stop_gradient",
+                     "audit_property_checks"],
+        "additionalProperties": False,
+        "properties": {
+            "name": {"type": "string"},
+            "differentiable_wrt": {"type": "array", "items": {"type": "string"}},
+            "trainers_use_it_as": {"enum": ["a loss (differentiated)",
+                                            "computed without grad"]},
+            "stop_gradient": {"type": ["string", "null"]},
+            "audit_property_checks": {"type": "array", "items": {"type": "string"}},
+        },
+    }}},
+}
+
+
+def test_list_json_prints_the_registry_as_json_with_the_columns_of_list():
+    code, text = run_cli(["--list", "--json"])
+    assert code == 0
+    doc = json.loads(text)
+    jsonschema.validate(doc, LIST_SCHEMA)
+    assert [f["name"] for f in doc["functions"]] == list(registry.build())
+    by_name = {f["name"]: f for f in doc["functions"]}
+    assert by_name["gae"] == {"name": "gae", "differentiable_wrt": ["rewards", "values"],
+                              "trainers_use_it_as": "computed without grad",
+                              "stop_gradient": None, "audit_property_checks": []}
+    assert by_name["cispo_loss"]["stop_gradient"] == "w = clip(ratio): CISPO's importance weight"
+    assert by_name["kl_penalty"]["audit_property_checks"] == ["kl_direction"]
+    code, text = run_cli(["--list", "--json", "--only", "aggregate"])
+    assert [f["name"] for f in json.loads(text)["functions"]] == ["aggregate"]

@@ -104,3 +104,18 @@ def test_an_example_differing_only_in_last_digits_or_timing_is_not_stale(documen
 ])
 def test_an_example_whose_words_or_numbers_changed_is_stale(documented, printed):
     assert not render_examples.same(documented, printed)
+
+
+def test_the_audit_quick_start_names_real_references_and_every_profile():
+    from crosscheck.audit import profiles
+    from crosscheck.check import registry
+    doc = text("docs/audit.md")
+    start = doc.index("## Quick start")
+    assert start < doc.index("## The adapter contract")           # near the top
+    quick = doc[start:doc.index("## The adapter contract")]
+    refs = re.findall(r"^\| [^|]+ \| `(\w+)`", quick, re.M)
+    assert {"group_advantages", "gae", "ppo_clip_loss", "policy_objective", "kl_penalty",
+            "aggregate"} <= set(refs)
+    assert set(refs) <= set(registry.build())
+    named = re.search(r"`--profile` is one of (.*?);", quick, re.S).group(1)
+    assert sorted(re.findall(r"`(\w+)`", named)) == sorted(profiles.PROFILES)

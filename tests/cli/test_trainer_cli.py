@@ -59,15 +59,33 @@ def test_json_and_markdown_carry_the_card(tmp_path):
 
 
 @pytest.mark.parametrize("where, message", [
-    ("missing_dir/card.md", "does not exist"), ("{tmp}", "is a directory")])
+    ("{tmp}/blocker/card.md", "is a file, not a folder"), ("{tmp}", "is a folder")])
 def test_an_unwritable_markdown_path_is_refused_before_the_card_is_computed(tmp_path, where,
                                                                             message, monkeypatch):
     from crosscheck.trainer import card
+    (tmp_path / "blocker").write_text("not a folder")
     monkeypatch.setattr(card, "run", lambda *a, **k: pytest.fail("the card was computed"))
-    code, out, err = run_cli(["trainer", "openrlhf", "--markdown",
-                              where.format(tmp=tmp_path).replace("missing_dir",
-                                                                 str(tmp_path / "missing_dir"))])
-    assert code == 2 and message in err and out == ""
+    code, out, err = run_cli(["trainer", "openrlhf", "--markdown", where.format(tmp=tmp_path)])
+    assert code == 2 and out == ""
+    assert f"--markdown {where.format(tmp=tmp_path)!r}: " in err and message in err
+
+
+def test_markdown_into_a_missing_folder_creates_it_as_explain_plot_does(tmp_path, monkeypatch):
+    from crosscheck.trainer import card
+
+    class Card:                           # what trainer_main reads of a computed card
+        exit_code = 0
+
+        def markdown(self):
+            return "# the card\n"
+
+        def text(self):
+            return "the card"
+    monkeypatch.setattr(card, "run", lambda *a, **k: Card())
+    target = tmp_path / "new" / "deeper" / "card.md"
+    code, out, err = run_cli(["trainer", "openrlhf", "--markdown", str(target)])
+    assert code == 0 and out == "the card\n"
+    assert target.read_text() == "# the card\n"
 
 
 def test_all_takes_no_trainer_name():

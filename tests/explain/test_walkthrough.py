@@ -11,7 +11,6 @@ import re
 
 import numpy as np
 import pytest
-from wcwidth import wcswidth
 
 import ref_numpy
 from crosscheck.check import registry
@@ -166,6 +165,7 @@ def test_both_languages_print_the_same_numbers(topics):
 
 
 def test_zh_tables_align_by_display_width(topics):
+    wcswidth = pytest.importorskip("wcwidth").wcswidth     # an independent display width
     text = explain.to_text(list(topics.values()), "zh")
     blocks, current = [], []
     for line in text.splitlines():
@@ -215,6 +215,21 @@ def test_cli_topic_and_json():
     assert [t["name"] for t in json.loads(out)["topics"]] == list(explain.TOPICS)
     code, _, err = run(["explain", "--topic", "nonesuch"])
     assert code == 2 and "invalid choice: 'nonesuch'" in err
+
+
+def test_explain_runs_without_the_wcwidth_package(monkeypatch):
+    import sys
+
+    import crosscheck.explain as package
+    monkeypatch.setitem(sys.modules, "wcwidth", None)          # `import wcwidth` fails
+    monkeypatch.delattr(package, "topics")                      # imported afresh, then restored
+    monkeypatch.delitem(sys.modules, "crosscheck.explain.topics")
+    code, out, err = run(["explain", "--topic", "kl", "--lang", "zh"])
+    assert code == 0 and "KL 估计器" in out and "Traceback" not in err
+    grid = sys.modules["crosscheck.explain.topics"].grid
+    # 优势 is two wide characters (4 columns), é one column written as e + a combining accent
+    lines = grid(["优势", "x"], [["1", "e\u0301"], ["22", "ab"]]).splitlines()
+    assert lines == ["  优势 | x", "  -----+---", "     1 | e\u0301", "    22 | ab"]
 
 
 def test_cli_exits_1_when_the_walkthrough_stops(monkeypatch):
@@ -463,7 +478,10 @@ def test_plot_into_an_unwritable_folder_refuses_before_printing_anything(tmp_pat
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     code, out, err = run(["explain", "--topic", "gae", "--plot", str(blocker / "figs")])
-    assert code == 2 and out == "" and str(blocker / "figs") in err
+    assert code == 2 and out == ""
+    assert f"--plot {str(blocker / 'figs')!r}: " in err and "is a file, not a folder" in err
+    code, out, err = run(["explain", "--topic", "gae", "--plot", str(blocker)])
+    assert code == 2 and out == "" and f"--plot {str(blocker)!r}: is a file" in err
 
 
 def test_plot_of_one_topic_writes_that_topics_figures_only(tmp_path):

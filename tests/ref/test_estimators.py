@@ -128,3 +128,22 @@ class TestKlEstimatorGradient:
             before = ref_numpy.kl_estimator_moments(z, zr, kind=kind)[key]
             after = ref_numpy.kl_estimator_moments(z - 0.1 * g, zr, kind=kind)[key]
             assert after < before
+
+
+def test_a_moment_cotangent_without_some_keys_takes_them_as_zero():
+    # written against the five keys before log_var: log_var's cotangent is 0
+    z, zr = np.log(P), np.log(Q)
+    five = {"kl_forward": 0.0, "kl_reverse": 1.0, "mean": 0.0, "bias": 0.0, "var": 0.0}
+    got = ref_numpy.kl_estimator_moments_vjp(five, z, zr, kind="k3")["logits"]
+    np.testing.assert_allclose(got, P - Q, rtol=0, atol=1e-15)      # ∇KL(ref‖π) = π − ref
+    got = ref_numpy.kl_estimator_moments_vjp({"kl_reverse": 2.0}, z, zr, kind="k1")["logits"]
+    np.testing.assert_allclose(got, 2 * (P - Q), rtol=0, atol=1e-15)
+
+
+def test_an_unknown_moment_cotangent_key_is_refused_by_name():
+    z = np.log(P)
+    with pytest.raises(ValueError, match=r"g has unknown key\(s\) 'lg_var'; its keys are "
+                                         r"kl_forward, kl_reverse, mean, bias, var, log_var"):
+        ref_numpy.kl_estimator_moments_vjp({"kl_reverse": 1.0, "lg_var": 1.0}, z, z, kind="k1")
+    with pytest.raises(TypeError, match="g is a list; expected a dict"):
+        ref_numpy.kl_estimator_moments_vjp([1.0], z, z, kind="k1")

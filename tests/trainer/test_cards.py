@@ -1019,3 +1019,16 @@ def test_liger_k3_variant_evaluates_the_term_in_float64_rounds_it_once_and_resto
     assert torch.equal(seen["k3"], (torch.expm1(x) - x).float())
     assert seen["k3"][1] == 0.0 and abs(float(seen["k3"][0]) - 0.1487212707) < 1e-7
     assert adapter.loss_globals["k3_loss_fn"] == "coded"
+
+
+def test_the_verl_gae_row_says_its_gamma_and_lambda_are_not_verls_defaults():
+    from crosscheck.audit import profiles
+    from crosscheck.trainer import verl
+    row = next(r for r in verl.ROWS if r.ref == "gae")
+    defaults = profiles.rule("verl", "gae", None).conventions
+    assert defaults == {"gamma": 1.0, "lam": 1.0}          # verl's AlgoConfig
+    assert row.conventions == {"gamma": 0.99, "lam": 0.95}  # where discounting shows
+    assert row.choices[0].startswith("γ = 0.99, λ = 0.95 passed to both, not verl's config "
+                                     "defaults γ = λ = 1.0 (AlgoConfig; the verl profile's), "
+                                     "under which a missing or misplaced discount changes "
+                                     "nothing")
