@@ -83,7 +83,7 @@ CLI = [
     (["--scale", "0"], 2, "--scale is 0"),
     (["--frobnicate"], 2, "unrecognized arguments"),
     (["explain", "--lang", "fr"], 2, "invalid choice: 'fr'"),
-    (["explain", "--topic", "gae", "--plot", "/proc/nope"], 2, "cannot write there"),
+    (["explain", "--topic", "gae", "--plot", "/proc/nope"], 2, "cannot create its folder"),
     (["audit"], 2, "give a target"),
     (["audit", "nofile.py:f", "--ref", "whiten"], 2, "does not exist"),
     (["audit", f"{EX}/buggy.py:nope", "--ref", "whiten"], 2, "has no function 'nope'"),
