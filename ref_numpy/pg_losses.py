@@ -376,9 +376,9 @@ def dppo_loss(logp, old_logp, advantages, mask=None, *, divergence="tv", clip_lo
     ratio, so the gradient is −A·min(r, C) inside the region and 0 outside: the truncated-IS
     policy gradient. Form "ratio" is the surrogate −A·r that prime-rl's default loss writes
     (`default_loss_fn`: −keep·A·r, no C and no clamp). With C = None the two forms' gradients
-    agree wherever the log-ratio clamp does not bind (everywhere with log_ratio_clamp=None);
-    where it binds (|log r| > 20 by default) "logp" keeps the weight −A·e^(±20) and "ratio" is
-    flat (0). Their values always differ.
+    agree wherever the log-ratio clamp and the exp cap do not bind; where the clamp binds
+    (|log r| > 20 by default) "logp" keeps the weight −A·e^(±20) and "ratio" is flat (0), and
+    past the exp cap (log r > 709.78) likewise. Their values always differ.
 
     Worked example: A = 1, logp = log 0.5, old = log 0.4, tv, δ = 0.2: D = 0.1 ≤ 0.2, kept;
     r = 1.25, l = −1.25·log 0.5 = 0.8664, ∂l/∂logp = −1.25. With old = log 0.2 instead,
