@@ -5,7 +5,7 @@ import numpy as np
 from ref_common import args
 
 from . import _arrays as ar
-from .kl import kl_penalty, kl_penalty_vjp, unclamped
+from .kl import kl_penalty, kl_penalty_vjp, unclamped, weighted_slope
 from .pg_losses import dppo_loss, dppo_loss_vjp
 from .policy_losses import (cispo_loss, cispo_loss_vjp, gspo_loss, gspo_loss_vjp, ppo_clip_loss,
                             ppo_clip_loss_vjp, sapo_loss, sapo_loss_vjp, vespo_loss,
@@ -52,7 +52,7 @@ def kl_term_vjp(g, logp, old_logp, ref_logp, mask, kind, clamp, weight):
 
     Gradient: without a weight it is kl_penalty's. With r = exp(logp − old_logp) (∂r/∂logp = r,
     old_logp a constant), the product rule gives
-        ∂(r·k)/∂logp = r·∂k/∂logp + r·k.
+        ∂(r·k)/∂logp = r·∂k/∂logp + r·k = r·(∂k/∂logp + k).
     With weight = "score", w = exp(logp − sg(logp)): w = 1 and ∂w/∂logp = w = 1, so
         ∂(w·k)/∂logp = ∂k/∂logp + k,
     the score-function term k·∇log π of a KL estimated on the policy's own samples
@@ -60,21 +60,32 @@ def kl_term_vjp(g, logp, old_logp, ref_logp, mask, kind, clamp, weight):
     calculate_kl forms it, w multiplies before the output clamp and is detached where the
     input clamp binds, so wherever a clamp binds both terms are 0: the gradient is
     (∂k/∂logp + k)·1[no clamp binds] (∂k/∂logp is already 0 there).
+    Where no clamp binds, ∂k/∂logp + k is taken in closed form (`kl.weighted_slope`): for k3
+    it is (1 − e^x) + (e^x − 1 − x) = −x with x = ref − logp, which summed term by term loses
+    every digit once e^x ≫ |x|. Where a clamp binds (or k3's e^x passes the exp cap) ∂k is 0
+    and the gradient is r·k ("ratio") or 0 ("score"; k past the cap). Past the exp cap of r
+    itself r is flat (gradient r·∂k/∂logp alone), as every capped exp is.
     """
-    if weight == "score":
-        k = kl_penalty(logp, ref_logp, mask, kind=kind, clamp=clamp)
-        free = unclamped(logp, ref_logp, mask, kind=kind, clamp=clamp)
-        gm = ar.zero_masked(np.asarray(g, dtype=np.float64), np.asarray(mask, bool))
-        d = kl_penalty_vjp(g, logp, ref_logp, mask, kind=kind, clamp=clamp)["logp"] + \
-            gm * k * free
-        return ar.zero_masked(d, np.asarray(mask, bool))
-    if weight != "ratio":
-        return kl_penalty_vjp(g, logp, ref_logp, mask, kind=kind, clamp=clamp)["logp"]
-    r = _kl_ratio(logp, old_logp, mask)
+    dk = kl_penalty_vjp(g, logp, ref_logp, mask, kind=kind, clamp=clamp)["logp"]   # g·∂k
+    if weight is None:
+        return dk
+    m = np.asarray(mask, bool)
+    gm = ar.zero_masked(np.asarray(g, dtype=np.float64), m)
     k = kl_penalty(logp, ref_logp, mask, kind=kind, clamp=clamp)
-    with np.errstate(over="ignore", invalid="ignore"):
-        d = kl_penalty_vjp(g * r, logp, ref_logp, mask, kind=kind, clamp=clamp)["logp"] + g * r * k
-    return ar.zero_masked(d, np.asarray(mask, bool))
+    free = unclamped(logp, ref_logp, mask, kind=kind, clamp=clamp)
+    with np.errstate(invalid="ignore", over="ignore"):      # garbage at padding is never read
+        x = ar.zero_masked(np.asarray(ref_logp, dtype=np.float64), m) - \
+            ar.zero_masked(np.asarray(logp, dtype=np.float64), m)
+        live = (free > 0) & (x <= ar.LOG_FLOAT_MAX if kind == "k3" else True)
+        if weight == "score":
+            d = np.where(live, gm * weighted_slope(kind, x), dk + gm * k * free)
+        else:
+            moves = np.where(m, np.asarray(logp, np.float64) - np.asarray(old_logp, np.float64),
+                             0.0) <= ar.LOG_FLOAT_MAX          # r below its exp cap
+            r = _kl_ratio(logp, old_logp, mask)
+            d = np.where(live & moves, gm * r * weighted_slope(kind, x),
+                         r * dk + gm * r * k * moves)
+    return ar.zero_masked(d, m)
 
 
 def _finite_objective(per_token, logp, old_logp, advantages, mask, ref_logp):
