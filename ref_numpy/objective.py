@@ -117,8 +117,9 @@ def policy_objective(logp, old_logp, advantages, mask, ref_logp=None, *, loss="p
     zeroes both terms, see kl_term_vjp).
     With kl_anchor="old" the KL term is k(logp, old_logp), a penalty toward the sampling policy
     instead of a reference model, and ref_logp is not read: prime-rl's default loss adds
-    τ·(log r)² = 2τ·k2(logp, old_logp), the regulariser of Kimi k1.5 (arXiv:2501.12599, eq. 3,
-    τ/2 there).
+    τ·(log r)² = 2τ·k2(logp, old_logp) per token (prime-rl cites Kimi K2.5, arXiv:2602.02276).
+    Kimi k1.5's regulariser (arXiv:2501.12599, eq. 3) is another: τ/2·(log r)² of the whole
+    response, its log-ratio summed over the tokens before squaring.
 
     Reference: GRPO, arXiv:2402.03300, eq. (3) (KL as a per-token loss term); the aggregation
     modes of verl `agg_loss`.

@@ -75,8 +75,8 @@ def policy_objective(logp, old_logp, advantages, mask, ref_logp=None, *, loss="p
     """aggregate(policy_loss + β·kl_penalty): the scalar actor loss a trainer back-propagates.
     With kl_weight="ratio" the KL term is β·exp(logp − old_logp)·k, the ratio attached (TRL's
     use_bias_correction_kl); with "score" it is β·exp(logp − sg(logp))·k (NeMo-RL's), whose
-    gradient carries the score term k·∇logp. With kl_anchor="old" it is k(logp, old_logp), the KL to the
-    sampling policy (prime-rl's τ·(log r)²), and ref_logp is not read.
+    gradient carries the score term k·∇logp. With kl_anchor="old" it is k(logp, old_logp), the
+    KL to the sampling policy (prime-rl's per-token τ·(log r)²), and ref_logp is not read.
 
     Args/Returns: as ref_numpy.policy_objective, with tensors.
     """
