@@ -763,7 +763,7 @@ def policy_objective(mask_, ref_logp, loss, beta, kl_kind, kl_clamp, agg,
     (kl_penalty calls them kind and clamp, aggregate calls agg mode), so a wrong value is
     reported under the keyword the caller used."""
     loss = checks.choice("loss", loss, vocab.POLICY_LOSSES)
-    checks.choice("agg", agg, vocab.AGG_MODES)
+    checks.choice("agg", agg, vocab.AGG_MODES + vocab.GROUPED_AGG_MODES)
     beta = checks.non_negative("beta", beta)
     policy_mask(mask_ is None, "policy_objective")
     kl_anchor = checks.choice("kl_anchor", kl_anchor, vocab.KL_ANCHORS)

@@ -104,7 +104,8 @@ def _finite_objective(per_token, logp, old_logp, advantages, mask, ref_logp):
 
 def policy_objective(logp, old_logp, advantages, mask, ref_logp=None, *, loss="ppo",
                      agg="seq-mean-token-mean", beta=0.0, kl_kind="k3", kl_clamp=None, norm=None,
-                     empty_rows="exclude", kl_weight=None, kl_anchor="ref", **loss_kwargs):
+                     empty_rows="exclude", kl_weight=None, kl_anchor="ref", group_size=None,
+                     group_ids=None, **loss_kwargs):
     """The actor loss a trainer minimises: aggregate(policy_loss + β·kl_penalty).
 
         J = aggregate(l_policy(logp) + β·k(logp, ref_logp), mask, mode=agg)
@@ -126,7 +127,9 @@ def policy_objective(logp, old_logp, advantages, mask, ref_logp=None, *, loss="p
     Note: `loss` is "ppo" (`ppo_clip_loss`), "cispo" (`cispo_loss`), "gspo" (`gspo_loss`),
     "sapo" (`sapo_loss`), "vespo" (`vespo_loss`) or "dppo" (`dppo_loss`);
     `**loss_kwargs` go to it.
-    `norm`, `empty_rows` go to `aggregate`; `kl_kind`, `kl_clamp` to `kl_penalty`.
+    `norm`, `empty_rows`, `group_size`, `group_ids` go to `aggregate` (the rows' prompts, read
+    by agg="prompt-mean-token-mean": SkyRL's prompt_mean); `kl_kind`, `kl_clamp` to
+    `kl_penalty`.
 
     Args:
       logp, old_logp: [B, T] float.
@@ -136,6 +139,8 @@ def policy_objective(logp, old_logp, advantages, mask, ref_logp=None, *, loss="p
       loss, agg, beta (≥ 0), kl_kind, kl_clamp, norm, empty_rows: see above.
       kl_weight: None | "ratio" | "score" (see above).
       kl_anchor: "ref" | "old" (see above).
+      group_size, group_ids: the rows' prompts, for agg="prompt-mean-token-mean" (as
+        aggregate's: exactly one of the two there).
 
     Returns:
       float64 scalar.
@@ -150,17 +155,19 @@ def policy_objective(logp, old_logp, advantages, mask, ref_logp=None, *, loss="p
             with np.errstate(over="ignore", invalid="ignore"):   # reported just below
                 per_token = per_token + beta * kl
     _finite_objective(per_token, logp, old_logp, advantages, mask, ref_logp)
-    return aggregate(per_token, mask, mode=agg, norm=norm, empty_rows=empty_rows)
+    return aggregate(per_token, mask, mode=agg, norm=norm, empty_rows=empty_rows,
+                     group_size=group_size, group_ids=group_ids)
 
 
 def policy_objective_vjp(g, logp, old_logp, advantages, mask, ref_logp=None, *, loss="ppo",
                          agg="seq-mean-token-mean", beta=0.0, kl_kind="k3", kl_clamp=None,
                          norm=None, empty_rows="exclude", kl_weight=None, kl_anchor="ref",
-                         **loss_kwargs):
+                         group_size=None, group_ids=None, **loss_kwargs):
     """VJP of `policy_objective` wrt logp, by the chain rule through its parts.
 
     Gradient:
-      aggregate is linear: J = Σ_bt w_bt·l_bt with the per-token weights w of `aggregate_vjp`.
+      aggregate is linear: J = Σ_bt w_bt·l_bt with the per-token weights w of `aggregate_vjp`
+      (under "prompt-mean-token-mean" w = m_bt/(N_p(b)·P'), the prompts fixed by the data).
       So the cotangent reaching the per-token losses is g·w, and
           ∂J/∂logp = policy_vjp(g·w) + β·kl_term_vjp(g·w)
       (ref_logp, old_logp and A are constants; kl_term_vjp is kl_penalty's, or with
@@ -175,7 +182,8 @@ def policy_objective_vjp(g, logp, old_logp, advantages, mask, ref_logp=None, *, 
                                                  kl_clamp, agg, kl_weight, kl_anchor)
     per_token = fn(logp, old_logp, advantages, mask, **loss_kwargs)
     _finite_objective(per_token, logp, old_logp, advantages, mask, ref_logp)
-    w = aggregate_vjp(g, per_token, mask, mode=agg, norm=norm, empty_rows=empty_rows)["loss"]
+    w = aggregate_vjp(g, per_token, mask, mode=agg, norm=norm, empty_rows=empty_rows,
+                      group_size=group_size, group_ids=group_ids)["loss"]
     grad = vjp(w, logp, old_logp, advantages, mask, **loss_kwargs)["logp"]
     anchor = _kl_anchor(old_logp, ref_logp, kl_anchor)
     if anchor is not None:

@@ -71,12 +71,14 @@ def _weighted_kl(logp, old_logp, anchor, mask, kind, clamp, weight):
 
 def policy_objective(logp, old_logp, advantages, mask, ref_logp=None, *, loss="ppo",
                      agg="seq-mean-token-mean", beta=0.0, kl_kind="k3", kl_clamp=None, norm=None,
-                     empty_rows="exclude", kl_weight=None, kl_anchor="ref", **loss_kwargs):
+                     empty_rows="exclude", kl_weight=None, kl_anchor="ref", group_size=None,
+                     group_ids=None, **loss_kwargs):
     """aggregate(policy_loss + β·kl_penalty): the scalar actor loss a trainer back-propagates.
     With kl_weight="ratio" the KL term is β·exp(logp − old_logp)·k, the ratio attached (TRL's
     use_bias_correction_kl); with "score" it is β·exp(logp − sg(logp))·k (NeMo-RL's), whose
     gradient carries the score term k·∇logp. With kl_anchor="old" it is k(logp, old_logp), the
     KL to the sampling policy (prime-rl's per-token τ·(log r)²), and ref_logp is not read.
+    group_size / group_ids: the rows' prompts, for agg="prompt-mean-token-mean".
 
     Args/Returns: as ref_numpy.policy_objective, with tensors.
     """
@@ -100,4 +102,5 @@ def policy_objective(logp, old_logp, advantages, mask, ref_logp=None, *, loss="p
         if ref_logp is not None:
             inputs["ref_logp"] = ref_logp
         args.objective_overflow(at, {k: float(v[at]) for k, v in inputs.items()})
-    return aggregate(per_token, mask, mode=agg, norm=norm, empty_rows=empty_rows)
+    return aggregate(per_token, mask, mode=agg, norm=norm, empty_rows=empty_rows,
+                     group_size=group_size, group_ids=group_ids)
