@@ -303,6 +303,16 @@ def singleton_group(row) -> None:
                          f"group needs at least 2 members (as OpenRLHF requires)")
 
 
+def negative_group_mean(mean) -> None:
+    """`mean` is the first group mean below 0 under scale='mean' (groups of two or more), or
+    None. MaxRL divides by the mean as a pass rate: below 0 it flips the advantages' signs."""
+    if mean is not None:
+        raise ValueError(f"rewards have a group whose mean is {mean:.6g} under scale='mean' "
+                         f"(MaxRL): (r − mean)/(mean + eps) would flip the sign of its "
+                         f"advantages; expected rewards in [0, 1], whose group means are pass "
+                         f"rates ≥ 0 (shift the rewards, or use scale='group')")
+
+
 def group_spread(row, scale="group") -> None:
     """`row` is the first row whose group's denominator is 0 (zero spread while eps = 0, or
     under scale='mean' a group mean equal to −eps), or None."""
@@ -753,7 +763,7 @@ def policy_objective(mask_, ref_logp, loss, beta, kl_kind, kl_clamp, agg,
     (kl_penalty calls them kind and clamp, aggregate calls agg mode), so a wrong value is
     reported under the keyword the caller used."""
     loss = checks.choice("loss", loss, vocab.POLICY_LOSSES)
-    checks.choice("agg", agg, vocab.AGG_MODES)
+    checks.choice("agg", agg, vocab.AGG_MODES + vocab.GROUPED_AGG_MODES)
     beta = checks.non_negative("beta", beta)
     policy_mask(mask_ is None, "policy_objective")
     kl_anchor = checks.choice("kl_anchor", kl_anchor, vocab.KL_ANCHORS)

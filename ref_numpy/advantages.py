@@ -433,6 +433,8 @@ def _group_parts(r, gid, ddof, eps, scale, baseline, singleton):
         sigma = np.where(multi & (dof > 0), np.sqrt(np.maximum(ss, 0.0) / np.maximum(dof, 1)), 0.0)
         D = np.where(sigma > 0, sigma + eps, unit)    # NeMo: no scaling where the spread is 0
     elif scale == "mean":
+        below = multi & (mu < 0)                      # MaxRL's pass rate: refused below 0
+        args.negative_group_mean(float(np.ldexp(mu, e)[below][0]) if below.any() else None)
         D = np.where(single, unit, mu + eps)          # MaxRL: a group of one is not scaled
     else:
         D = unit
@@ -463,7 +465,11 @@ def group_advantages(rewards, *, group_size=None, group_ids=None, ddof=0, eps=1e
     verl's `rloo_vectorized`); `"keep"` takes its baseline as 0 and its own spread as 1, so
     A = r/(1 + eps) under "group" scale and r under "none" and "mean" (verl's `grpo` and
     `rloo`, SkyRL's `maxrl`);
-    `"error"` refuses it (OpenRLHF asserts groups of at least 2). With "leave_one_out" baseline
+    `"error"` refuses it (OpenRLHF asserts groups of at least 2). MaxRL ("mean") is defined
+    for rewards in [0, 1], whose group mean is a pass rate: a group whose mean is below 0 is
+    refused (ValueError naming the mean), since dividing by it flips the sign of every
+    advantage in the group (the better response would be pushed down); SkyRL's
+    `compute_maxrl_advantage` computes it regardless. With "leave_one_out" baseline
     and "group" scale, σ is the std of the whole group. eps is added to the std (σ + eps), as
     all of verl, TRL, OpenRLHF, MiniMind do.
 

@@ -28,6 +28,26 @@ def k_estimator(kind: str, x: np.ndarray):
     return np.abs(x), np.sign(x)
 
 
+def weighted_slope(kind: str, x: np.ndarray) -> np.ndarray:
+    """∂k/∂logp + k at x = log(ref/π) = ref_logp − logp (∂x/∂logp = −1): the gradient of a
+    weighted KL term W·k with ∂W/∂logp = W (the ratio, or the score weight), divided by W.
+
+    The two terms cancel, so it is written in closed form, never summed:
+        k1: 1 − x        k2: −x + ½x² = x(½x − 1)
+        k3: −(e^x − 1) + (e^x − 1 − x) = −x        abs: −sign(x) + |x|
+    Summed in floats, k3's terms lose every digit of −x once e^x ≫ |x| (x = 40 gives −32,
+    x ≥ 50 gives 0); k2's lose digits near its zero x = 2. Valid where no clamp binds and, for
+    k3, below the exp cap (x ≤ LOG_FLOAT_MAX): there ∂k is 0 and the slope is k alone.
+    """
+    if kind == "k1":
+        return 1.0 - x
+    if kind == "k2":
+        return x * (0.5 * x - 1.0)
+    if kind == "k3":
+        return -x
+    return np.abs(x) - np.sign(x)
+
+
 def _kl_parts(logp, ref_logp, mask, kind, clamp):
     a = args.kl_penalty(OPS, logp, ref_logp, mask, kind, clamp)
     m, in_b, out_b = a.mask, a.in_bound, a.out_bound

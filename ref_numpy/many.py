@@ -84,7 +84,7 @@ def _whiten(v, mask=None, ddof=0, eps=1e-8, eps_mode="var", shift_mean=True,
 def _policy_objective(v, advantages, mask, ref_logp=None, loss="ppo",
                       agg="seq-mean-token-mean", beta=0.0, kl_kind="k3", kl_clamp=None,
                       norm=None, empty_rows="exclude", kl_weight=None, kl_anchor="ref",
-                      **loss_kwargs):
+                      group_size=None, group_ids=None, **loss_kwargs):
     """aggregate(policy_loss + β·kl_penalty) at every point: the per-token losses are
     independent across rows, so the points are stacked as rows of one batch for them; the
     aggregation is then taken per point."""
@@ -110,7 +110,7 @@ def _policy_objective(v, advantages, mask, ref_logp=None, loss="ppo",
         lps, olds = logp.reshape(per_token.shape), old.reshape(per_token.shape)
         for pt, lp, o in zip(per_token, lps, olds):         # the public function's message
             _finite_objective(pt, lp, o, advantages, mask, ref_logp)
-    _, w = _weights(per_token[0], mask, agg, norm, empty_rows)
+    _, w = _weights(per_token[0], mask, agg, norm, empty_rows, group_size, group_ids)
     return _sum_weighted(w, per_token, m)
 
 

@@ -5,7 +5,7 @@ import numpy as np
 from ref_common import args
 
 from . import _arrays as ar
-from .kl import kl_penalty, kl_penalty_vjp, unclamped
+from .kl import kl_penalty, kl_penalty_vjp, unclamped, weighted_slope
 from .pg_losses import dppo_loss, dppo_loss_vjp
 from .policy_losses import (cispo_loss, cispo_loss_vjp, gspo_loss, gspo_loss_vjp, ppo_clip_loss,
                             ppo_clip_loss_vjp, sapo_loss, sapo_loss_vjp, vespo_loss,
@@ -52,7 +52,7 @@ def kl_term_vjp(g, logp, old_logp, ref_logp, mask, kind, clamp, weight):
 
     Gradient: without a weight it is kl_penalty's. With r = exp(logp − old_logp) (∂r/∂logp = r,
     old_logp a constant), the product rule gives
-        ∂(r·k)/∂logp = r·∂k/∂logp + r·k.
+        ∂(r·k)/∂logp = r·∂k/∂logp + r·k = r·(∂k/∂logp + k).
     With weight = "score", w = exp(logp − sg(logp)): w = 1 and ∂w/∂logp = w = 1, so
         ∂(w·k)/∂logp = ∂k/∂logp + k,
     the score-function term k·∇log π of a KL estimated on the policy's own samples
@@ -60,21 +60,32 @@ def kl_term_vjp(g, logp, old_logp, ref_logp, mask, kind, clamp, weight):
     calculate_kl forms it, w multiplies before the output clamp and is detached where the
     input clamp binds, so wherever a clamp binds both terms are 0: the gradient is
     (∂k/∂logp + k)·1[no clamp binds] (∂k/∂logp is already 0 there).
+    Where no clamp binds, ∂k/∂logp + k is taken in closed form (`kl.weighted_slope`): for k3
+    it is (1 − e^x) + (e^x − 1 − x) = −x with x = ref − logp, which summed term by term loses
+    every digit once e^x ≫ |x|. Where a clamp binds (or k3's e^x passes the exp cap) ∂k is 0
+    and the gradient is r·k ("ratio") or 0 ("score"; k past the cap). Past the exp cap of r
+    itself r is flat (gradient r·∂k/∂logp alone), as every capped exp is.
     """
-    if weight == "score":
-        k = kl_penalty(logp, ref_logp, mask, kind=kind, clamp=clamp)
-        free = unclamped(logp, ref_logp, mask, kind=kind, clamp=clamp)
-        gm = ar.zero_masked(np.asarray(g, dtype=np.float64), np.asarray(mask, bool))
-        d = kl_penalty_vjp(g, logp, ref_logp, mask, kind=kind, clamp=clamp)["logp"] + \
-            gm * k * free
-        return ar.zero_masked(d, np.asarray(mask, bool))
-    if weight != "ratio":
-        return kl_penalty_vjp(g, logp, ref_logp, mask, kind=kind, clamp=clamp)["logp"]
-    r = _kl_ratio(logp, old_logp, mask)
+    dk = kl_penalty_vjp(g, logp, ref_logp, mask, kind=kind, clamp=clamp)["logp"]   # g·∂k
+    if weight is None:
+        return dk
+    m = np.asarray(mask, bool)
+    gm = ar.zero_masked(np.asarray(g, dtype=np.float64), m)
     k = kl_penalty(logp, ref_logp, mask, kind=kind, clamp=clamp)
-    with np.errstate(over="ignore", invalid="ignore"):
-        d = kl_penalty_vjp(g * r, logp, ref_logp, mask, kind=kind, clamp=clamp)["logp"] + g * r * k
-    return ar.zero_masked(d, np.asarray(mask, bool))
+    free = unclamped(logp, ref_logp, mask, kind=kind, clamp=clamp)
+    with np.errstate(invalid="ignore", over="ignore"):      # garbage at padding is never read
+        x = ar.zero_masked(np.asarray(ref_logp, dtype=np.float64), m) - \
+            ar.zero_masked(np.asarray(logp, dtype=np.float64), m)
+        live = (free > 0) & (x <= ar.LOG_FLOAT_MAX if kind == "k3" else True)
+        if weight == "score":
+            d = np.where(live, gm * weighted_slope(kind, x), dk + gm * k * free)
+        else:
+            moves = np.where(m, np.asarray(logp, np.float64) - np.asarray(old_logp, np.float64),
+                             0.0) <= ar.LOG_FLOAT_MAX          # r below its exp cap
+            r = _kl_ratio(logp, old_logp, mask)
+            d = np.where(live & moves, gm * r * weighted_slope(kind, x),
+                         r * dk + gm * r * k * moves)
+    return ar.zero_masked(d, m)
 
 
 def _finite_objective(per_token, logp, old_logp, advantages, mask, ref_logp):
@@ -93,7 +104,8 @@ def _finite_objective(per_token, logp, old_logp, advantages, mask, ref_logp):
 
 def policy_objective(logp, old_logp, advantages, mask, ref_logp=None, *, loss="ppo",
                      agg="seq-mean-token-mean", beta=0.0, kl_kind="k3", kl_clamp=None, norm=None,
-                     empty_rows="exclude", kl_weight=None, kl_anchor="ref", **loss_kwargs):
+                     empty_rows="exclude", kl_weight=None, kl_anchor="ref", group_size=None,
+                     group_ids=None, **loss_kwargs):
     """The actor loss a trainer minimises: aggregate(policy_loss + β·kl_penalty).
 
         J = aggregate(l_policy(logp) + β·k(logp, ref_logp), mask, mode=agg)
@@ -106,15 +118,18 @@ def policy_objective(logp, old_logp, advantages, mask, ref_logp=None, *, loss="p
     zeroes both terms, see kl_term_vjp).
     With kl_anchor="old" the KL term is k(logp, old_logp), a penalty toward the sampling policy
     instead of a reference model, and ref_logp is not read: prime-rl's default loss adds
-    τ·(log r)² = 2τ·k2(logp, old_logp), the regulariser of Kimi k1.5 (arXiv:2501.12599, eq. 3,
-    τ/2 there).
+    τ·(log r)² = 2τ·k2(logp, old_logp) per token (prime-rl cites Kimi K2.5, arXiv:2602.02276).
+    Kimi k1.5's regulariser (arXiv:2501.12599, eq. 3) is another: τ/2·(log r)² of the whole
+    response, its log-ratio summed over the tokens before squaring.
 
     Reference: GRPO, arXiv:2402.03300, eq. (3) (KL as a per-token loss term); the aggregation
     modes of verl `agg_loss`.
     Note: `loss` is "ppo" (`ppo_clip_loss`), "cispo" (`cispo_loss`), "gspo" (`gspo_loss`),
     "sapo" (`sapo_loss`), "vespo" (`vespo_loss`) or "dppo" (`dppo_loss`);
     `**loss_kwargs` go to it.
-    `norm`, `empty_rows` go to `aggregate`; `kl_kind`, `kl_clamp` to `kl_penalty`.
+    `norm`, `empty_rows`, `group_size`, `group_ids` go to `aggregate` (the rows' prompts, read
+    by agg="prompt-mean-token-mean": SkyRL's prompt_mean); `kl_kind`, `kl_clamp` to
+    `kl_penalty`.
 
     Args:
       logp, old_logp: [B, T] float.
@@ -124,6 +139,8 @@ def policy_objective(logp, old_logp, advantages, mask, ref_logp=None, *, loss="p
       loss, agg, beta (≥ 0), kl_kind, kl_clamp, norm, empty_rows: see above.
       kl_weight: None | "ratio" | "score" (see above).
       kl_anchor: "ref" | "old" (see above).
+      group_size, group_ids: the rows' prompts, for agg="prompt-mean-token-mean" (as
+        aggregate's: exactly one of the two there).
 
     Returns:
       float64 scalar.
@@ -138,17 +155,19 @@ def policy_objective(logp, old_logp, advantages, mask, ref_logp=None, *, loss="p
             with np.errstate(over="ignore", invalid="ignore"):   # reported just below
                 per_token = per_token + beta * kl
     _finite_objective(per_token, logp, old_logp, advantages, mask, ref_logp)
-    return aggregate(per_token, mask, mode=agg, norm=norm, empty_rows=empty_rows)
+    return aggregate(per_token, mask, mode=agg, norm=norm, empty_rows=empty_rows,
+                     group_size=group_size, group_ids=group_ids)
 
 
 def policy_objective_vjp(g, logp, old_logp, advantages, mask, ref_logp=None, *, loss="ppo",
                          agg="seq-mean-token-mean", beta=0.0, kl_kind="k3", kl_clamp=None,
                          norm=None, empty_rows="exclude", kl_weight=None, kl_anchor="ref",
-                         **loss_kwargs):
+                         group_size=None, group_ids=None, **loss_kwargs):
     """VJP of `policy_objective` wrt logp, by the chain rule through its parts.
 
     Gradient:
-      aggregate is linear: J = Σ_bt w_bt·l_bt with the per-token weights w of `aggregate_vjp`.
+      aggregate is linear: J = Σ_bt w_bt·l_bt with the per-token weights w of `aggregate_vjp`
+      (under "prompt-mean-token-mean" w = m_bt/(N_p(b)·P'), the prompts fixed by the data).
       So the cotangent reaching the per-token losses is g·w, and
           ∂J/∂logp = policy_vjp(g·w) + β·kl_term_vjp(g·w)
       (ref_logp, old_logp and A are constants; kl_term_vjp is kl_penalty's, or with
@@ -163,7 +182,8 @@ def policy_objective_vjp(g, logp, old_logp, advantages, mask, ref_logp=None, *, 
                                                  kl_clamp, agg, kl_weight, kl_anchor)
     per_token = fn(logp, old_logp, advantages, mask, **loss_kwargs)
     _finite_objective(per_token, logp, old_logp, advantages, mask, ref_logp)
-    w = aggregate_vjp(g, per_token, mask, mode=agg, norm=norm, empty_rows=empty_rows)["loss"]
+    w = aggregate_vjp(g, per_token, mask, mode=agg, norm=norm, empty_rows=empty_rows,
+                      group_size=group_size, group_ids=group_ids)["loss"]
     grad = vjp(w, logp, old_logp, advantages, mask, **loss_kwargs)["logp"]
     anchor = _kl_anchor(old_logp, ref_logp, kl_anchor)
     if anchor is not None:

@@ -326,6 +326,7 @@ def _dppo_parts(logp, old_logp, advantages, mask, divergence, clip_low, clip_hig
     if clamp is not None:
         inside = np.abs(rho) <= clamp
         rho = np.clip(rho, -clamp, clamp)
+    inside = inside & (rho <= ar.LOG_FLOAT_MAX)     # exp saturates there: flat, see ar
     w = ar.capped_exp(rho)
     if p.clip_c is not None:
         inside = inside & (w <= p.clip_c)
@@ -374,8 +375,10 @@ def dppo_loss(logp, old_logp, advantages, mask=None, *, divergence="tv", clip_lo
     Note: in form "logp" the value carries logp itself, weighted by the detached truncated
     ratio, so the gradient is −A·min(r, C) inside the region and 0 outside: the truncated-IS
     policy gradient. Form "ratio" is the surrogate −A·r that prime-rl's default loss writes
-    (`default_loss_fn`: −keep·A·r, no C and no clamp; with C = None the two forms' gradients
-    agree everywhere and only the values differ).
+    (`default_loss_fn`: −keep·A·r, no C and no clamp). With C = None the two forms' gradients
+    agree wherever the log-ratio clamp and the exp cap do not bind; where the clamp binds
+    (|log r| > 20 by default) "logp" keeps the weight −A·e^(±20) and "ratio" is flat (0), and
+    past the exp cap (log r > 709.78) likewise. Their values always differ.
 
     Worked example: A = 1, logp = log 0.5, old = log 0.4, tv, δ = 0.2: D = 0.1 ≤ 0.2, kept;
     r = 1.25, l = −1.25·log 0.5 = 0.8664, ∂l/∂logp = −1.25. With old = log 0.2 instead,
@@ -411,7 +414,8 @@ def dppo_loss_vjp(g, logp, old_logp, advantages, mask=None, *, divergence="tv", 
       form "ratio": w = min(exp(clip(ρ, ±c)), C) with ρ = logp − old_logp; ∂ρ/∂logp = 1, the
         clamp passes it where |ρ| ≤ c, exp gives r, the min passes it where r ≤ C, so
           ∂l_t/∂logp_t = −A_t·r_t·1[|ρ_t| ≤ c]·1[r_t ≤ C]·kept_t
-        (the ties pass, as torch.clamp's gradient does at its bounds).
+        (the ties pass, as torch.clamp's gradient does at its bounds). exp saturates at the
+        largest float past ρ = log(max float) (ar.LOG_FLOAT_MAX): r is flat there, gradient 0.
       ∂L/∂logp = g·(that).
 
     Returns:

@@ -388,7 +388,8 @@ def vespo_loss(logp, old_logp, advantages, mask=None, *, k_pos=2.0, lambda_pos=3
     φ rises like w^k near 0 and decays like e^(−λw) for large w: a soft trust region on the
     sequence ratio, strongest where the sequence has moved far from the sampling policy.
 
-    Reference: TRL `GRPOTrainer.get_gamma_weights` and `loss_type="vespo"` (k 2 / 3, λ 3 / 2
+    Reference: Shen et al., "VESPO: Variational Sequence-Level Soft Policy Optimization",
+    arXiv:2602.10693; TRL `GRPOTrainer.get_gamma_weights` and `loss_type="vespo"` (k 2 / 3, λ 3 / 2
     for A ≥ 0 / A < 0; the log-ratio clamped to ±20, log w to [log 1e-8, 20]).
     Under vLLM importance-sampling correction TRL folds the rollout's token ratios ρ_t =
     π_old/π_vllm (already truncated, or 0 where token_mask rejected them) into w:

@@ -171,7 +171,9 @@ def group_advantages(rewards, *, group_size=None, group_ids=None, ddof=0, eps=1e
 
     b_i: group mean, or the mean of the *other* members (leave_one_out, computed as
     (Σ_group r − r_i)/(n − 1)); σ: group std, batch std, the others' std (NeMo; no scaling
-    where it is 0), the group mean (MaxRL, arXiv:2602.02710: (r − μ)/(μ + eps)), or none. A group of one gets 0 ("zero"), its reward over (1 + eps) or
+    where it is 0), the group mean (MaxRL, arXiv:2602.02710: (r − μ)/(μ + eps); a group mean
+    below 0 is refused, it would flip the signs), or none. A group of one gets 0 ("zero"), its
+    reward over (1 + eps) or
     unscaled ("keep": baseline 0, spread 1), or is refused ("error"); rows with valid = 0 leave
     the statistics and get 0. Args/Returns: as ref_numpy.group_advantages, with tensors.
     """
@@ -245,6 +247,9 @@ def _group_advantages_of(r, ids, ddof, eps, scale, baseline, singleton):
         sigma = tt.safe_sqrt(var)
         denom = torch.where(sigma > 0, sigma + eps, unit)
     elif scale == "mean":                           # MaxRL: over the group's mean reward
+        below = multi & (mean < 0)                  # a pass rate: refused below 0
+        args.negative_group_mean(
+            float(tt.times_power_of_two(mean, e)[below][0]) if bool(below.any()) else None)
         denom = torch.where(alone, unit, mean + eps)
     else:
         denom = unit

@@ -12,33 +12,73 @@ from .policy_losses import cispo_loss, gspo_loss, ppo_clip_loss, sapo_loss, vesp
 from .reduce import aggregate
 
 
-def _score_weighted_kl(logp, anchor, mask, kind, clamp):
-    """exp(logp − sg(logp))·k, as NeMo-RL's calculate_kl forms it: the weight (1 in value)
-    multiplies the estimate before the output clamp and is detached where the input clamp
-    binds, so a binding clamp stops the score term too."""
+def _weighted_kl(logp, old_logp, anchor, mask, kind, clamp, weight):
+    """The KL term W·k of kl_weight "ratio" (W = r = exp(logp − old_logp), the ratio capped
+    as every exp of a log-ratio is, times the clamped estimate) or "score" (W = exp(logp −
+    sg(logp)) as NeMo-RL's calculate_kl forms it: it multiplies the estimate before the output
+    clamp and is detached where the input clamp binds, so a binding clamp stops the score term
+    too).
+
+    For k3, wherever no clamp or exp cap binds, W·k3 is written as the same function in
+    another form, since autograd's product rule would sum W·∂k3/∂logp = W·(1 − e^x) and
+    ∂W/∂logp·k3 = W·(e^x − 1 − x), which cancel to −W·x and lose every digit of it once
+    e^x ≫ |x| (x = log(anchor/π) = 40 gave −32, x ≥ 50 gave 0). With v = logp − sg(logp)
+    (0 in value, ∂v/∂logp = 1), W = sg(W)·e^v and x = sg(x) − v, so exactly
+        W·k3(x) = sg(W)·[k3(sg(x)) − sg(x)·expm1(v) − (expm1(v) − v·e^v)]
+    (expand e^v·(e^(x0 − v) − 1 − x0 + v)). The last bracket is −½v² + O(v³), and v is 0
+    wherever autograd evaluates it, so it is written as −½v²: value, gradient and second
+    derivative are W·k3's. Autograd forms the gradient as sg(W)·(−sg(x)·1 + v) = −W·x: no two
+    large terms meet (written as expm1(v) − v·e^v, its ±1 would meet sg(x)·1 where autograd
+    accumulates the uses of v, and cancel again for small x).
+    """
     a = args.kl_penalty(OPS, logp, anchor, mask, kind, clamp)
     m = a.mask
     zero = tt.zero(a.logp)
     lp = torch.where(m, a.logp, zero)
-    log_ratio = torch.where(m, a.ref_logp, zero) - lp
-    w = torch.exp(lp - lp.detach())
+    x = torch.where(m, a.ref_logp, zero) - lp                 # log(anchor/π) at the sample
+    cap = tt.log_float_max(lp.dtype)
+    if weight == "score":
+        log_w = lp - lp.detach()
+    else:   # the log-ratio is zeroed at padding first, so an overflow there reaches no gradient
+        log_w = torch.clamp(lp - torch.where(m, old_logp, zero), max=cap)
+    w = torch.exp(log_w)
+    xc, live = x, (x <= cap) if a.kind == "k3" else torch.ones_like(m)
     if a.in_bound is not None:
-        w = torch.where(log_ratio.abs() <= a.in_bound, w, w.detach())
-        log_ratio = torch.clamp(log_ratio, -a.in_bound, a.in_bound)
-    est = w * k_estimate(a.kind, log_ratio)
+        inside = x.abs() <= a.in_bound
+        if weight == "score":
+            w = torch.where(inside, w, w.detach())
+        xc = torch.clamp(x, -a.in_bound, a.in_bound)
+        live = live & inside
+    k = k_estimate(a.kind, xc)
     if a.out_bound is not None:
-        est = torch.clamp(est, -a.out_bound, a.out_bound)
+        live = live & (k.detach().abs() <= a.out_bound)
+    if weight == "ratio":
+        live = live & (lp - torch.where(m, old_logp, zero) <= cap).detach()
+        est = w * (k if a.out_bound is None else torch.clamp(k, -a.out_bound, a.out_bound))
+    else:
+        est = w * k
+        if a.out_bound is not None:
+            est = torch.clamp(est, -a.out_bound, a.out_bound)
+    if a.kind == "k3":
+        live = live & m
+        v = lp - lp.detach()
+        x0 = torch.where(live, x, zero).detach()
+        w0 = torch.where(live, w, torch.ones_like(w)).detach()
+        exact = w0 * ((torch.expm1(x0) - x0) - x0 * torch.expm1(v) + 0.5 * v * v)
+        est = torch.where(live, exact, est)
     return torch.where(m, est, zero)
 
 
 def policy_objective(logp, old_logp, advantages, mask, ref_logp=None, *, loss="ppo",
                      agg="seq-mean-token-mean", beta=0.0, kl_kind="k3", kl_clamp=None, norm=None,
-                     empty_rows="exclude", kl_weight=None, kl_anchor="ref", **loss_kwargs):
+                     empty_rows="exclude", kl_weight=None, kl_anchor="ref", group_size=None,
+                     group_ids=None, **loss_kwargs):
     """aggregate(policy_loss + β·kl_penalty): the scalar actor loss a trainer back-propagates.
     With kl_weight="ratio" the KL term is β·exp(logp − old_logp)·k, the ratio attached (TRL's
     use_bias_correction_kl); with "score" it is β·exp(logp − sg(logp))·k (NeMo-RL's), whose
-    gradient carries the score term k·∇logp. With kl_anchor="old" it is k(logp, old_logp), the KL to the
-    sampling policy (prime-rl's τ·(log r)²), and ref_logp is not read.
+    gradient carries the score term k·∇logp. With kl_anchor="old" it is k(logp, old_logp), the
+    KL to the sampling policy (prime-rl's per-token τ·(log r)²), and ref_logp is not read.
+    group_size / group_ids: the rows' prompts, for agg="prompt-mean-token-mean".
 
     Args/Returns: as ref_numpy.policy_objective, with tensors.
     """
@@ -50,13 +90,8 @@ def policy_objective(logp, old_logp, advantages, mask, ref_logp=None, *, loss="p
     anchor = old_logp if p.kl_anchor == "old" else ref_logp
     if anchor is not None:              # checked even at beta = 0: a wrong one is still a bug
         kl = kl_penalty(logp, anchor, mask, kind=kl_kind, clamp=kl_clamp) \
-            if p.kl_weight != "score" else \
-            _score_weighted_kl(logp, anchor, mask, kl_kind, kl_clamp)
-        if p.kl_weight == "ratio":
-            valid = mask.bool()
-            # the log-ratio is zeroed at padding first, so an overflow there reaches no gradient
-            log_r = torch.where(valid, logp - old_logp, torch.zeros_like(logp))
-            kl = torch.where(valid, torch.exp(log_r) * kl, torch.zeros_like(kl))
+            if p.kl_weight is None else \
+            _weighted_kl(logp, old_logp, anchor, mask, kl_kind, kl_clamp, p.kl_weight)
         if p.beta > 0:
             per_token = per_token + p.beta * kl
     bad = mask.bool() & ~torch.isfinite(per_token)
@@ -67,4 +102,5 @@ def policy_objective(logp, old_logp, advantages, mask, ref_logp=None, *, loss="p
         if ref_logp is not None:
             inputs["ref_logp"] = ref_logp
         args.objective_overflow(at, {k: float(v[at]) for k, v in inputs.items()})
-    return aggregate(per_token, mask, mode=agg, norm=norm, empty_rows=empty_rows)
+    return aggregate(per_token, mask, mode=agg, norm=norm, empty_rows=empty_rows,
+                     group_size=group_size, group_ids=group_ids)

@@ -85,7 +85,7 @@ def sapo_loss(logp, old_logp, advantages, mask=None, *, tau_pos=1.0, tau_neg=1.0
 def vespo_loss(logp, old_logp, advantages, mask=None, *, k_pos=2.0, lambda_pos=3.0, k_neg=3.0,
                lambda_neg=2.0, log_ratio_clamp=20.0, log_w_min=math.log(1e-8), log_w_max=20.0):
     """VESPO: l = −sg(φ(w))·A·logp, φ(w) = e^λ·w^k·e^(−λw) of the sequence ratio w (product of
-    the token ratios, clamped), k and λ by the sign of A.
+    the token ratios, clamped), k and λ by the sign of A. Reference: arXiv:2602.10693.
     Args/Returns: as ref_numpy.vespo_loss, with tensors.
     """
     lp0, old0, adv0, m, _, zero = _prepare(logp, old_logp, advantages, mask, None)

@@ -144,8 +144,10 @@ def into_domain(rule, case, unused=()):
     trainer's sequence is the same tokens); rows of a group with fewer than two valid members
     are dropped, and so are rows with no valid token for a trainer that never builds one (but
     not from grouped inputs whose groups are read: groups in `unused`, which the conventions do
-    not read, are left out with the rows). Per-token advantages for a trainer taking one per
-    sequence have no projection: that case is skipped."""
+    not read, are left out with the rows). Rewards below 0 where they are pass rates (MaxRL)
+    are shifted by one constant, the least valid reward, to start at 0 (the differences within
+    each group kept). Per-token advantages for a trainer taking one per sequence have no
+    projection: that case is skipped."""
     import numpy as np
 
     from ..check import cases as cases_mod
@@ -187,6 +189,14 @@ def into_domain(rule, case, unused=()):
                 arrays = {k: (v[keep] if isinstance(v, np.ndarray) and v.shape[:1] == (n,)
                               else v) for k, v in arrays.items()}
                 changed.append("empty rows dropped")
+        if tag == "pass_rates" and arrays.get("rewards") is not None:
+            r = np.asarray(arrays["rewards"], dtype=np.float64)
+            valid = np.isfinite(r) if arrays.get("valid") is None else \
+                np.asarray(arrays["valid"], dtype=bool) & np.isfinite(r)
+            low = r[valid].min(initial=0.0)
+            if low < 0:
+                arrays["rewards"] = r - low
+                changed.append("rewards shifted to ≥ 0")
         if tag == "groups_of_two":
             ids, size = arrays.get("group_ids"), params.get("group_size")
             if ids is None:

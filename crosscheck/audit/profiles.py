@@ -29,6 +29,7 @@ DOMAINS = {
                             "[B, T]: they are broadcast over the row's tokens)",
     "groups_of_two": "a group of one (this trainer requires at least two per group)",
     "per_sequence_scores": "per-token scores (this trainer's code takes one per sequence)",
+    "pass_rates": "a negative reward (this function's rewards are pass rates, ≥ 0: MaxRL)",
     "nonempty_rows": "a response with no valid token (every response this trainer builds keeps "
                      "at least one: nothing masks a whole response)",
 }

@@ -835,6 +835,8 @@ def policy_objective_case(rng, i):
         m = m.copy()
         m[: B // 2] = False
     agg = _cycle(i // 2, (AGG_MODES[1], AGG_MODES[0]) + AGG_MODES[2:])   # per-sequence first
+    if i % 12 in (5, 10):     # a prompt mean: consecutive groups of rows, or shuffled ids
+        agg = GROUPED_AGG_MODES[0]
     beta = _cycle(i // 3, [0.0, 0.04, 0.1])
     kl_kind = _cycle(i, ["k3", "k1", "k2", "abs"])
     ref = _logps(rng, (B, T))
@@ -843,6 +845,12 @@ def policy_objective_case(rng, i):
         ref = lp + away(ref - lp, [0.0])
     arrays = dict(base.arrays, ref_logp=_garbage(ref, m, rng), mask=m)
     params = dict(base.params, loss=loss, agg=agg, beta=beta, kl_kind=kl_kind)
+    if agg in GROUPED_AGG_MODES:
+        size = next(g for g in (3, 2, 1) if B % g == 0)
+        if i % 12 == 5:
+            params["group_size"] = size
+        else:
+            arrays["group_ids"] = rng.permutation(np.arange(B) // size) * 5 + 2
     if loss == "dppo":          # the KL to the sampling policy: logp = old_logp can happen in
         # DPPO's cases (p moved to q off a region's edge), a kink of "abs" there
         params.update(beta=0.1, kl_kind=_cycle(i // 12, ["k2", "k3", "k1"]), kl_anchor="old",
@@ -868,6 +876,8 @@ def policy_objective_case(rng, i):
     weight = f", kl_weight={params['kl_weight']}" if params.get("kl_weight") else ""
     weight += f", kl_clamp={params['kl_clamp']}" if params.get("kl_clamp") else ""
     weight += ", kl_anchor=old" if params.get("kl_anchor") == "old" else ""
+    weight += f", group_size={params['group_size']}" if "group_size" in params else ""
+    weight += ", shuffled group_ids" if "group_ids" in arrays else ""
     return Case(f"loss={loss}, agg={agg}, beta={params['beta']}, kl_kind={params['kl_kind']}"
                 f"{weight}; " + base.label +
                 (", first half of the rows empty" if empty else ""),

@@ -273,13 +273,16 @@ def build() -> Dict[str, Entry]:
                detached="CISPO's weight, VESPO's φ(w), GSPO-token's sequence ratio, DPPO's, "
                "or sg(logp) of the KL's score weight",
                freeze=oracles.objective_rule, undetached=_objective_undetached,
-               checks=("microbatch",), stack="many",
-               grid=dict(agg=vocab.AGG_MODES, empty_rows=vocab.EMPTY_ROWS,
-                         loss=vocab.POLICY_LOSSES, kl_weight=vocab.KL_WEIGHTS,
-                         kl_anchor=vocab.KL_ANCHORS),
+               checks=("microbatch",), stack="many", data_keywords=("group_size", "group_ids"),
+               grid=dict(agg=vocab.AGG_MODES + vocab.GROUPED_AGG_MODES,
+                         empty_rows=vocab.EMPTY_ROWS, loss=vocab.POLICY_LOSSES,
+                         kl_weight=vocab.KL_WEIGHTS, kl_anchor=vocab.KL_ANCHORS),
                known_bugs=variants.OBJECTIVE,
-               unused=lambda params: () if params.get("beta") and
-               params.get("kl_anchor", "ref") == "ref" else ("ref_logp",)),
+               unused=lambda params: (() if params.get("beta") and
+                                      params.get("kl_anchor", "ref") == "ref" else
+                                      ("ref_logp",)) +
+               (() if params.get("agg") in vocab.GROUPED_AGG_MODES else
+                ("group_size", "group_ids"))),
         _entry("kl_estimator_moments", ("logits",), outputs=vocab.MOMENT_KEYS, dict_output=True,
                optional_outputs=("log_var",), trainer_grad=False, stack="many"),
         _entry("kl_estimator_gradient", ("logits",), outputs=vocab.GRADIENT_KEYS,

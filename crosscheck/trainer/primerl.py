@@ -133,8 +133,9 @@ TRAINER = Trainer(
     notes=("default_loss_fn's policy term is −keep·A·r with r attached and no truncation, the "
            "surrogate form of DPPO's binary-TV loss, whose gradient −A·r·keep is that of "
            "verl's −A·sg(min(r, C))·logp with no C; its KL term kl_tau·(log r)² = 2·kl_tau·k2 "
-           "is taken to the inference policy, not a reference model (Kimi k1.5's "
-           "regulariser), and on every loss-mask token, those outside the trust region "
+           "is taken to the inference policy, not a reference model (per token, as "
+           "prime-rl cites Kimi K2.5; Kimi k1.5 squares the whole response's log-ratio), "
+           "and on every loss-mask token, those outside the trust region "
            "included: the reference's dppo form 'ratio' and kl_anchor 'old'",
            "the default KL coefficient kl_tau = 1e-3 multiplies (log r)², so the reference's "
            "beta on k2 = ½(log r)² is 2e-3",

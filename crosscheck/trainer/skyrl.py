@@ -224,6 +224,7 @@ ROWS = (
     Row(f"{PPO}:compute_maxrl_advantage", "group_advantages", _outcome, label="MaxRL",
         choices=_OUTCOME + ("epsilon 1e-6 (its default)",),
         conventions=dict(scale="mean", baseline="mean", eps=1e-6, singleton="keep"),
+        audit=dict(domain=("pass_rates",)),
         params=("token_level_rewards", "response_mask", "index")),
     Row(f"{PPO}:compute_reinforce_plus_plus_outcome_advantage", "discounted_returns", _returns,
         choices=("the returns output (its advantages are these returns whitened by "

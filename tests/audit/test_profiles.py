@@ -236,3 +236,29 @@ def test_profiles_as_data_carry_every_field():
     assert doc["verl"]["rules"]["whiten"]["implies"] == [
         dict(key="shift_mean", value=False, conventions={"restore_mean": True})]
     assert np.all([isinstance(v["domain"], list) for v in doc["trl"]["rules"].values()])
+
+
+def maxrl(rewards, group_ids):
+    """SkyRL's MaxRL advantage as written: (r − μ)/(μ + 1e-6) per group, any sign of μ; a
+    group of one keeps its reward."""
+    out = torch.zeros_like(rewards)
+    for g in torch.unique(group_ids):
+        rows = group_ids == g
+        r = rewards[rows]
+        out[rows] = r if r.numel() == 1 else (r - r.mean()) / (r.mean() + 1e-6)
+    return out
+
+
+def test_maxrl_on_negative_rewards_is_moved_to_pass_rates_not_judged_or_skipped():
+    # the reference refuses a negative group mean under scale="mean" (it would flip the signs):
+    # without the domain those cases are skipped as undefined; with "pass_rates" each such case
+    # is shifted to rewards ≥ 0 and run
+    kw = dict(scale="mean", baseline="mean", eps=1e-6, singleton="keep", ddof=0, cases=N)
+    plain = audit(maxrl, "group_advantages", **kw)
+    assert plain.ok, str(plain)
+    assert any("undefined there" in why and "mean is" in why for why in plain.skipped)
+    report = audit(maxrl, "group_advantages", domain=("pass_rates",), **kw)
+    assert report.ok, str(report)
+    assert not any("undefined there" in why for why in report.skipped), report.skipped
+    assert "rewards shifted to ≥ 0" in str(report)
+    assert report.n_cases > plain.n_cases

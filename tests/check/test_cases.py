@@ -76,7 +76,12 @@ def test_policy_objective_cases_reach_every_loss_aggregation_and_kl_term():
     cs = drawn("policy_objective")
     assert {(c.params["loss"]) for c in cs} == {"ppo", "cispo", "gspo", "sapo", "vespo", "dppo"}
     assert {c.params["agg"] for c in cs} == {"token-mean", "seq-mean-token-mean",
-                                             "seq-mean-token-sum", "seq-mean-token-sum-norm"}
+                                             "seq-mean-token-sum", "seq-mean-token-sum-norm",
+                                             "prompt-mean-token-mean"}
+    # the prompt mean over consecutive groups of rows and over shuffled ids
+    grouped = [c for c in cs if c.params["agg"] == "prompt-mean-token-mean"]
+    assert any("group_size" in c.params for c in grouped)
+    assert any("group_ids" in c.arrays for c in grouped)
     assert {c.params["kl_kind"] for c in cs if c.params["beta"] > 0} == {"k1", "k2", "k3", "abs"}
     # each loss runs under its own conventions, not only its defaults
     assert any(c.params.get("form") == "sequence" for c in cs)

@@ -409,6 +409,21 @@ class TestGroupAdvantages:
         for a in both("group_advantages", np.zeros(2), group_size=2, eps=1e-6, scale="mean"):
             close(a, [0.0, 0.0])
 
+    @pytest.mark.parametrize("fn, conv", [(ref_numpy.group_advantages, np.asarray),
+                                          (ref_torch.group_advantages, torch.tensor)],
+                             ids=["numpy", "torch"])
+    def test_maxrl_refuses_a_group_with_a_negative_mean_naming_it(self, fn, conv):
+        # the group [−1, 0] has μ = −1/2: (r − μ)/(μ + eps) would flip both advantages' signs
+        # (the better response would get A = −1); the second group [0, 1] alone is fine. A
+        # kept singleton of −3 is not scaled by its mean and is no error
+        r = conv(np.array([0.0, 1.0, -1.0, 0.0]))
+        with pytest.raises(ValueError, match=r"^rewards have a group whose mean is -0\.5 under "
+                                             r"scale='mean'"):
+            fn(r, group_size=2, eps=1e-6, scale="mean")
+        out = fn(conv(np.array([0.0, 1.0, -3.0])), group_ids=conv(np.array([0, 0, 1])),
+                 eps=0.0, scale="mean", singleton="keep")
+        close(np.asarray(out), [-1.0, 1.0, -3.0])
+
     def test_a_singleton_is_refused_when_asked(self):
         r, ids = np.array([1.0, 3.0, 5.0]), np.array([0, 0, 1])
         for fn, args in ((ref_numpy.group_advantages, (r,)),

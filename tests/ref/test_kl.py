@@ -26,7 +26,7 @@ class TestKlPenalty:
     """kl_penalty: the estimators, their gradients and the clamps."""
 
     def test_the_squared_log_ratio_penalty_is_twice_k2(self):
-        # prime-rl's kl_tau·(log π − log μ)² and Kimi's squared log-ratio: 2·k2 with β = 2·τ,
+        # prime-rl's per-token kl_tau·(log π − log μ)²: 2·k2 with β = 2·τ,
         # in value and in gradient (∂/∂logp = 2(logp − ref)), through both twins
         logp = np.array([[-0.3, -2.0, -5.0], [-1e-9, -40.0, -0.7]])
         ref = np.array([[-0.9, -2.0, -1.0], [-3.0, -0.5, -0.71]])

@@ -455,6 +455,32 @@ class TestPolicyObjective:
         close(hand["logp"], auto)
         assert np.isfinite(auto).all() and auto[0, 1] == 0.0
 
+    @pytest.mark.parametrize("groups", [dict(group_ids=np.array([0, 0, 1])),
+                                        dict(group_ids=np.array([7, 7, 2]))],
+                             ids=["ids", "other ids"])
+    def test_prompt_mean_token_mean_weighs_each_prompt_equally(self, groups):
+        # SkyRL's prompt_mean: rows 0, 1 answer one prompt (1 + 2 valid tokens), row 2 another
+        # (1 token). r = 1, A = [1, 2, 4] per row: the PPO loss is −A per token, so
+        #   J = ((−1 − 2 − 2)/3 + (−4)/1)/2 = −17/6
+        # and ∂J/∂logp = −A·w with w = 1/(3·2) in the first prompt, 1/(1·2) in the second
+        logp = np.array([[-1.0, 0.0], [-0.5, -2.0], [-0.3, 0.0]])
+        m = np.array([[True, False], [True, True], [True, False]])
+        A = np.array([1.0, 2.0, 4.0])
+        kw = dict(agg="prompt-mean-token-mean", **groups)
+        for v in both("policy_objective", logp, logp.copy(), A, m, **kw):
+            close(v, -17.0 / 6.0, atol=1e-15)
+        hand, auto, _ = grads("policy_objective", 0, 1.0, logp, logp.copy(), A, m, **kw)
+        expected = [[-1.0 / 6.0, 0.0], [-1.0 / 3.0, -1.0 / 3.0], [-2.0, 0.0]]
+        close(hand["logp"], expected)
+        close(auto, expected)
+
+    @pytest.mark.parametrize("ref", [ref_numpy, ref_torch], ids=["numpy", "torch"])
+    def test_prompt_mean_token_mean_needs_the_rows_prompts(self, ref):
+        x = np.zeros((2, 2)) if ref is ref_numpy else torch.zeros((2, 2), dtype=torch.float64)
+        m = np.ones((2, 2), bool) if ref is ref_numpy else torch.ones((2, 2), dtype=torch.bool)
+        with pytest.raises(ValueError, match="needs exactly one of group_size= or group_ids="):
+            ref.policy_objective(x, x, x[:, 0], m, agg="prompt-mean-token-mean")
+
     def test_is_aggregate_of_its_parts(self, rng):
         logp = np.log(rng.uniform(0.1, 0.9, size=(3, 6)))
         old = logp - rng.normal(0, 0.2, size=(3, 6))

@@ -115,6 +115,39 @@ def test_dppo_ratio_form_is_flat_above_the_truncation_and_outside_the_log_ratio_
             np.testing.assert_allclose(got, [grad], rtol=1e-15)
 
 
+@pytest.mark.parametrize("log_r", [700.0, 800.0, 1e4, -800.0])
+def test_dppo_ratio_form_saturates_its_ratio_past_the_exp_cap_in_value_and_gradient(log_r):
+    # C = None and no clamp: l = −A·r. exp is capped at the largest argument whose exp is
+    # finite (log max ≈ 709.78): r = e^700 below it (gradient −A·r); above it r holds at the
+    # largest float and is flat there (gradient 0, as a clamp that binds); e^−800 = 0
+    lp, adv = np.array([-1.0 if log_r > 0 else -801.0]), np.array([1.0])
+    old = lp - log_r
+    big = np.finfo(np.float64).max
+    value, grad = {700.0: (-math.exp(700.0), -math.exp(700.0)), 800.0: (-big, 0.0),
+                   1e4: (-big, 0.0), -800.0: (0.0, 0.0)}[log_r]
+    kw = dict(clip_low=1.0, clip_c=None, log_ratio_clamp=None, form="ratio")
+    for got in both("dppo_loss", lp, old, adv, **kw):
+        np.testing.assert_allclose(got, [value], rtol=1e-13)
+    for got in grads("dppo_loss", np.ones(1), lp, old, adv, **kw):
+        np.testing.assert_allclose(got, [grad], rtol=1e-13)
+
+
+@pytest.mark.parametrize("clamp", [20.0, None])
+def test_dppo_forms_share_their_gradient_with_c_none_only_where_the_clamp_does_not_bind(clamp):
+    # C = None, A = 1, kept (clip_low huge). Inside the clamp both forms' gradients are −A·r.
+    # Where the default ±20 clamp binds (log r = 25), "logp" keeps the weight −A·e^20 while
+    # "ratio" is flat (0); without a clamp both are −A·e^25 there
+    lp = np.array([-1.0, -1.0])
+    old = lp - np.array([0.5, 25.0])
+    adv = np.ones(2)
+    kw = dict(clip_low=1e300, clip_c=None, log_ratio_clamp=clamp)
+    inside = -math.exp(0.5)
+    beyond = (-math.exp(20.0), 0.0) if clamp else (-math.exp(25.0), -math.exp(25.0))
+    for form, at_25 in zip(("logp", "ratio"), beyond):
+        for got in grads("dppo_loss", np.ones(2), lp, old, adv, form=form, **kw):
+            np.testing.assert_allclose(got, [inside, at_25], rtol=1e-14)
+
+
 def test_dppo_refuses_an_unknown_form_by_name():
     x = np.array([[-0.5]])
     with pytest.raises(ValueError, match="form is 'prob'; expected one of"):
