@@ -167,7 +167,7 @@ def test_user_functions_that_misbehave_are_reported_not_raised(tmp_path):
         "def shape(logp, ref_logp, mask):\n    return logp[:, :1]\n"
         "def hangs(logp, ref_logp, mask):\n    import time\n    time.sleep(60)\n"
         "raise_on_import = None\n")
-    for fn, check in (("raises", "FAIL raises"), ("string", "FAIL raises"),
+    for fn, check in (("raises", "FAIL raises"), ("string", "FAIL shape"),
                       ("nan", "FAIL finite"), ("shape", "FAIL shape")):
         code, out, _ = run_cli(["audit", f"{target}:{fn}", "--ref", "kl_penalty", "--cases", "5"])
         assert code == 1 and check in out, (fn, out)
