@@ -278,7 +278,7 @@ class TRLWatch:
         def training_step(*args, **kwargs):
             if self._k == 0:
                 self._step = int(self.t.state.global_step) + 1
-                self._sampled = (self._step - 1) % self.every == 0
+                self._sampled = sampled(self._step, self.every)
                 self._mbs, self._holders, self._adv = [], [], []
             out = orig(*args, **kwargs)
             self._k += 1
@@ -463,6 +463,14 @@ class TRLWatch:
                 if name in logged:
                     checks.metric(res, name, logged[name], value, tol,
                                   f"{C}: _metrics['train'][{name!r}]", k)
+
+
+def sampled(step: int, every: int) -> bool:
+    """The schedule: steps 1 and 2, then every `every`-th step counted from the first (1 +
+    k·every). At step 1 policy, old policy and reference coincide, so a KL term or a clip
+    bound cannot show; step 2 is the first step where they can (one update away from the
+    reference, and from the sampling policy where a generation is reused)."""
+    return step <= 2 or (step - 1) % every == 0
 
 
 def _version() -> str:

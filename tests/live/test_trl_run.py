@@ -85,7 +85,7 @@ def test_a_loss_normalised_by_the_local_token_count_is_caught_at_the_first_step(
     cls = tiny_trl.patched(GRPOTrainer, *tiny_trl.LOCAL_COUNT)
     _, report = run(root, cls=cls, every=5, max_steps=6, loss_type="dapo",
                     gradient_accumulation_steps=2)
-    assert [s.step for s in report.steps] == [1, 6]
+    assert [s.step for s in report.steps] == [1, 2, 6]
     first = report.steps[0]
     grads = [f for f in first.deviations if f.check == "gradient"]
     assert grads and all("× the documented objective's at every token" in f.message
@@ -157,12 +157,44 @@ def test_the_watched_run_trains_exactly_as_the_unwatched_one(root):
     assert torch.equal(r0, r1)                               # the random state too
 
 
-def test_every_n_checks_the_first_step_and_every_nth_after(root):
-    tr, report = run(root, every=2, max_steps=3, loss_type="dapo")
-    assert [s.step for s in report.steps] == [1, 3]
+def test_every_n_checks_steps_one_and_two_then_every_nth_from_the_first(root):
+    tr, report = run(root, every=3, max_steps=7, loss_type="dapo")
+    assert [s.step for s in report.steps] == [1, 2, 4, 7]
     logged = [h["crosscheck/max_rel_err"] for h in tr.state.log_history
               if "crosscheck/max_rel_err" in h]
-    assert len(logged) == 2 and all(0 <= v < 1e-4 for v in logged)
+    assert len(logged) == 4 and all(0 <= v < 1e-4 for v in logged)
+
+
+def test_a_doubled_kl_coefficient_unseen_at_step_one_is_caught_at_step_two(root):
+    cls = tiny_trl.patched(GRPOTrainer, *tiny_trl.DOUBLE_KL)
+    _, report = run(root, cls=cls, every=10, max_steps=3, loss_type="dapo", beta=0.5)
+    assert [s.step for s in report.steps] == [1, 2]
+    first, second = report.steps
+    assert not first.deviations, report.text()        # KL 0 and ∂KL/∂logp 0 at step 1
+    assert any(f.check == "gradient" for f in second.deviations), report.text()
+    assert report.ok is False
+
+
+def test_a_widened_clip_range_unseen_at_step_one_is_caught_at_step_two(root):
+    # a reused generation (num_iterations 2): step 2's ratios leave [1 - ε, 1 + ε]
+    cls = tiny_trl.patched(GRPOTrainer, *tiny_trl.WIDE_CLIP)
+    _, report = run(root, cls=cls, every=10, max_steps=3, loss_type="dapo", num_iterations=2,
+                    epsilon=1e-3)
+    assert [s.step for s in report.steps] == [1, 2]
+    first, second = report.steps
+    assert not first.deviations, report.text()        # ratio 1 everywhere at step 1
+    # the tokens clipped either way have no gradient: the loss value shows the wider range
+    assert {f.check for f in second.deviations} & {"micro-batch loss", "gradient"}, \
+        report.text()
+    assert report.ok is False
+
+
+def test_a_clean_run_with_kl_and_clipping_conforms_at_steps_one_and_two(root):
+    _, report = run(root, every=10, max_steps=3, loss_type="dapo", beta=0.5, num_iterations=2,
+                    epsilon=1e-3)
+    assert [s.step for s in report.steps] == [1, 2]
+    assert report.ok is True, report.text()
+    assert all(s.counts["gradient"] == [s.counts["gradient"][0], 0] for s in report.steps)
 
 
 def test_steps_per_generation_above_accumulation_is_a_documented_choice_for_dapo(root):

@@ -90,6 +90,11 @@ LOCAL_COUNT = ("_compute_loss", 'inputs["num_items_in_batch"].clamp(min=1.0)',
                "mask.sum().clamp(min=1.0)")
 WRONG_MASK = ("_compute_loss", 'mask = completion_mask if "tool_mask" not in inputs',
               'mask = torch.ones_like(completion_mask) if "tool_mask" not in inputs')
+# invisible at step 1, where the reference, the old and the current policy coincide
+DOUBLE_KL = ("_compute_loss", "per_token_loss + self.beta * per_token_kl",
+             "per_token_loss + 2 * self.beta * per_token_kl")
+WIDE_CLIP = ("_compute_loss", "1 - self.epsilon_low, 1 + self.epsilon_high)",
+             "1 - 2 * self.epsilon_low, 1 + 2 * self.epsilon_high)")
 WIDE_EPS = ("_generate_and_score_completions", "advantages / (std_rewards + 1e-4)",
             "advantages / (std_rewards + 1e-2)")
 
