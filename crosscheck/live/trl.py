@@ -67,6 +67,37 @@ AGGREGATION = {
                                            "processes") for k in BY_TOKEN_COUNT},
 }
 METRICS = ("entropy", "kl", "clip_ratio/region_mean")
+# what each check compares, for TRL, and what the audit takes as given (the report's scope)
+WORDS = {
+    "advantages": "the advantages _generate_and_score_completions returned, against "
+                  "group_advantages on the rewards each reward function returned, weighted by "
+                  "reward_weights and summed",
+    "micro-batch loss": "the loss _compute_loss returned for each micro-batch, against the "
+                        "reference objective of the tensors it received (log-probs, old "
+                        "log-probs, advantages, mask, and reference log-probs where β > 0), "
+                        "under TRL's aggregation",
+    "gradient": "∂(what each micro-batch back-propagated)/∂logp at every completion token, "
+                "summed over the step and ÷ processes, against ∂J/∂logp of the documented "
+                "objective over the step's rows on every process",
+    "metrics": "the entropy, kl and clip_ratio/region_mean TRL logged, against the reference's "
+               "on the same tensors",
+}
+TRUSTED = (
+    "the rewards, as your reward functions returned them",
+    "the completions and the sampling that produced them (its temperature included)",
+    "the log-probs the loss received, as the trainer's forward pass computed them (model, "
+    "logits ÷ temperature, log-softmax): read, not recomputed",
+    "the old log-probs the loss received (old_per_token_logps, or the detached log-probs "
+    "where TRL omits them)",
+    "which completions, advantages and masks reach each micro-batch, and how often: the checks "
+    "run on the rows the loss received (completion_mask × tool_mask, as handed over)",
+    "the backward below the log-probs (∂logp/∂parameters, autograd through the model) and the "
+    "optimizer's update (learning rate, gradient clipping, weight decay)",
+)
+REF_TRUSTED = ("the reference model's log-probs (ref_per_token_logps), as the loss received "
+               "them")
+ALL_REDUCE_TRUSTED = ("the all-reduce: each process's gradient is taken to be averaged over "
+                      "the processes")
 # the methods wrapped: the first three are needed for the loss and gradient checks
 REQUIRED = ("training_step", "_compute_loss", "_get_per_token_logps_and_entropies")
 OPTIONAL = ("_calculate_rewards", "_generate_and_score_completions")
@@ -171,8 +202,15 @@ class TRLWatch:
             config.append(("vespo_k_pos/lambda_pos/k_neg/lambda_neg",
                            (a.vespo_k_pos, a.vespo_lambda_pos, a.vespo_k_neg,
                             a.vespo_lambda_neg), "GRPOConfig → get_gamma_weights"))
-        return Report("trl " + _version(), config, f"loss_type {lt!r}: {words}",
-                      "", self.every, self.world, not_expressed=no)
+        report = Report("trl " + _version(), config, f"loss_type {lt!r}: {words}",
+                        "", self.every, self.world, not_expressed=no)
+        report.words.update(WORDS)
+        report.trusted = list(TRUSTED)
+        if beta:
+            report.trusted.append(REF_TRUSTED)
+        if self.world > 1:
+            report.trusted.append(ALL_REDUCE_TRUSTED)
+        return report
 
     @staticmethod
     def _policy(lt, level, lo, hi, a, no):

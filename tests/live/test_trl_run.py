@@ -213,6 +213,9 @@ def test_a_configuration_the_reference_cannot_express_is_reported_not_guessed(ro
     s = report.steps[0]
     assert "micro-batch loss" in s.skipped and "micro-batch loss" not in s.counts
     assert "not checked" in s.line()
+    # the loss and the gradient never ran: no green verdict on what was not checked
+    assert report.ok is None and report.verdict() == "INCONCLUSIVE"
+    assert "gradient checked at no sampled step (top_entropy_quantile=0.5" in report.inconclusive
 
 
 def test_the_report_is_json_with_the_verdict_and_every_finding(root):
@@ -222,6 +225,9 @@ def test_the_report_is_json_with_the_verdict_and_every_finding(root):
     assert d["verdict"] == "DEVIATES" and d["ok"] is False
     f = d["steps"][0]["findings"][0]
     assert {"step", "check", "grade", "rank", "micro_batch", "token", "got", "expected"} <= set(f)
+    assert any(c.startswith("gradient: ") for c in d["checked"])
+    assert "the rewards, as your reward functions returned them" in d["trusted"]
+    assert any("reference model's log-probs" in t for t in d["trusted"]) is False   # β = 0
 
 
 def test_a_method_the_user_set_on_the_instance_is_restored_as_it_was(root):
