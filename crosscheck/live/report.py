@@ -12,7 +12,8 @@ from typing import Dict, List, Optional, Tuple
 
 from ..audit.model import GRADES, plural
 
-CHECKS = ("advantages", "micro-batch loss", "global counts", "gradient", "metrics")
+CHECKS = ("advantages", "micro-batch loss", "global counts", "gradient", "rank agreement",
+          "metrics")
 # the checks that carry the verdict: a run is CONFORMS only when each ran on a sampled step
 CARRIERS = ("micro-batch loss", "gradient")
 # what each check compares, in words (a watcher may say it more precisely for its trainer)
@@ -25,6 +26,8 @@ CHECK_WORDS = {
     "gradient": "∂(what each micro-batch back-propagated)/∂logp at every token, summed over the "
                 "step and averaged over processes, against ∂J/∂logp of the documented objective",
     "metrics": "the logged metrics, against the reference's on the same tensors",
+    "rank agreement": "a checksum of the parameters' gradients (Σg, Σ|g|) after the last "
+                      "backward of the step, equal on every process (the all-reduce happened)",
 }
 
 
@@ -130,6 +133,7 @@ class Report:
     # what the watcher compares (check: words) and what it takes as given without checking
     words: Dict[str, str] = dataclasses.field(default_factory=lambda: dict(CHECK_WORDS))
     trusted: List[str] = dataclasses.field(default_factory=list)
+    not_applicable: Dict[str, str] = dataclasses.field(default_factory=dict)  # check: why
 
     @property
     def findings(self) -> List[Finding]:
@@ -176,6 +180,8 @@ class Report:
                 out.append(f"{check}: {self.words.get(check, check)} "
                            f"({sum(n for n, _ in ran)} comparisons on "
                            f"{plural(len(ran), 'step')})")
+            elif check in self.not_applicable:
+                out.append(f"{check}: not applicable ({self.not_applicable[check]})")
             elif any(check in s.skipped for s in self.steps) or check in CARRIERS:
                 out.append(f"{check}: not checked ({self._why_not(check)})")
         return out

@@ -41,7 +41,7 @@ import torch
 import ref_numpy
 from ref_numpy.objective import kl_term
 
-from .. import bridge
+from .. import bridge, tolerances
 from ..audit.profiles import PROFILES
 from . import checks
 from .objective import MicroBatch, Objective, formula_gradient, stacked
@@ -96,6 +96,7 @@ TRUSTED = (
 )
 REF_TRUSTED = ("the reference model's log-probs (ref_per_token_logps), as the loss received "
                "them")
+SHARDED = "gradients sharded across processes (FSDP, DeepSpeed)"
 ALL_REDUCE_TRUSTED = ("the all-reduce: each process's gradient is taken to be averaged over "
                       "the processes")
 # the methods wrapped: the first three are needed for the loss and gradient checks
@@ -208,9 +209,31 @@ class TRLWatch:
         report.trusted = list(TRUSTED)
         if beta:
             report.trusted.append(REF_TRUSTED)
-        if self.world > 1:
+        if self.world == 1:
+            report.not_applicable["rank agreement"] = "one process"
+        elif self._sharded():
+            report.not_applicable["rank agreement"] = SHARDED
             report.trusted.append(ALL_REDUCE_TRUSTED)
         return report
+
+    def _sharded(self) -> bool:
+        return bool(getattr(self.t, "is_fsdp_enabled", False)
+                    or getattr(self.t, "is_deepspeed_enabled", False))
+
+    def _checksum(self):
+        """(Σg, Σ|g|) in float64 over every parameter's gradient, as this process holds them
+        after the step's last backward (DDP has all-reduced them by then); None where there is
+        nothing to compare (one process, sharded gradients, no gradient)."""
+        if self.world == 1 or not _dist() or self._sharded():
+            return None
+        total = None
+        with torch.no_grad():
+            for p in self.t.model.parameters():
+                if p.grad is not None:
+                    g = p.grad.detach().to(torch.float64)
+                    part = torch.stack([g.sum(), g.abs().sum()])
+                    total = part if total is None else total + part
+        return None if total is None else tuple(float(x) for x in total.tolist())
 
     @staticmethod
     def _policy(lt, level, lo, hi, a, no):
@@ -415,7 +438,7 @@ class TRLWatch:
     def _close_window(self):
         for mb, cap in zip(self._mbs, self._holders):
             mb.grad = cap.get("grad")
-        payload = dict(mbs=self._mbs, adv=self._adv)
+        payload = dict(mbs=self._mbs, adv=self._adv, checksum=self._checksum())
         gathered = _all_gather(payload, self.world)
         res = self._check(gathered) if self.rank == 0 else None
         res = _broadcast(res, self.world)
@@ -447,6 +470,7 @@ class TRLWatch:
         if not mbs:
             res.skipped.setdefault("gradient", "no micro-batch was recorded")
             return res
+        self._check_ranks(res, [p.get("checksum") for p in gathered])
         if "micro-batch loss" not in self._blocks:
             checks.micro_batch_losses(res, mbs, self._formula, tol)
         if "gradient" not in self._blocks:
@@ -454,6 +478,16 @@ class TRLWatch:
         if "metrics" not in self._blocks:
             self._check_metrics(res, mbs, tol)
         return res
+
+    def _check_ranks(self, res, sums):
+        """Every process holds the same gradients after the step's last backward."""
+        if self.world == 1 or "rank agreement" in self.report.not_applicable:
+            return
+        if any(s is None for s in sums):
+            res.skipped["rank agreement"] = "a process had no parameter gradient to compare"
+            return
+        checks.ranks_agree(res, sums, tolerances.get("ranks", "float64"),
+                           "DDP all-reduce (accelerator.backward at sync_gradients)")
 
     def _check_advantages(self, res, gathered, tol):
         t = self.t

@@ -226,6 +226,7 @@ def test_the_report_is_json_with_the_verdict_and_every_finding(root):
     f = d["steps"][0]["findings"][0]
     assert {"step", "check", "grade", "rank", "micro_batch", "token", "got", "expected"} <= set(f)
     assert any(c.startswith("gradient: ") for c in d["checked"])
+    assert "rank agreement: not applicable (one process)" in d["checked"]
     assert "the rewards, as your reward functions returned them" in d["trusted"]
     assert any("reference model's log-probs" in t for t in d["trusted"]) is False   # β = 0
 

@@ -103,3 +103,13 @@ def double_accumulation(cls):
     """TRL's loss already divides by the accumulation steps; this subclass lets the HF Trainer
     divide again (loss_is_scaled_for_ga = False)."""
     return type(f"Twice{cls.__name__}", (cls,), {"loss_is_scaled_for_ga": False})
+
+
+def unsynchronised(cls):
+    """A subclass that runs every micro-step under the DDP model's no_sync(), the last one
+    included (meant to save the all-reduce during accumulation): each process keeps and applies
+    its own gradients."""
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        with model.no_sync():
+            return cls.training_step(self, model, inputs, num_items_in_batch)
+    return type(f"NoSync{cls.__name__}", (cls,), {"training_step": training_step})
