@@ -12,12 +12,14 @@ from typing import Dict, List, Optional, Tuple
 
 from ..audit.model import GRADES, plural
 
-CHECKS = ("advantages", "micro-batch loss", "global counts", "gradient", "rank agreement",
-          "metrics")
+CHECKS = ("settings", "advantages", "micro-batch loss", "global counts", "gradient",
+          "rank agreement", "metrics")
 # the checks that carry the verdict: a run is CONFORMS only when each ran on a sampled step
 CARRIERS = ("micro-batch loss", "gradient")
 # what each check compares, in words (a watcher may say it more precisely for its trainer)
 CHECK_WORDS = {
+    "settings": "each setting the trainer keeps as an attribute (β, ε low/high, temperature, "
+                "loss type, scale_rewards, ...), against its configuration",
     "advantages": "the advantages the trainer computed, against group_advantages on the step's "
                   "rewards",
     "micro-batch loss": "each micro-batch's loss value, against the reference objective of its "

@@ -10,7 +10,8 @@ What it wraps, on the trainer instance only (restored on exit):
   log-probs the loss receives, with a tensor hook that records ∂(what is back-propagated)/∂logp
   during the trainer's own backward (no extra pass through the model).
 
-TRL's conventions, read from `trainer.args` and the trainer:
+TRL's conventions, read from `trainer.args`, the configuration the user wrote (the
+trainer's own copies of them are compared to it at each sampled step: `configured`):
 - the policy loss: `loss_type` with `importance_sampling_level`, `epsilon_low`/`epsilon_high`,
   `delta`, the SAPO temperatures and the VESPO shape; the fixed constants (VESPO's clamps)
   from the TRL profile (crosscheck.audit.profiles);
@@ -45,7 +46,7 @@ from .. import bridge, tolerances
 from ..audit.profiles import PROFILES
 from . import checks
 from .objective import MicroBatch, Objective, formula_gradient, stacked
-from .report import LiveDeviation, Report, StepResult
+from .report import Finding, LiveDeviation, Report, StepResult
 
 C = "trl/trainer/grpo_trainer.py::_compute_loss"
 G = "trl/trainer/grpo_trainer.py::_generate_and_score_completions"
@@ -137,9 +138,10 @@ class TRLWatch:
     # ------------------------------------------------------------------ configuration
     def _read_config(self) -> Report:
         t, a = self.t, self.t.args
-        lt, level = t.loss_type, t.importance_sampling_level
-        beta = float(t.beta)
-        lo, hi = float(t.epsilon_low), float(t.epsilon_high)
+        conf = configured(a, t)
+        lt, level = conf["loss_type"], conf["importance_sampling_level"]
+        beta = float(conf["beta"])
+        lo, hi = float(conf["epsilon_low"]), float(conf["epsilon_high"])
         gas, spg = int(a.gradient_accumulation_steps), int(a.steps_per_generation)
         config = [
             ("loss_type", lt, "GRPOConfig.loss_type → " + C),
@@ -150,16 +152,16 @@ class TRLWatch:
             ("beta", beta, "GRPOConfig.beta: β·k3 added per token, " + C),
             ("use_bias_correction_kl", bool(getattr(a, "use_bias_correction_kl", False)),
              "GRPOConfig: the KL term times the attached ratio coef_1, " + C),
-            ("scale_rewards", t.scale_rewards, "GRPOConfig.scale_rewards → " + G),
-            ("num_generations", int(t.num_generations), "GRPOConfig → " + G),
+            ("scale_rewards", a.scale_rewards, "GRPOConfig.scale_rewards → " + G),
+            ("num_generations", int(a.num_generations), "GRPOConfig → " + G),
             ("gradient_accumulation_steps", gas, "TrainingArguments"),
             ("steps_per_generation", spg, "GRPOConfig → _prepare_inputs"),
-            ("num_iterations", int(t.num_iterations), "GRPOConfig → _prepare_inputs"),
-            ("use_vllm", bool(t.use_vllm), "GRPOConfig"),
+            ("num_iterations", int(a.num_iterations), "GRPOConfig → _prepare_inputs"),
+            ("use_vllm", bool(a.use_vllm), "GRPOConfig"),
             ("world size", self.world, "accelerator.num_processes"),
         ]
         if lt == "dr_grpo":
-            config.append(("max_completion_length", t.max_completion_length,
+            config.append(("max_completion_length", a.max_completion_length,
                            "GRPOConfig → " + C + " (loss_type 'dr_grpo')"))
         no: List[str] = []
         kw = self._policy(lt, level, lo, hi, a, no)
@@ -174,14 +176,14 @@ class TRLWatch:
         if beta and getattr(a, "use_bias_correction_kl", False) and level != "token":
             cannot("use_bias_correction_kl with importance_sampling_level='sequence' (the KL "
                    "term times the sequence ratio)", LOSS, GRAD)
-        if t.top_entropy_quantile < 1.0:
-            cannot(f"top_entropy_quantile={t.top_entropy_quantile} (the entropy mask)", LOSS,
+        if a.top_entropy_quantile < 1.0:
+            cannot(f"top_entropy_quantile={a.top_entropy_quantile} (the entropy mask)", LOSS,
                    GRAD)
-        if t.off_policy_mask_threshold is not None:
+        if a.off_policy_mask_threshold is not None:
             cannot("off_policy_mask_threshold (the off-policy sequence mask)", LOSS, GRAD)
-        if t.use_vllm and t.vllm_importance_sampling_correction:
+        if a.use_vllm and a.vllm_importance_sampling_correction:
             cannot("vLLM importance-sampling correction folded into the loss", LOSS, GRAD)
-        if getattr(t, "_entropy_bonus_enabled", False):
+        if a.entropy_coef != 0.0 or getattr(a, "use_adaptive_entropy", False):
             cannot("the entropy bonus (entropy_coef) in the micro-batch loss; its gradient "
                    "reaches the logits, not logp, so the gradient check stands", LOSS)
         if getattr(t, "aux_loss_enabled", False):
@@ -192,7 +194,7 @@ class TRLWatch:
             self._kw["kl_weight"] = "ratio"           # per_token_kl * coef_1, attached
         scope, agg, words = AGGREGATION.get(lt, ("step", {}, f"loss_type {lt!r}"))
         if lt == "dr_grpo":
-            agg = {**agg, "norm": float(t.max_completion_length)}
+            agg = {**agg, "norm": float(a.max_completion_length)}
         self._scope, self._agg = scope, agg
         self._spg, self._lt = spg, lt
         self._metrics_ok = lt in PPO_FAMILY and level == "token"
@@ -438,7 +440,8 @@ class TRLWatch:
     def _close_window(self):
         for mb, cap in zip(self._mbs, self._holders):
             mb.grad = cap.get("grad")
-        payload = dict(mbs=self._mbs, adv=self._adv, checksum=self._checksum())
+        payload = dict(mbs=self._mbs, adv=self._adv, checksum=self._checksum(),
+                       settings=effective_differs(self.t.args, self.t))
         gathered = _all_gather(payload, self.world)
         res = self._check(gathered) if self.rank == 0 else None
         res = _broadcast(res, self.world)
@@ -460,6 +463,7 @@ class TRLWatch:
         unjudged = [d for d in dtypes if d not in checks.JUDGED]
         row, tol = checks.tolerance_row(dtypes or ["float32"])
         self.report.precision = checks.row_words(row, dtypes)
+        self._check_settings(res, gathered)
         self._check_advantages(res, gathered, tol)
         if unjudged:
             for c in ("micro-batch loss", "gradient", "metrics"):
@@ -479,6 +483,25 @@ class TRLWatch:
             self._check_metrics(res, mbs, tol)
         return res
 
+    def _check_settings(self, res, gathered):
+        """Each setting the trainer keeps as an attribute equals its configuration, on every
+        process; the step itself is judged against the configuration."""
+        n = len(configured(self.t.args, self.t))
+        for rank, p in enumerate(gathered):
+            diffs = p.get("settings", [])
+            res.count("settings", n, len(diffs))
+            for attr, want, have in diffs:
+                num = all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                          for v in (want, have))
+                field = dict(SETTINGS)[attr]
+                res.findings.append(Finding(
+                    res.step, "settings", "deviation",
+                    f"trainer.{attr} is {have!r} but its configuration says {want!r} "
+                    f"(GRPOConfig.{field}): the trainer does not run the configuration you "
+                    f"wrote; the step is judged against the configuration", rank=rank,
+                    got=float(have) if num else None, expected=float(want) if num else None,
+                    source=f"GRPOConfig.{field} → GRPOTrainer.__init__: self.{attr}"))
+
     def _check_ranks(self, res, sums):
         """Every process holds the same gradients after the step's last backward."""
         if self.world == 1 or "rank agreement" in self.report.not_applicable:
@@ -490,14 +513,14 @@ class TRLWatch:
                            "DDP all-reduce (accelerator.backward at sync_gradients)")
 
     def _check_advantages(self, res, gathered, tol):
-        t = self.t
-        if t.multi_objective_aggregation != "sum_then_normalize":
+        t, a = self.t, self.t.args
+        if a.multi_objective_aggregation != "sum_then_normalize":
             res.skipped["advantages"] = (f"multi_objective_aggregation "
-                                         f"{t.multi_objective_aggregation!r}")
+                                         f"{a.multi_objective_aggregation!r}")
             return
         conv = dict(PROFILES["trl"].rules["group_advantages"].conventions)
-        conv.update(scale=t.scale_rewards, group_size=int(t.num_generations))
-        weights = bridge.to_numpy(t.reward_weights)
+        conv.update(scale=a.scale_rewards, group_size=int(a.num_generations))
+        weights = np.asarray(configured(a, t)["reward_weights"], dtype=np.float64)
         for p in gathered:
             for rank, got, per_func in p["adv"]:
                 with np.errstate(invalid="ignore"):
@@ -506,7 +529,7 @@ class TRLWatch:
                 n = got.shape[0]
                 checks.advantages(res, got, np.where(valid, rewards, np.nan),
                                   slice(rank * n, (rank + 1) * n), conv, G + " ("
-                                  f"scale_rewards={t.scale_rewards!r})", tol, rank,
+                                  f"scale_rewards={a.scale_rewards!r})", tol, rank,
                                   valid=valid)
 
     def _check_metrics(self, res, mbs, tol):
@@ -535,6 +558,63 @@ class TRLWatch:
                 if name in logged:
                     checks.metric(res, name, logged[name], value, tol,
                                   f"{C}: _metrics['train'][{name!r}]", k)
+
+
+# the settings GRPOTrainer copies from its configuration into attributes that its loss, its
+# advantages or its sampling read: (attribute, GRPOConfig field it comes from)
+SETTINGS = (
+    ("loss_type", "loss_type"), ("importance_sampling_level", "importance_sampling_level"),
+    ("beta", "beta"), ("epsilon_low", "epsilon"), ("epsilon_high", "epsilon_high"),
+    ("temperature", "temperature"), ("scale_rewards", "scale_rewards"),
+    ("num_generations", "num_generations"), ("num_iterations", "num_iterations"),
+    ("max_completion_length", "max_completion_length"),
+    ("top_entropy_quantile", "top_entropy_quantile"),
+    ("off_policy_mask_threshold", "off_policy_mask_threshold"),
+    ("mask_truncated_completions", "mask_truncated_completions"),
+    ("multi_objective_aggregation", "multi_objective_aggregation"),
+    ("use_vllm", "use_vllm"),
+    ("vllm_importance_sampling_correction", "vllm_importance_sampling_correction"),
+    ("entropy_coef", "entropy_coef"), ("reward_weights", "reward_weights"),
+)
+
+
+def configured(a, t) -> dict:
+    """Each of SETTINGS as the configuration `a` (trainer.args) states it, in the form the
+    trainer keeps it (GRPOTrainer.__init__: epsilon_high defaults to epsilon, reward_weights to
+    ones). reward_weights the trainer extended (a tool's reward) and an adaptive entropy_coef
+    are left out: they have no configured value to compare."""
+    out = {attr: getattr(a, field) for attr, field in SETTINGS if hasattr(a, field)}
+    out["epsilon_high"] = a.epsilon_high if a.epsilon_high is not None else a.epsilon
+    n = len(getattr(t, "reward_funcs", []) or [])
+    weights = [float(w) for w in (a.reward_weights if a.reward_weights is not None
+                                  else [1.0] * n)]
+    out.pop("reward_weights")
+    if len(weights) == len(_weights(t)):
+        out["reward_weights"] = weights
+    if getattr(a, "use_adaptive_entropy", False):
+        out.pop("entropy_coef", None)
+    return out
+
+
+def _weights(t) -> list:
+    w = getattr(t, "reward_weights", None)
+    return [] if w is None else [float(x) for x in (w.tolist() if hasattr(w, "tolist") else w)]
+
+
+def effective_differs(a, t) -> list:
+    """[(attribute, configured, effective)] for each setting the trainer holds otherwise than
+    its configuration states."""
+    out = []
+    for attr, want in configured(a, t).items():
+        have = _weights(t) if attr == "reward_weights" else getattr(t, attr, want)
+        if isinstance(want, (int, float)) and not isinstance(want, bool) and \
+                isinstance(have, (int, float)) and not isinstance(have, bool):
+            same = float(want) == float(have)
+        else:
+            same = want == have
+        if not same:
+            out.append((attr, want, have))
+    return out
 
 
 def sampled(step: int, every: int) -> bool:

@@ -64,6 +64,7 @@ def test_an_unmodified_trl_run_conforms_at_every_checked_step(root, config):
     assert len(report.steps) == config.get("max_steps", 2)
     for s in report.steps:
         assert s.counts["gradient"][0] > 0 and s.counts["gradient"][1] == 0
+        assert s.counts["settings"][0] >= 15 and s.counts["settings"][1] == 0
         assert s.counts["micro-batch loss"] == [config.get("gradient_accumulation_steps", 1), 0]
         assert not s.deviations
     assert sum(s.counts.get("advantages", [0])[0] for s in report.steps) > 0
@@ -289,3 +290,29 @@ def test_log_probs_returned_alone_are_captured_whole_as_from_a_tuple():
         np.testing.assert_array_equal(cap["logp"], lp.numpy())
         assert cap["dtype"] == "float32"
         assert ("entropy" in cap) == (isinstance(out, tuple) and out[1] is not None)
+
+
+def _drifted(attr, factor):
+    """A subclass that changes one setting after GRPOTrainer.__init__ read its configuration."""
+    def __init__(self, *args, **kwargs):
+        GRPOTrainer.__init__(self, *args, **kwargs)
+        setattr(self, attr, factor * getattr(self, attr))
+    return type(f"Drifted{attr}", (GRPOTrainer,), {"__init__": __init__})
+
+
+@pytest.mark.parametrize("attr, configured", [("beta", 0.04), ("epsilon_high", 0.2)])
+def test_a_trainer_attribute_that_disagrees_with_its_configuration_is_reported_at_step_one(
+        root, attr, configured):
+    # at step 1 neither shows in the loss (KL 0, every ratio 1): only the setting itself does
+    _, report = run(root, cls=_drifted(attr, 2.0), every=10, max_steps=1, loss_type="dapo",
+                    beta=0.04)
+    (first,) = report.steps
+    assert [f.check for f in first.deviations] == ["settings"], report.text()
+    (f,) = first.deviations
+    assert f"trainer.{attr} is {2 * configured!r} but its configuration says {configured!r}" \
+        in f.message
+    assert (f.got, f.expected) == (2 * configured, configured)
+    assert first.counts["settings"][1] == 1 and report.ok is False
+    # the step is judged against the configuration the user wrote
+    assert ("epsilon_high" if attr == "epsilon_high" else "beta", configured) in \
+        [(k, v) for k, v, _ in report.config]
