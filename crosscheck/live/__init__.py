@@ -31,7 +31,10 @@ def _arguments(every, strict, verbose):
 
 
 def watch(trainer, every: int = 10, strict: bool = False, verbose=None):
-    """Audit `trainer` while it trains, every `every`-th optimizer step (the first included).
+    """Audit `trainer` while it trains, at the optimizer steps of the schedule: steps 1 and 2,
+    then every `every`-th step counted from step 1 (every=10: 1, 2, 11, 21, 31, ...;
+    every=1: every step). Step 1 cannot show a KL or clipping bug (policy = old policy =
+    reference there); step 2 is the first step that can.
 
     strict: raise LiveDeviation at the first deviation. verbose: print a line per checked step
     and the final report on stderr (default: when stderr is a terminal).

@@ -1,4 +1,4 @@
-"""The four live checks on one optimizer step, trainer-agnostic: each takes the step's own
+"""The live checks on one optimizer step, trainer-agnostic: each takes the step's own
 tensors (float64 copies), the reference objective and the tolerance row, and adds counts and
 graded findings to a StepResult. The closeness rule is `crosscheck.bridge.compare`.
 """
@@ -167,3 +167,30 @@ def metric(res: StepResult, name: str, got: float, expected: float, tol, source:
         res.findings.append(Finding(
             res.step, "metrics", "deviation", f"the logged {name!r} is not the reference's",
             micro_batch=micro_batch, got=float(got), expected=float(expected), source=source))
+
+
+def ranks_agree(res: StepResult, sums: Sequence[Tuple[float, float]], tol, source: str) -> None:
+    """Every process's gradient checksum (Σg, Σ|g|), gathered after the step's last backward,
+    equals rank 0's: the gradients were averaged across processes. One comparison per rank.
+
+    Tolerance: atol relative to rank 0's Σ|g| (the `ranks` row)."""
+    base = np.asarray(sums[0], dtype=np.float64)
+    scale = max(abs(float(base[1])), 1e-300)
+    bad = []
+    rel = 0.0
+    for rank, got in enumerate(sums[1:], start=1):
+        c = bridge.compare(np.asarray(got, dtype=np.float64), base, tol, scale=scale)
+        rel = max(rel, c.max_rel)
+        if not c.ok:
+            bad.append(rank)
+    res.count("rank agreement", len(sums) - 1, len(bad), rel)
+    if bad:
+        shown = "; ".join(f"rank {r} ({sums[r][0]:.9g}, {sums[r][1]:.9g})"
+                          for r in [0, *bad])
+        res.findings.append(Finding(
+            res.step, "rank agreement", "deviation",
+            f"after the step's last backward the gradients differ across processes: "
+            f"checksums (Σg, Σ|g|) {shown}; rank(s) {', '.join(map(str, bad))} disagree with "
+            f"rank 0: the gradients were not averaged across processes (an all-reduce "
+            f"skipped, e.g. a backward under no_sync)", rank=bad[0],
+            got=float(sums[bad[0]][0]), expected=float(base[0]), source=source))

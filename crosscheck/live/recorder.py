@@ -94,6 +94,11 @@ class Recorder:
         self.explicit = explicit_steps
         self.report = Report(trainer, [], "each step's rows under the loss_agg_mode, normalised "
                              "by the global counts the trainer passes", "", every, 1)
+        self.report.trusted = [
+            "the rewards, log-probs, old log-probs, advantages and masks the actor loop passed "
+            "to the loss: read as given",
+            "the backward below the log-probs and the optimizer's update",
+            "the all-reduce across data-parallel ranks (each process sees its own rows)"]
         self._group: Optional[dict] = None
         self._steps = 0
         self._touched: Dict[int, str] = {}      # log-prob tensors a further term was computed on

@@ -12,7 +12,25 @@ from typing import Dict, List, Optional, Tuple
 
 from ..audit.model import GRADES, plural
 
-CHECKS = ("advantages", "micro-batch loss", "global counts", "gradient", "metrics")
+CHECKS = ("settings", "advantages", "micro-batch loss", "global counts", "gradient",
+          "rank agreement", "metrics")
+# the checks that carry the verdict: a run is CONFORMS only when each ran on a sampled step
+CARRIERS = ("micro-batch loss", "gradient")
+# what each check compares, in words (a watcher may say it more precisely for its trainer)
+CHECK_WORDS = {
+    "settings": "each setting the trainer keeps as an attribute (β, ε low/high, temperature, "
+                "loss type, scale_rewards, ...), against its configuration",
+    "advantages": "the advantages the trainer computed, against group_advantages on the step's "
+                  "rewards",
+    "micro-batch loss": "each micro-batch's loss value, against the reference objective of its "
+                        "rows under the trainer's aggregation",
+    "global counts": "the global counts passed to the loss, against the step's rows",
+    "gradient": "∂(what each micro-batch back-propagated)/∂logp at every token, summed over the "
+                "step and averaged over processes, against ∂J/∂logp of the documented objective",
+    "metrics": "the logged metrics, against the reference's on the same tensors",
+    "rank agreement": "a checksum of the parameters' gradients (Σg, Σ|g|) after the last "
+                      "backward of the step, equal on every process (the all-reduce happened)",
+}
 
 
 class LiveDeviation(AssertionError):
@@ -114,6 +132,10 @@ class Report:
     steps: List[StepResult] = dataclasses.field(default_factory=list)
     seconds: float = 0.0                            # time spent in the audit's own code
     errors: List[str] = dataclasses.field(default_factory=list)   # the audit's own, run went on
+    # what the watcher compares (check: words) and what it takes as given without checking
+    words: Dict[str, str] = dataclasses.field(default_factory=lambda: dict(CHECK_WORDS))
+    trusted: List[str] = dataclasses.field(default_factory=list)
+    not_applicable: Dict[str, str] = dataclasses.field(default_factory=dict)  # check: why
 
     @property
     def findings(self) -> List[Finding]:
@@ -123,24 +145,63 @@ class Report:
     def deviations(self) -> List[Finding]:
         return [f for f in self.findings if f.grade == "deviation"]
 
+    def _why_not(self, check: str) -> str:
+        whys = sorted({s.skipped[check] for s in self.steps if check in s.skipped})
+        return "; ".join(whys) if whys else ("no step was checked" if not self.steps else
+                                             "no step reached it")
+
+    @property
+    def inconclusive(self) -> Optional[str]:
+        """Why no verdict can be given, or None: a check that carries the verdict (CARRIERS)
+        ran on no sampled step."""
+        missing = [c for c in CARRIERS if not any(c in s.counts for s in self.steps)]
+        if not missing:
+            return None
+        why = "; ".join(f"{c} checked at no sampled step ({self._why_not(c)})" for c in missing)
+        if self.errors:
+            why += f"; {plural(len(self.errors), 'audit error')}"
+        return why
+
     @property
     def ok(self) -> Optional[bool]:
-        """True: every checked step conforms; False: a deviation; None: nothing was checked."""
+        """False: a deviation; True: none, and the micro-batch loss and the gradient were each
+        checked on at least one sampled step; None (INCONCLUSIVE): either never ran."""
         if self.deviations:
             return False
-        return True if any(s.counts for s in self.steps) else None
+        return None if self.inconclusive else True
 
     def verdict(self) -> str:
-        return {True: "CONFORMS", False: "DEVIATES", None: "NOTHING CHECKED"}[self.ok]
+        return {True: "CONFORMS", False: "DEVIATES", None: "INCONCLUSIVE"}[self.ok]
+
+    def checked(self) -> List[str]:
+        """Each check, what it compares, and on how many steps it ran (or why it did not)."""
+        out = []
+        for check in CHECKS:
+            ran = [s.counts[check] for s in self.steps if check in s.counts]
+            if ran:
+                out.append(f"{check}: {self.words.get(check, check)} "
+                           f"({sum(n for n, _ in ran)} comparisons on "
+                           f"{plural(len(ran), 'step')})")
+            elif check in self.not_applicable:
+                out.append(f"{check}: not applicable ({self.not_applicable[check]})")
+            elif any(check in s.skipped for s in self.steps) or check in CARRIERS:
+                out.append(f"{check}: not checked ({self._why_not(check)})")
+        return out
 
     def text(self) -> str:
-        lines = [f"crosscheck live audit: {self.trainer}: {self.verdict()}",
+        lines = [f"crosscheck live audit: {self.trainer}: {self.verdict()}"]
+        if self.ok is None:
+            lines += [f"  inconclusive: {self.inconclusive}"]
+        lines += [
                  f"  {plural(len(self.steps), 'step')} checked (every {self.every}), "
                  f"{plural(self.world, 'process')}; judged at "
                  f"{self.precision or 'no tolerance row (nothing compared)'}; the audit's own "
                  f"time {self.seconds:.3g} s",
                  f"  objective: {self.objective}"]
         lines += ["  config:"] + [f"    {k} = {v!r}  ({src})" for k, v, src in self.config]
+        lines += ["  checked:"] + [f"    {c}" for c in self.checked()]
+        if self.trusted:
+            lines += ["  trusted without checking:"] + [f"    {t}" for t in self.trusted]
         if self.not_expressed:
             lines += ["  not checked (the reference cannot express it):"]
             lines += [f"    {w}" for w in self.not_expressed]
@@ -160,6 +221,8 @@ class Report:
     def as_json(self) -> dict:
         return {
             "trainer": self.trainer, "verdict": self.verdict(), "ok": self.ok,
+            "inconclusive": self.inconclusive if self.ok is None else None,
+            "checked": self.checked(), "trusted": list(self.trusted),
             "every": self.every, "world": self.world, "precision": self.precision,
             "objective": self.objective, "seconds": self.seconds,
             "config": [{"setting": k, "value": v if isinstance(v, (int, float, str, bool,

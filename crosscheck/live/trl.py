@@ -10,7 +10,8 @@ What it wraps, on the trainer instance only (restored on exit):
   log-probs the loss receives, with a tensor hook that records ∂(what is back-propagated)/∂logp
   during the trainer's own backward (no extra pass through the model).
 
-TRL's conventions, read from `trainer.args` and the trainer:
+TRL's conventions, read from `trainer.args`, the configuration the user wrote (the
+trainer's own copies of them are compared to it at each sampled step: `configured`):
 - the policy loss: `loss_type` with `importance_sampling_level`, `epsilon_low`/`epsilon_high`,
   `delta`, the SAPO temperatures and the VESPO shape; the fixed constants (VESPO's clamps)
   from the TRL profile (crosscheck.audit.profiles);
@@ -41,11 +42,11 @@ import torch
 import ref_numpy
 from ref_numpy.objective import kl_term
 
-from .. import bridge
+from .. import bridge, tolerances
 from ..audit.profiles import PROFILES
 from . import checks
 from .objective import MicroBatch, Objective, formula_gradient, stacked
-from .report import LiveDeviation, Report, StepResult
+from .report import Finding, LiveDeviation, Report, StepResult
 
 C = "trl/trainer/grpo_trainer.py::_compute_loss"
 G = "trl/trainer/grpo_trainer.py::_generate_and_score_completions"
@@ -67,6 +68,38 @@ AGGREGATION = {
                                            "processes") for k in BY_TOKEN_COUNT},
 }
 METRICS = ("entropy", "kl", "clip_ratio/region_mean")
+# what each check compares, for TRL, and what the audit takes as given (the report's scope)
+WORDS = {
+    "advantages": "the advantages _generate_and_score_completions returned, against "
+                  "group_advantages on the rewards each reward function returned, weighted by "
+                  "reward_weights and summed",
+    "micro-batch loss": "the loss _compute_loss returned for each micro-batch, against the "
+                        "reference objective of the tensors it received (log-probs, old "
+                        "log-probs, advantages, mask, and reference log-probs where β > 0), "
+                        "under TRL's aggregation",
+    "gradient": "∂(what each micro-batch back-propagated)/∂logp at every completion token, "
+                "summed over the step and ÷ processes, against ∂J/∂logp of the documented "
+                "objective over the step's rows on every process",
+    "metrics": "the entropy, kl and clip_ratio/region_mean TRL logged, against the reference's "
+               "on the same tensors",
+}
+TRUSTED = (
+    "the rewards, as your reward functions returned them",
+    "the completions and the sampling that produced them (its temperature included)",
+    "the log-probs the loss received, as the trainer's forward pass computed them (model, "
+    "logits ÷ temperature, log-softmax): read, not recomputed",
+    "the old log-probs the loss received (old_per_token_logps, or the detached log-probs "
+    "where TRL omits them)",
+    "which completions, advantages and masks reach each micro-batch, and how often: the checks "
+    "run on the rows the loss received (completion_mask × tool_mask, as handed over)",
+    "the backward below the log-probs (∂logp/∂parameters, autograd through the model) and the "
+    "optimizer's update (learning rate, gradient clipping, weight decay)",
+)
+REF_TRUSTED = ("the reference model's log-probs (ref_per_token_logps), as the loss received "
+               "them")
+SHARDED = "gradients sharded across processes (FSDP, DeepSpeed)"
+ALL_REDUCE_TRUSTED = ("the all-reduce: each process's gradient is taken to be averaged over "
+                      "the processes")
 # the methods wrapped: the first three are needed for the loss and gradient checks
 REQUIRED = ("training_step", "_compute_loss", "_get_per_token_logps_and_entropies")
 OPTIONAL = ("_calculate_rewards", "_generate_and_score_completions")
@@ -105,9 +138,10 @@ class TRLWatch:
     # ------------------------------------------------------------------ configuration
     def _read_config(self) -> Report:
         t, a = self.t, self.t.args
-        lt, level = t.loss_type, t.importance_sampling_level
-        beta = float(t.beta)
-        lo, hi = float(t.epsilon_low), float(t.epsilon_high)
+        conf = configured(a, t)
+        lt, level = conf["loss_type"], conf["importance_sampling_level"]
+        beta = float(conf["beta"])
+        lo, hi = float(conf["epsilon_low"]), float(conf["epsilon_high"])
         gas, spg = int(a.gradient_accumulation_steps), int(a.steps_per_generation)
         config = [
             ("loss_type", lt, "GRPOConfig.loss_type → " + C),
@@ -118,16 +152,16 @@ class TRLWatch:
             ("beta", beta, "GRPOConfig.beta: β·k3 added per token, " + C),
             ("use_bias_correction_kl", bool(getattr(a, "use_bias_correction_kl", False)),
              "GRPOConfig: the KL term times the attached ratio coef_1, " + C),
-            ("scale_rewards", t.scale_rewards, "GRPOConfig.scale_rewards → " + G),
-            ("num_generations", int(t.num_generations), "GRPOConfig → " + G),
+            ("scale_rewards", a.scale_rewards, "GRPOConfig.scale_rewards → " + G),
+            ("num_generations", int(a.num_generations), "GRPOConfig → " + G),
             ("gradient_accumulation_steps", gas, "TrainingArguments"),
             ("steps_per_generation", spg, "GRPOConfig → _prepare_inputs"),
-            ("num_iterations", int(t.num_iterations), "GRPOConfig → _prepare_inputs"),
-            ("use_vllm", bool(t.use_vllm), "GRPOConfig"),
+            ("num_iterations", int(a.num_iterations), "GRPOConfig → _prepare_inputs"),
+            ("use_vllm", bool(a.use_vllm), "GRPOConfig"),
             ("world size", self.world, "accelerator.num_processes"),
         ]
         if lt == "dr_grpo":
-            config.append(("max_completion_length", t.max_completion_length,
+            config.append(("max_completion_length", a.max_completion_length,
                            "GRPOConfig → " + C + " (loss_type 'dr_grpo')"))
         no: List[str] = []
         kw = self._policy(lt, level, lo, hi, a, no)
@@ -142,14 +176,14 @@ class TRLWatch:
         if beta and getattr(a, "use_bias_correction_kl", False) and level != "token":
             cannot("use_bias_correction_kl with importance_sampling_level='sequence' (the KL "
                    "term times the sequence ratio)", LOSS, GRAD)
-        if t.top_entropy_quantile < 1.0:
-            cannot(f"top_entropy_quantile={t.top_entropy_quantile} (the entropy mask)", LOSS,
+        if a.top_entropy_quantile < 1.0:
+            cannot(f"top_entropy_quantile={a.top_entropy_quantile} (the entropy mask)", LOSS,
                    GRAD)
-        if t.off_policy_mask_threshold is not None:
+        if a.off_policy_mask_threshold is not None:
             cannot("off_policy_mask_threshold (the off-policy sequence mask)", LOSS, GRAD)
-        if t.use_vllm and t.vllm_importance_sampling_correction:
+        if a.use_vllm and a.vllm_importance_sampling_correction:
             cannot("vLLM importance-sampling correction folded into the loss", LOSS, GRAD)
-        if getattr(t, "_entropy_bonus_enabled", False):
+        if a.entropy_coef != 0.0 or getattr(a, "use_adaptive_entropy", False):
             cannot("the entropy bonus (entropy_coef) in the micro-batch loss; its gradient "
                    "reaches the logits, not logp, so the gradient check stands", LOSS)
         if getattr(t, "aux_loss_enabled", False):
@@ -160,7 +194,7 @@ class TRLWatch:
             self._kw["kl_weight"] = "ratio"           # per_token_kl * coef_1, attached
         scope, agg, words = AGGREGATION.get(lt, ("step", {}, f"loss_type {lt!r}"))
         if lt == "dr_grpo":
-            agg = {**agg, "norm": float(t.max_completion_length)}
+            agg = {**agg, "norm": float(a.max_completion_length)}
         self._scope, self._agg = scope, agg
         self._spg, self._lt = spg, lt
         self._metrics_ok = lt in PPO_FAMILY and level == "token"
@@ -171,8 +205,37 @@ class TRLWatch:
             config.append(("vespo_k_pos/lambda_pos/k_neg/lambda_neg",
                            (a.vespo_k_pos, a.vespo_lambda_pos, a.vespo_k_neg,
                             a.vespo_lambda_neg), "GRPOConfig → get_gamma_weights"))
-        return Report("trl " + _version(), config, f"loss_type {lt!r}: {words}",
-                      "", self.every, self.world, not_expressed=no)
+        report = Report("trl " + _version(), config, f"loss_type {lt!r}: {words}",
+                        "", self.every, self.world, not_expressed=no)
+        report.words.update(WORDS)
+        report.trusted = list(TRUSTED)
+        if beta:
+            report.trusted.append(REF_TRUSTED)
+        if self.world == 1:
+            report.not_applicable["rank agreement"] = "one process"
+        elif self._sharded():
+            report.not_applicable["rank agreement"] = SHARDED
+            report.trusted.append(ALL_REDUCE_TRUSTED)
+        return report
+
+    def _sharded(self) -> bool:
+        return bool(getattr(self.t, "is_fsdp_enabled", False)
+                    or getattr(self.t, "is_deepspeed_enabled", False))
+
+    def _checksum(self):
+        """(Σg, Σ|g|) in float64 over every parameter's gradient, as this process holds them
+        after the step's last backward (DDP has all-reduced them by then); None where there is
+        nothing to compare (one process, sharded gradients, no gradient)."""
+        if self.world == 1 or not _dist() or self._sharded():
+            return None
+        total = None
+        with torch.no_grad():
+            for p in self.t.model.parameters():
+                if p.grad is not None:
+                    g = p.grad.detach().to(torch.float64)
+                    part = torch.stack([g.sum(), g.abs().sum()])
+                    total = part if total is None else total + part
+        return None if total is None else tuple(float(x) for x in total.tolist())
 
     @staticmethod
     def _policy(lt, level, lo, hi, a, no):
@@ -278,7 +341,7 @@ class TRLWatch:
         def training_step(*args, **kwargs):
             if self._k == 0:
                 self._step = int(self.t.state.global_step) + 1
-                self._sampled = (self._step - 1) % self.every == 0
+                self._sampled = sampled(self._step, self.every)
                 self._mbs, self._holders, self._adv = [], [], []
             out = orig(*args, **kwargs)
             self._k += 1
@@ -377,7 +440,8 @@ class TRLWatch:
     def _close_window(self):
         for mb, cap in zip(self._mbs, self._holders):
             mb.grad = cap.get("grad")
-        payload = dict(mbs=self._mbs, adv=self._adv)
+        payload = dict(mbs=self._mbs, adv=self._adv, checksum=self._checksum(),
+                       settings=effective_differs(self.t.args, self.t))
         gathered = _all_gather(payload, self.world)
         res = self._check(gathered) if self.rank == 0 else None
         res = _broadcast(res, self.world)
@@ -399,6 +463,7 @@ class TRLWatch:
         unjudged = [d for d in dtypes if d not in checks.JUDGED]
         row, tol = checks.tolerance_row(dtypes or ["float32"])
         self.report.precision = checks.row_words(row, dtypes)
+        self._check_settings(res, gathered)
         self._check_advantages(res, gathered, tol)
         if unjudged:
             for c in ("micro-batch loss", "gradient", "metrics"):
@@ -409,6 +474,7 @@ class TRLWatch:
         if not mbs:
             res.skipped.setdefault("gradient", "no micro-batch was recorded")
             return res
+        self._check_ranks(res, [p.get("checksum") for p in gathered])
         if "micro-batch loss" not in self._blocks:
             checks.micro_batch_losses(res, mbs, self._formula, tol)
         if "gradient" not in self._blocks:
@@ -417,15 +483,44 @@ class TRLWatch:
             self._check_metrics(res, mbs, tol)
         return res
 
+    def _check_settings(self, res, gathered):
+        """Each setting the trainer keeps as an attribute equals its configuration, on every
+        process; the step itself is judged against the configuration."""
+        n = len(configured(self.t.args, self.t))
+        for rank, p in enumerate(gathered):
+            diffs = p.get("settings", [])
+            res.count("settings", n, len(diffs))
+            for attr, want, have in diffs:
+                num = all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                          for v in (want, have))
+                field = dict(SETTINGS)[attr]
+                res.findings.append(Finding(
+                    res.step, "settings", "deviation",
+                    f"trainer.{attr} is {have!r} but its configuration says {want!r} "
+                    f"(GRPOConfig.{field}): the trainer does not run the configuration you "
+                    f"wrote; the step is judged against the configuration", rank=rank,
+                    got=float(have) if num else None, expected=float(want) if num else None,
+                    source=f"GRPOConfig.{field} → GRPOTrainer.__init__: self.{attr}"))
+
+    def _check_ranks(self, res, sums):
+        """Every process holds the same gradients after the step's last backward."""
+        if self.world == 1 or "rank agreement" in self.report.not_applicable:
+            return
+        if any(s is None for s in sums):
+            res.skipped["rank agreement"] = "a process had no parameter gradient to compare"
+            return
+        checks.ranks_agree(res, sums, tolerances.get("ranks", "float64"),
+                           "DDP all-reduce (accelerator.backward at sync_gradients)")
+
     def _check_advantages(self, res, gathered, tol):
-        t = self.t
-        if t.multi_objective_aggregation != "sum_then_normalize":
+        t, a = self.t, self.t.args
+        if a.multi_objective_aggregation != "sum_then_normalize":
             res.skipped["advantages"] = (f"multi_objective_aggregation "
-                                         f"{t.multi_objective_aggregation!r}")
+                                         f"{a.multi_objective_aggregation!r}")
             return
         conv = dict(PROFILES["trl"].rules["group_advantages"].conventions)
-        conv.update(scale=t.scale_rewards, group_size=int(t.num_generations))
-        weights = bridge.to_numpy(t.reward_weights)
+        conv.update(scale=a.scale_rewards, group_size=int(a.num_generations))
+        weights = np.asarray(configured(a, t)["reward_weights"], dtype=np.float64)
         for p in gathered:
             for rank, got, per_func in p["adv"]:
                 with np.errstate(invalid="ignore"):
@@ -434,7 +529,7 @@ class TRLWatch:
                 n = got.shape[0]
                 checks.advantages(res, got, np.where(valid, rewards, np.nan),
                                   slice(rank * n, (rank + 1) * n), conv, G + " ("
-                                  f"scale_rewards={t.scale_rewards!r})", tol, rank,
+                                  f"scale_rewards={a.scale_rewards!r})", tol, rank,
                                   valid=valid)
 
     def _check_metrics(self, res, mbs, tol):
@@ -463,6 +558,71 @@ class TRLWatch:
                 if name in logged:
                     checks.metric(res, name, logged[name], value, tol,
                                   f"{C}: _metrics['train'][{name!r}]", k)
+
+
+# the settings GRPOTrainer copies from its configuration into attributes that its loss, its
+# advantages or its sampling read: (attribute, GRPOConfig field it comes from)
+SETTINGS = (
+    ("loss_type", "loss_type"), ("importance_sampling_level", "importance_sampling_level"),
+    ("beta", "beta"), ("epsilon_low", "epsilon"), ("epsilon_high", "epsilon_high"),
+    ("temperature", "temperature"), ("scale_rewards", "scale_rewards"),
+    ("num_generations", "num_generations"), ("num_iterations", "num_iterations"),
+    ("max_completion_length", "max_completion_length"),
+    ("top_entropy_quantile", "top_entropy_quantile"),
+    ("off_policy_mask_threshold", "off_policy_mask_threshold"),
+    ("mask_truncated_completions", "mask_truncated_completions"),
+    ("multi_objective_aggregation", "multi_objective_aggregation"),
+    ("use_vllm", "use_vllm"),
+    ("vllm_importance_sampling_correction", "vllm_importance_sampling_correction"),
+    ("entropy_coef", "entropy_coef"), ("reward_weights", "reward_weights"),
+)
+
+
+def configured(a, t) -> dict:
+    """Each of SETTINGS as the configuration `a` (trainer.args) states it, in the form the
+    trainer keeps it (GRPOTrainer.__init__: epsilon_high defaults to epsilon, reward_weights to
+    ones). reward_weights the trainer extended (a tool's reward) and an adaptive entropy_coef
+    are left out: they have no configured value to compare."""
+    out = {attr: getattr(a, field) for attr, field in SETTINGS if hasattr(a, field)}
+    out["epsilon_high"] = a.epsilon_high if a.epsilon_high is not None else a.epsilon
+    n = len(getattr(t, "reward_funcs", []) or [])
+    weights = [float(w) for w in (a.reward_weights if a.reward_weights is not None
+                                  else [1.0] * n)]
+    out.pop("reward_weights")
+    if len(weights) == len(_weights(t)):
+        out["reward_weights"] = weights
+    if getattr(a, "use_adaptive_entropy", False):
+        out.pop("entropy_coef", None)
+    return out
+
+
+def _weights(t) -> list:
+    w = getattr(t, "reward_weights", None)
+    return [] if w is None else [float(x) for x in (w.tolist() if hasattr(w, "tolist") else w)]
+
+
+def effective_differs(a, t) -> list:
+    """[(attribute, configured, effective)] for each setting the trainer holds otherwise than
+    its configuration states."""
+    out = []
+    for attr, want in configured(a, t).items():
+        have = _weights(t) if attr == "reward_weights" else getattr(t, attr, want)
+        if isinstance(want, (int, float)) and not isinstance(want, bool) and \
+                isinstance(have, (int, float)) and not isinstance(have, bool):
+            same = float(want) == float(have)
+        else:
+            same = want == have
+        if not same:
+            out.append((attr, want, have))
+    return out
+
+
+def sampled(step: int, every: int) -> bool:
+    """The schedule: steps 1 and 2, then every `every`-th step counted from the first (1 +
+    k·every). At step 1 policy, old policy and reference coincide, so a KL term or a clip
+    bound cannot show; step 2 is the first step where they can (one update away from the
+    reference, and from the sampling policy where a generation is reused)."""
+    return step <= 2 or (step - 1) % every == 0
 
 
 def _version() -> str:

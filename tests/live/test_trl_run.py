@@ -64,6 +64,7 @@ def test_an_unmodified_trl_run_conforms_at_every_checked_step(root, config):
     assert len(report.steps) == config.get("max_steps", 2)
     for s in report.steps:
         assert s.counts["gradient"][0] > 0 and s.counts["gradient"][1] == 0
+        assert s.counts["settings"][0] >= 15 and s.counts["settings"][1] == 0
         assert s.counts["micro-batch loss"] == [config.get("gradient_accumulation_steps", 1), 0]
         assert not s.deviations
     assert sum(s.counts.get("advantages", [0])[0] for s in report.steps) > 0
@@ -85,7 +86,7 @@ def test_a_loss_normalised_by_the_local_token_count_is_caught_at_the_first_step(
     cls = tiny_trl.patched(GRPOTrainer, *tiny_trl.LOCAL_COUNT)
     _, report = run(root, cls=cls, every=5, max_steps=6, loss_type="dapo",
                     gradient_accumulation_steps=2)
-    assert [s.step for s in report.steps] == [1, 6]
+    assert [s.step for s in report.steps] == [1, 2, 6]
     first = report.steps[0]
     grads = [f for f in first.deviations if f.check == "gradient"]
     assert grads and all("× the documented objective's at every token" in f.message
@@ -157,12 +158,44 @@ def test_the_watched_run_trains_exactly_as_the_unwatched_one(root):
     assert torch.equal(r0, r1)                               # the random state too
 
 
-def test_every_n_checks_the_first_step_and_every_nth_after(root):
-    tr, report = run(root, every=2, max_steps=3, loss_type="dapo")
-    assert [s.step for s in report.steps] == [1, 3]
+def test_every_n_checks_steps_one_and_two_then_every_nth_from_the_first(root):
+    tr, report = run(root, every=3, max_steps=7, loss_type="dapo")
+    assert [s.step for s in report.steps] == [1, 2, 4, 7]
     logged = [h["crosscheck/max_rel_err"] for h in tr.state.log_history
               if "crosscheck/max_rel_err" in h]
-    assert len(logged) == 2 and all(0 <= v < 1e-4 for v in logged)
+    assert len(logged) == 4 and all(0 <= v < 1e-4 for v in logged)
+
+
+def test_a_doubled_kl_coefficient_unseen_at_step_one_is_caught_at_step_two(root):
+    cls = tiny_trl.patched(GRPOTrainer, *tiny_trl.DOUBLE_KL)
+    _, report = run(root, cls=cls, every=10, max_steps=3, loss_type="dapo", beta=0.5)
+    assert [s.step for s in report.steps] == [1, 2]
+    first, second = report.steps
+    assert not first.deviations, report.text()        # KL 0 and ∂KL/∂logp 0 at step 1
+    assert any(f.check == "gradient" for f in second.deviations), report.text()
+    assert report.ok is False
+
+
+def test_a_widened_clip_range_unseen_at_step_one_is_caught_at_step_two(root):
+    # a reused generation (num_iterations 2): step 2's ratios leave [1 - ε, 1 + ε]
+    cls = tiny_trl.patched(GRPOTrainer, *tiny_trl.WIDE_CLIP)
+    _, report = run(root, cls=cls, every=10, max_steps=3, loss_type="dapo", num_iterations=2,
+                    epsilon=1e-3)
+    assert [s.step for s in report.steps] == [1, 2]
+    first, second = report.steps
+    assert not first.deviations, report.text()        # ratio 1 everywhere at step 1
+    # the tokens clipped either way have no gradient: the loss value shows the wider range
+    assert {f.check for f in second.deviations} & {"micro-batch loss", "gradient"}, \
+        report.text()
+    assert report.ok is False
+
+
+def test_a_clean_run_with_kl_and_clipping_conforms_at_steps_one_and_two(root):
+    _, report = run(root, every=10, max_steps=3, loss_type="dapo", beta=0.5, num_iterations=2,
+                    epsilon=1e-3)
+    assert [s.step for s in report.steps] == [1, 2]
+    assert report.ok is True, report.text()
+    assert all(s.counts["gradient"] == [s.counts["gradient"][0], 0] for s in report.steps)
 
 
 def test_steps_per_generation_above_accumulation_is_a_documented_choice_for_dapo(root):
@@ -181,6 +214,9 @@ def test_a_configuration_the_reference_cannot_express_is_reported_not_guessed(ro
     s = report.steps[0]
     assert "micro-batch loss" in s.skipped and "micro-batch loss" not in s.counts
     assert "not checked" in s.line()
+    # the loss and the gradient never ran: no green verdict on what was not checked
+    assert report.ok is None and report.verdict() == "INCONCLUSIVE"
+    assert "gradient checked at no sampled step (top_entropy_quantile=0.5" in report.inconclusive
 
 
 def test_the_report_is_json_with_the_verdict_and_every_finding(root):
@@ -190,6 +226,10 @@ def test_the_report_is_json_with_the_verdict_and_every_finding(root):
     assert d["verdict"] == "DEVIATES" and d["ok"] is False
     f = d["steps"][0]["findings"][0]
     assert {"step", "check", "grade", "rank", "micro_batch", "token", "got", "expected"} <= set(f)
+    assert any(c.startswith("gradient: ") for c in d["checked"])
+    assert "rank agreement: not applicable (one process)" in d["checked"]
+    assert "the rewards, as your reward functions returned them" in d["trusted"]
+    assert any("reference model's log-probs" in t for t in d["trusted"]) is False   # β = 0
 
 
 def test_a_method_the_user_set_on_the_instance_is_restored_as_it_was(root):
@@ -250,3 +290,29 @@ def test_log_probs_returned_alone_are_captured_whole_as_from_a_tuple():
         np.testing.assert_array_equal(cap["logp"], lp.numpy())
         assert cap["dtype"] == "float32"
         assert ("entropy" in cap) == (isinstance(out, tuple) and out[1] is not None)
+
+
+def _drifted(attr, factor):
+    """A subclass that changes one setting after GRPOTrainer.__init__ read its configuration."""
+    def __init__(self, *args, **kwargs):
+        GRPOTrainer.__init__(self, *args, **kwargs)
+        setattr(self, attr, factor * getattr(self, attr))
+    return type(f"Drifted{attr}", (GRPOTrainer,), {"__init__": __init__})
+
+
+@pytest.mark.parametrize("attr, configured", [("beta", 0.04), ("epsilon_high", 0.2)])
+def test_a_trainer_attribute_that_disagrees_with_its_configuration_is_reported_at_step_one(
+        root, attr, configured):
+    # at step 1 neither shows in the loss (KL 0, every ratio 1): only the setting itself does
+    _, report = run(root, cls=_drifted(attr, 2.0), every=10, max_steps=1, loss_type="dapo",
+                    beta=0.04)
+    (first,) = report.steps
+    assert [f.check for f in first.deviations] == ["settings"], report.text()
+    (f,) = first.deviations
+    assert f"trainer.{attr} is {2 * configured!r} but its configuration says {configured!r}" \
+        in f.message
+    assert (f.got, f.expected) == (2 * configured, configured)
+    assert first.counts["settings"][1] == 1 and report.ok is False
+    # the step is judged against the configuration the user wrote
+    assert ("epsilon_high" if attr == "epsilon_high" else "beta", configured) in \
+        [(k, v) for k, v, _ in report.config]

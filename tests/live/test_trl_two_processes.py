@@ -16,7 +16,8 @@ pytest.importorskip("datasets")
 from tests.live import tiny_trl  # noqa: E402
 
 HERE = os.path.dirname(__file__)
-SCENARIOS = ("dapo", "grpo-accumulated-kl", "local-count", "twice-accumulated", "wrong-mask")
+SCENARIOS = ("dapo", "grpo-accumulated-kl", "local-count", "twice-accumulated", "wrong-mask",
+             "no-sync")
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +32,8 @@ def reports(tmp_path_factory):
         port = str(sock.getsockname()[1])
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-         "--master_addr", "127.0.0.1", "--master_port", port, os.path.join(HERE, "two_processes.py"), root, out, *SCENARIOS],
+         "--master_addr", "127.0.0.1", "--master_port", port,
+         os.path.join(HERE, "two_processes.py"), root, out, *SCENARIOS],
         capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     found = {}
@@ -53,6 +55,9 @@ def test_an_unmodified_two_process_run_conforms(reports, name):
         acc = 2 if name == "grpo-accumulated-kl" else 1
         assert step["counts"]["micro-batch loss"]["checked"] == 2 * acc
         assert step["counts"]["advantages"]["checked"] == 2 * 4 * acc
+        # rank 1's gradient checksum against rank 0's, after the all-reduce
+        assert step["counts"]["rank agreement"] == {"checked": 1, "failed": 0}
+    assert not any(c.startswith("rank agreement: not applicable") for c in r0["checked"])
 
 
 @pytest.mark.parametrize("name, message", [
@@ -67,3 +72,16 @@ def test_a_planted_bug_is_caught_at_the_first_step_on_both_ranks(reports, name, 
              and f["check"] == "gradient"]
     assert first and any(message in f["message"] for f in first)
     assert {f["rank"] for f in first} == {0, 1}
+
+
+def test_gradients_never_averaged_across_processes_are_caught_naming_the_ranks(reports):
+    # every micro-step under DDP's no_sync(): the loss and its ∂/∂logp are each rank's own and
+    # correct, so only the ranks' disagreement after the last backward shows the bug
+    r0, r1 = reports["no-sync", 0], reports["no-sync", 1]
+    assert r0["verdict"] == "DEVIATES" and r1["verdict"] == "DEVIATES"
+    first = r0["steps"][0]
+    assert first["counts"]["rank agreement"] == {"checked": 1, "failed": 1}
+    assert first["counts"]["gradient"]["failed"] == 0
+    (f,) = [f for f in first["findings"] if f["check"] == "rank agreement"]
+    assert f["grade"] == "deviation" and f["rank"] == 1 and f["got"] != f["expected"]
+    assert "rank 0 (" in f["message"] and "rank 1 (" in f["message"]

@@ -90,6 +90,11 @@ LOCAL_COUNT = ("_compute_loss", 'inputs["num_items_in_batch"].clamp(min=1.0)',
                "mask.sum().clamp(min=1.0)")
 WRONG_MASK = ("_compute_loss", 'mask = completion_mask if "tool_mask" not in inputs',
               'mask = torch.ones_like(completion_mask) if "tool_mask" not in inputs')
+# invisible at step 1, where the reference, the old and the current policy coincide
+DOUBLE_KL = ("_compute_loss", "per_token_loss + self.beta * per_token_kl",
+             "per_token_loss + 2 * self.beta * per_token_kl")
+WIDE_CLIP = ("_compute_loss", "1 - self.epsilon_low, 1 + self.epsilon_high)",
+             "1 - 2 * self.epsilon_low, 1 + 2 * self.epsilon_high)")
 WIDE_EPS = ("_generate_and_score_completions", "advantages / (std_rewards + 1e-4)",
             "advantages / (std_rewards + 1e-2)")
 
@@ -98,3 +103,13 @@ def double_accumulation(cls):
     """TRL's loss already divides by the accumulation steps; this subclass lets the HF Trainer
     divide again (loss_is_scaled_for_ga = False)."""
     return type(f"Twice{cls.__name__}", (cls,), {"loss_is_scaled_for_ga": False})
+
+
+def unsynchronised(cls):
+    """A subclass that runs every micro-step under the DDP model's no_sync(), the last one
+    included (meant to save the all-reduce during accumulation): each process keeps and applies
+    its own gradients."""
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        with model.no_sync():
+            return cls.training_step(self, model, inputs, num_items_in_batch)
+    return type(f"NoSync{cls.__name__}", (cls,), {"training_step": training_step})

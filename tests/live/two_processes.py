@@ -24,6 +24,7 @@ SCENARIOS = {
                     dict(loss_type="dapo")),
     "twice-accumulated": (lambda: tiny_trl.double_accumulation(GRPOTrainer),
                           dict(loss_type="dapo", gradient_accumulation_steps=2)),
+    "no-sync": (lambda: tiny_trl.unsynchronised(GRPOTrainer), dict(loss_type="dapo")),
     "wrong-mask": (lambda: tiny_trl.patched(GRPOTrainer, *tiny_trl.WRONG_MASK),
                    dict(loss_type="dapo")),
 }
