@@ -370,6 +370,8 @@ class Card:
                ("known deviations (each reproduced by its known variant)", known),
                ("documented choices (each reproduced by the documented variant)",
                 g["documented choice"]),
+               ("surrogate conventions (the value of a surrogate loss; its gradient is judged)",
+                g["surrogate convention"]),
                (f"precision notes (below {self.trainer.precision} training precision)",
                 g["precision"]),
                ("robustness notes (only on inputs the trainer never produces)",
@@ -387,7 +389,8 @@ class Card:
         return "findings: " + ", ".join(
             f"{n} " + (plural.get(k, k + "s") if n != 1 else
                        k + " note" if k in plural else k)
-            for k, n in self.grade_counts().items())
+            for k, n in self.grade_counts().items()
+            if n or k != "surrogate convention")      # named where a card has one
 
     def summary(self) -> str:
         """The card in one line: trainer, version, verdict, row tally and graded findings."""
@@ -810,6 +813,41 @@ def grade(row: Row, report, precision: str, root: str, audit_row) -> List[dict]:
                         counterexample=f.counterexample, explanation=said,
                         kind=known.kind if known else ("new" if grade_ == "deviation" else
                                                        grade_)))
+    return _surrogate_values(row, report, out)
+
+
+SURROGATE = ("a surrogate convention: the value of {ref}({loss}) is a surrogate whose gradient "
+             "is what trains, and a loss written as another surrogate of the same gradient "
+             "(CISPO's −sg(w)·A·log π for −w·A) has another value; the gradient check judges "
+             "what trains, and {grad}")
+
+
+def _surrogate_values(row: Row, report, out: List[dict]) -> List[dict]:
+    """A new value deviation of a differentiated loss whose reference is a surrogate under the
+    row's conventions (its registry entry's `surrogate`), graded a surrogate convention where the
+    gradient was checked on the same cases and no other check of the row fails but the
+    gradient's: the value of such a loss is a convention; the gradient carries the finding.
+    A value difference the padding or micro-batch checks also see is in the math, and stays."""
+    from ..check.registry import REGISTRY
+    entry = REGISTRY.get(row.ref)
+    if entry is None or entry.surrogate is None or not entry.trainer_grad or \
+            not entry.surrogate(report.conventions):
+        return out
+    status = {f.check: f.status for f in report.findings}
+    if status.get("grad") not in ("pass", "fail"):
+        return out
+    failing = {f["check"] for f in out if f["grade"] == "deviation"} - {"value", "grad"}
+    if failing:
+        return out
+    grad = ("it fails there: see the row's grad finding" if status["grad"] == "fail" else
+            "it passes on every case")
+    for f in out:
+        if f["check"] == "value" and f["grade"] == "deviation" and f["kind"] == "new":
+            f.update(grade="surrogate convention", known=True, kind="surrogate convention",
+                     explanation=SURROGATE.format(
+                         ref=row.ref, grad=grad, loss=", ".join(
+                             f"{k}={report.conventions[k]!r}" for k in ("loss",)
+                             if k in report.conventions)))
     return out
 
 
