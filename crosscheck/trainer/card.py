@@ -721,6 +721,24 @@ def run_row(row: Row, loaded: loading.Loaded, source: loading.Source, profile: s
             sum(e["cases"] for e in raised.exceptions) >= raised.cases:
         e = max(raised.exceptions, key=lambda e: e["cases"])
         result.seconds = time.perf_counter() - t0
+        where = _from_root(e["where"], source.root)
+        if e.get("ours") is False and where != e["where"] and \
+                "stand-in" not in e["message"].lower():
+            # the traceback ends in the trainer's own code, and the adapter fits this release
+            # (its signature and `fits` checks passed): a release defect, not an adapter's
+            result.verdict = "DOES NOT CONFORM"
+            result.reason = f"every case raised {e['type']} at {where}"
+            result.findings = [dict(
+                check="raises", grade="deviation", known=False, kind="new",
+                message=f"raises on every input: {e['type']}: {e['message'][:160]} at {where} "
+                        f"(the traceback's last frame, in the trainer's code)",
+                diagnosis="", counterexample=raised.counterexample,
+                explanation="a release defect: the trainer's own code raises on every input "
+                            "the row gives it, where the adapter's assumptions hold (its "
+                            "signature and checks pass); " + NEW)]
+            from .baseline import signature
+            result.findings[0]["signature"] = signature(row.name, result.findings[0])
+            return result
         result.reason = (f"every case raised, e.g. {e['type']}: {e['message'][:160]} at "
                          f"{_from_root(e['where'], source.root)}: the adapter's assumptions do "
                          f"not hold in this version (a function failing on every input would "
