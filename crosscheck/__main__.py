@@ -375,6 +375,10 @@ def trainer_parser():
     p.add_argument("--markdown", metavar="FILE",
                    help="also write the card as Markdown to FILE (its folder created if "
                         "missing)")
+    p.add_argument("--baseline", metavar="FILE_OR_DIR",
+                   help="compare with a saved card (what --json prints; with --all, the list "
+                        "--all --json prints, or a folder of cards): exit 1 only for a new "
+                        "deviation the baseline does not hold")
     p.add_argument("--list", action="store_true",
                    help="list the trainers and the functions each card covers")
     p.add_argument("--all", action="store_true",
@@ -443,9 +447,18 @@ def trainer_main(argv, workers: int = 1) -> int:
         _output_path(p, "--markdown", args.markdown)
     from . import trainer as trainers
     from .audit.model import progress_stream
-    from .trainer import card, loading
+    from .trainer import baseline, card, loading
+    saved = None
+    if args.baseline:
+        try:
+            saved = baseline.load(args.baseline)
+        except baseline.BaselineError as exc:
+            p.error(str(exc))
+        if args.name and args.name not in saved:
+            p.error(f"--baseline {args.baseline!r} holds no card of {args.name} (it holds "
+                    f"{', '.join(sorted(saved))})")
     if args.all:
-        return _all_cards(args)
+        return _all_cards(args, saved)
     try:
         result = card.run(trainers.get(args.name), path=args.path, cases=args.cases,
                           seed=args.seed, workers=workers,
@@ -453,6 +466,8 @@ def trainer_main(argv, workers: int = 1) -> int:
     except loading.TrainerNotFound as exc:
         print(f"{_prog('trainer')}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    if saved is not None:
+        result.against(saved, args.baseline)
     if args.markdown:
         with open(args.markdown, "w", encoding="utf-8") as fh:
             fh.write(result.markdown())
@@ -461,9 +476,10 @@ def trainer_main(argv, workers: int = 1) -> int:
     return result.exit_code
 
 
-def _all_cards(args) -> int:
+def _all_cards(args, saved=None) -> int:
     """`trainer --all`: each installed trainer's card in one line (JSON: the cards). Exit 1
-    if any card finds a new deviation, 2 if no trainer is installed or no card could audit
+    if any card finds a new deviation (against `saved`, the baseline's cards by trainer: one
+    the baseline does not hold), 2 if no trainer is installed or no card could audit
     anything, else 0."""
     import json
 
@@ -480,6 +496,9 @@ def _all_cards(args) -> int:
     cards = [card.run(trainers.get(n), cases=args.cases, seed=args.seed, workers=1,
                       progress=progress_stream(args.json or not sys.stdout.isatty()))
              for n in names]
+    if saved is not None:
+        for c in cards:
+            c.against(saved, args.baseline)
     if args.json:
         print(json.dumps([c.to_dict() for c in cards], indent=2, ensure_ascii=False))
     else:

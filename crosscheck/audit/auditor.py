@@ -10,7 +10,8 @@ from .. import bridge, tolerances
 from ..check import cases as cases_mod
 from .calls import (GLOBAL_KW, STRUCTURAL, TIMEOUT, Adapter, InputMutated, call_with_deadline,
                     degenerate, GARBAGE, IN_DOMAIN, exception_text, fill_padding,
-                    mutated, mutation_message, neutral, reference_args, snapshot, where_raised)
+                    mutated, mutation_message, neutral, reference_args, snapshot, where_raised,
+                    raised_in_ours)
 from .model import AuditUsageError, Outcome
 
 # what a trainer's non-differentiable output is, for the report
@@ -299,7 +300,7 @@ class Auditor:
         degenerate batch with a clear ValueError (one valid token, a group of one)."""
         original = getattr(exc, "original", exc)
         info = dict(type=type(original).__name__, message=str(original)[:300],
-                    where=where_raised(exc), degenerate=None)
+                    where=where_raised(exc), degenerate=None, ours=raised_in_ours(exc))
         why = degenerate(data)
         if why and isinstance(original, (ValueError, AssertionError)):
             info["degenerate"] = why

@@ -454,6 +454,21 @@ def degenerate(data) -> Optional[str]:
 _OURS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def raised_in_ours(exc: BaseException) -> bool:
+    """Whether the innermost frame outside the libraries (torch, numpy, the standard library)
+    is crosscheck's (an adapter, a stand-in), not the user's or the trainer's code."""
+    exc = getattr(exc, "original", exc)
+    libs = (os.path.dirname(torch.__file__), os.path.dirname(np.__file__))
+    stdlib = os.path.dirname(os.__file__)
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        path = os.path.abspath(frame.filename)
+        if path.startswith(libs) or "<frozen" in frame.filename or \
+                path.startswith(stdlib) and "-packages" not in path:
+            continue
+        return path.startswith(_OURS)
+    return True
+
+
 def where_raised(exc: BaseException) -> str:
     """'file:line in function' of the innermost frame outside crosscheck and the libraries
     (torch, numpy, the standard library): the line of the user's or the trainer's code."""

@@ -25,7 +25,7 @@ STATUSES = ("pass", "info", "warn", "fail")      # "info": not checked by design
 #   the edge of the float range;
 # - precision: within the float32 row of the tolerance table, for code that trains in float32;
 # - documented choice: a convention the trainer documents (cards only, with its citation).
-GRADES = ("deviation", "robustness", "precision", "documented choice")
+GRADES = ("deviation", "robustness", "precision", "documented choice", "surrogate convention")
 
 
 class AuditUsageError(ValueError):

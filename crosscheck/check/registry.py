@@ -79,6 +79,11 @@ class Entry:
     # differences are log-ratios a trainer exponentiates); by default every input the
     # reference names logp or <policy>_logp (see logprob_inputs)
     logprobs: Tuple[str, ...] = ()
+    # whether its value under given conventions is a surrogate whose gradient is what trains:
+    # a loss with a policy-gradient form −sg(g)·A·log π of the same gradient, which a trainer
+    # may write instead (CISPO's −sg(w)·A·log π for −w·A, SAPO's and VESPO's gates alike); a
+    # trainer's value that differs only so is a convention (crosscheck.trainer.card grades it)
+    surrogate: Optional[Callable[[Mapping[str, object]], bool]] = None
 
     def freeze_for(self, params) -> Optional[Freeze]:
         """The freeze rule that applies to a case, or None (no stop-gradient in its definition)."""
@@ -226,6 +231,11 @@ _PPO_GRID = dict(clip_low=(0.2, 0.1, 0.28), clip_high=(None, 0.2, 0.28), clip_c=
                  delta=(None, 3.0), log_ratio_clamp=(None, 20.0))
 
 
+# policy_objective's losses whose gradient a trainer may write as −sg(g)·A·log π (the KL term's
+# value is no surrogate: with β > 0 the value stays judged)
+SURROGATE_LOSSES = ("cispo", "sapo", "vespo")
+
+
 def build() -> Dict[str, Entry]:
     """A fresh registry, in the order the harness reports."""
     entries = [
@@ -251,7 +261,7 @@ def build() -> Dict[str, Entry]:
                freeze=lambda params: oracles.freeze_ratio,
                grid=dict(bound=vocab.CISPO_BOUNDS, clip_high=(5.0, 4.0, 2.0, 0.28, 0.2),
                          clip_low=(None, 0.2)),
-               known_bugs=variants.CISPO),
+               known_bugs=variants.CISPO, surrogate=lambda params: True),
         _entry("gspo_loss", ("logp",), stack="rows",
                detached="the sequence ratio in form='token' (straight-through GSPO-token)",
                freeze=oracles.gspo_rule, undetached=_gspo_undetached,
@@ -278,6 +288,8 @@ def build() -> Dict[str, Entry]:
                          empty_rows=vocab.EMPTY_ROWS, loss=vocab.POLICY_LOSSES,
                          kl_weight=vocab.KL_WEIGHTS, kl_anchor=vocab.KL_ANCHORS),
                known_bugs=variants.OBJECTIVE,
+               surrogate=lambda params: params.get("loss") in SURROGATE_LOSSES and
+               not params.get("beta"),
                unused=lambda params: (() if params.get("beta") and
                                       params.get("kl_anchor", "ref") == "ref" else
                                       ("ref_logp",)) +
@@ -294,10 +306,10 @@ def build() -> Dict[str, Entry]:
                grid=dict(kind=vocab.ESTIMATOR_KINDS)),
         _entry("clip_fraction", (), trainer_grad=False,             # a count: value stage only
                grid=dict(definition=vocab.CLIP_FRACTIONS)),
-        _entry("sapo_loss", ("logp",), stack="rows",
+        _entry("sapo_loss", ("logp",), stack="rows", surrogate=lambda params: True,
                grid=dict(tau_pos=(1.0, 0.5, 2.0, 1.05), tau_neg=(1.05, 1.0, 1.5),
                          log_ratio_clamp=(None, 20.0), level=vocab.SAPO_LEVELS)),
-        _entry("vespo_loss", ("logp",), stack="rows",
+        _entry("vespo_loss", ("logp",), stack="rows", surrogate=lambda params: True,
                detached="φ(w): the gamma weight of the sequence ratio",
                freeze=lambda params: oracles.freeze_ratio,
                grid=dict(k_pos=(2.0, 1.0), lambda_pos=(3.0, 1.0), k_neg=(3.0, 2.0),

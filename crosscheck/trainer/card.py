@@ -199,6 +199,15 @@ class Card:
     seed: int
     seconds: float = 0.0
     failed_modules: Dict[str, str] = field(default_factory=dict)
+    comparison: Optional[object] = None     # against a baseline (crosscheck.trainer.baseline)
+
+    def against(self, baseline_cards: Mapping[str, dict], source: str) -> "Card":
+        """This card compared with the baseline's card of its trainer (none: every deviation is
+        new since it); the exit code then gates only on new deviations new since it."""
+        from .baseline import compare
+        self.comparison = compare([(r.row.name, f) for r, f in self.graded()["deviation"]],
+                                  baseline_cards.get(self.trainer.name), source)
+        return self
 
     @property
     def covered(self) -> List[RowResult]:
@@ -230,7 +239,10 @@ class Card:
     @property
     def exit_code(self) -> int:
         """1 for a new deviation (a regression gate for CI), 2 when nothing could be audited,
-        else 0: known deviations, notes and rows that could not run are on the card."""
+        else 0: known deviations, notes and rows that could not run are on the card. Against a
+        baseline, 1 only for a new deviation the baseline does not hold."""
+        if self.comparison is not None and self.verdict != "NOTHING AUDITED":
+            return int(self.comparison.gates)
         return {"DOES NOT CONFORM": 1, "NOTHING AUDITED": 2}.get(self.verdict, 0)
 
     def graded(self) -> Dict[str, List[Tuple[RowResult, dict]]]:
@@ -284,7 +296,8 @@ class Card:
         for title, items in self._sections():
             lines += ["", title]
             for r, f in items:
-                lines += [f"  {r.row.name} ({r.file}:{r.line}), check {f['check']}:",
+                lines += [f"  {r.row.name} ({r.file}:{r.line}), check {f['check']}"
+                          f"{self._since(f)}:",
                           f"    what differs: {f['message']}"]
                 if f.get("diagnosis"):
                     lines.append(f"    likely: {f['diagnosis']}")
@@ -315,7 +328,38 @@ class Card:
                 [f"  does not run: {b}" for b in self.trainer.does_not_run]
         lines.append(self._grades_line())
         lines.append(f"card verdict: {self.verdict}" + self._tally())
+        lines += self._baseline_lines()
         return "\n".join(lines)
+
+    def _since(self, f) -> str:
+        """" [new since the baseline]" or " [in the baseline]" for a deviation, against one."""
+        if self.comparison is None or f["grade"] != "deviation":
+            return ""
+        held = {g["signature"] for _, g in self.comparison.held}
+        return " [in the baseline]" if f["signature"] in held else " [new since the baseline]"
+
+    def _baseline_lines(self) -> List[str]:
+        b = self.comparison
+        if b is None:
+            return []
+        lines = [f"against the baseline {b.source}" + (f" ({self.trainer.name} {b.version})"
+                                                       if b.version else
+                                                       f" (it holds no {self.trainer.name} card)")
+                 + f": {self._baseline_tally()}"]
+        for title, items in (("new since the baseline", [(r, f["signature"]) for r, f in b.new]),
+                             ("in the baseline", [(r, f["signature"]) for r, f in b.held]),
+                             ("fixed (in the baseline, no longer found)",
+                              [(g["row"], g["signature"]) for g in b.gone])):
+            if items:
+                lines.append(f"  {title}:")
+                lines += [f"    {sig}" for _, sig in items]
+        return lines
+
+    def _baseline_tally(self) -> str:
+        b = self.comparison
+        return (f"{sum(not f['known'] for _, f in b.new)} new deviation(s) new since it, "
+                f"{sum(f['known'] for _, f in b.new)} known deviation(s) new since it, "
+                f"{len(b.held)} in it, {len(b.gone)} fixed")
 
     def _sections(self):
         """(title, [(row, finding)]) for each grade that has findings, new deviations first."""
@@ -326,6 +370,8 @@ class Card:
                ("known deviations (each reproduced by its known variant)", known),
                ("documented choices (each reproduced by the documented variant)",
                 g["documented choice"]),
+               ("surrogate conventions (the value of a surrogate loss; its gradient is judged)",
+                g["surrogate convention"]),
                (f"precision notes (below {self.trainer.precision} training precision)",
                 g["precision"]),
                ("robustness notes (only on inputs the trainer never produces)",
@@ -343,12 +389,14 @@ class Card:
         return "findings: " + ", ".join(
             f"{n} " + (plural.get(k, k + "s") if n != 1 else
                        k + " note" if k in plural else k)
-            for k, n in self.grade_counts().items())
+            for k, n in self.grade_counts().items()
+            if n or k != "surrogate convention")      # named where a card has one
 
     def summary(self) -> str:
         """The card in one line: trainer, version, verdict, row tally and graded findings."""
         return (f"{self.trainer.name} {self.source.version}: {self.verdict}{self._tally()}; "
-                f"{self._grades_line()}")
+                f"{self._grades_line()}" + (f"; against the baseline: {self._baseline_tally()}"
+                                            if self.comparison is not None else ""))
 
     def _tally(self) -> str:
         counts: Dict[str, int] = {}
@@ -423,7 +471,8 @@ class Card:
                   for r in self.rows],
             not_covered=[dict(file=f, function=q, line=line, why=dict(self.trainer.not_run).get(
                 q, self.trainer.not_covered_why)) for f, q, line in self.not_covered],
-            failed_modules=self.failed_modules, seconds=round(self.seconds, 3)))
+            failed_modules=self.failed_modules, seconds=round(self.seconds, 3),
+            **({} if self.comparison is None else {"baseline": self.comparison.to_dict()})))
 
 
 # ---- the inventory -------------------------------------------------------------------------
@@ -672,12 +721,33 @@ def run_row(row: Row, loaded: loading.Loaded, source: loading.Source, profile: s
             sum(e["cases"] for e in raised.exceptions) >= raised.cases:
         e = max(raised.exceptions, key=lambda e: e["cases"])
         result.seconds = time.perf_counter() - t0
+        where = _from_root(e["where"], source.root)
+        if e.get("ours") is False and where != e["where"] and \
+                "stand-in" not in e["message"].lower():
+            # the traceback ends in the trainer's own code, and the adapter fits this release
+            # (its signature and `fits` checks passed): a release defect, not an adapter's
+            result.verdict = "DOES NOT CONFORM"
+            result.reason = f"every case raised {e['type']} at {where}"
+            result.findings = [dict(
+                check="raises", grade="deviation", known=False, kind="new",
+                message=f"raises on every input: {e['type']}: {e['message'][:160]} at {where} "
+                        f"(the traceback's last frame, in the trainer's code)",
+                diagnosis="", counterexample=raised.counterexample,
+                explanation="a release defect: the trainer's own code raises on every input "
+                            "the row gives it, where the adapter's assumptions hold (its "
+                            "signature and checks pass); " + NEW)]
+            from .baseline import signature
+            result.findings[0]["signature"] = signature(row.name, result.findings[0])
+            return result
         result.reason = (f"every case raised, e.g. {e['type']}: {e['message'][:160]} at "
                          f"{_from_root(e['where'], source.root)}: the adapter's assumptions do "
                          f"not hold in this version (a function failing on every input would "
                          f"look the same; no verdict is given)")
         return result
     result.findings = grade(row, report, precision, source.root, audit_row)
+    from .baseline import signature
+    for f in result.findings:
+        f["signature"] = signature(row.name, f)
     result.seconds = time.perf_counter() - t0
     grades = {(f["grade"], f["known"]) for f in result.findings}
     if ("deviation", False) in grades:
@@ -761,6 +831,41 @@ def grade(row: Row, report, precision: str, root: str, audit_row) -> List[dict]:
                         counterexample=f.counterexample, explanation=said,
                         kind=known.kind if known else ("new" if grade_ == "deviation" else
                                                        grade_)))
+    return _surrogate_values(row, report, out)
+
+
+SURROGATE = ("a surrogate convention: the value of {ref}({loss}) is a surrogate whose gradient "
+             "is what trains, and a loss written as another surrogate of the same gradient "
+             "(CISPO's −sg(w)·A·log π for −w·A) has another value; the gradient check judges "
+             "what trains, and {grad}")
+
+
+def _surrogate_values(row: Row, report, out: List[dict]) -> List[dict]:
+    """A new value deviation of a differentiated loss whose reference is a surrogate under the
+    row's conventions (its registry entry's `surrogate`), graded a surrogate convention where the
+    gradient was checked on the same cases and no other check of the row fails but the
+    gradient's: the value of such a loss is a convention; the gradient carries the finding.
+    A value difference the padding or micro-batch checks also see is in the math, and stays."""
+    from ..check.registry import REGISTRY
+    entry = REGISTRY.get(row.ref)
+    if entry is None or entry.surrogate is None or not entry.trainer_grad or \
+            not entry.surrogate(report.conventions):
+        return out
+    status = {f.check: f.status for f in report.findings}
+    if status.get("grad") not in ("pass", "fail"):
+        return out
+    failing = {f["check"] for f in out if f["grade"] == "deviation"} - {"value", "grad"}
+    if failing:
+        return out
+    grad = ("it fails there: see the row's grad finding" if status["grad"] == "fail" else
+            "it passes on every case")
+    for f in out:
+        if f["check"] == "value" and f["grade"] == "deviation" and f["kind"] == "new":
+            f.update(grade="surrogate convention", known=True, kind="surrogate convention",
+                     explanation=SURROGATE.format(
+                         ref=row.ref, grad=grad, loss=", ".join(
+                             f"{k}={report.conventions[k]!r}" for k in ("loss",)
+                             if k in report.conventions)))
     return out
 
 

@@ -39,12 +39,16 @@ EXPECTED = {
                ("microbatch", "deviation")],
               "LigerFusedLinearGRPOLoss.forward [bnpo]": [("microbatch", "documented choice")]},
     # SAPO's gate detached as a policy-gradient weight: the gradient is A·f(r)·∇log π, not the
-    # A·f'(r)·r·∇log π of the objective its docstring states (sapo_policy_loss.py)
-    "trinity": {"SAPOPolicyLossFn [sapo]": [("value", "deviation"), ("grad", "deviation")]},
+    # A·f'(r)·r·∇log π of the objective its docstring states (sapo_policy_loss.py); its value
+    # −A·sg(f(r))·log π is another surrogate than −A·f(r): a convention, the gradient the defect
+    "trinity": {"SAPOPolicyLossFn [sapo]": [("value", "surrogate convention"),
+                                            ("grad", "deviation")]},
     # CISPO's clipped ratio left attached (zero gradient outside the band), and the KL term's
-    # .mean() over all B·T positions (grpo.py)
+    # .mean() over all B·T positions (grpo.py); CISPO's value −w·A is another surrogate than
+    # −sg(w)·A·log π (a convention: the gradient carries the defect), while the KL term's value
+    # (β > 0) is no surrogate and stays a deviation
     "torchrl": {"CISPOLoss._compute_policy_objective [cispo]":
-                [("value", "deviation"), ("grad", "deviation")],
+                [("value", "surrogate convention"), ("grad", "deviation")],
                 "GRPOLoss._kl_to_ref [token_mean, kl_to_ref_coeff 0.1]":
                 [("value", "deviation"), ("grad", "deviation")]},
     # k3's exp overflows in float32 past a log-ratio of 88.7 (NaN gradient under the clamp);

@@ -324,3 +324,30 @@ def test_a_planted_bug_is_caught_at_its_row_as_a_new_deviation(name, rel, old, n
     assert r.verdict == "DOES NOT CONFORM" and new_ones, (r.verdict, r.reason, r.findings)
     assert all(f["kind"] == "new" for f in new_ones)
     assert c.exit_code == 1
+
+
+def test_a_trainer_function_that_raises_on_every_input_is_a_release_defect_at_its_line(copies):
+    if "verl" not in copies:
+        pytest.skip("verl is not installed at its pinned version (.ci/run installs it)")
+    path = copies["verl"] / CORE
+    original = path.read_text(encoding="utf-8")
+    old = "    scores = token_level_rewards.sum(dim=-1)\n"
+    # the first occurrence is compute_grpo_outcome_advantage's: `.to()` given a module where it
+    # wants a device or a dtype raises a TypeError on every input, from the trainer's own line
+    patched = _patched(original, old, "    scores = token_level_rewards.sum(dim=-1).to("
+                                      "torch.nn.Module())\n", 0)
+    line = original[:original.find(old)].count("\n") + 1
+    path.write_text(patched, encoding="utf-8")
+    try:
+        c = card.run(trainers.get("verl"), path=str(copies["verl"]), cases=CASES,
+                     only=["compute_grpo_outcome_advantage"])
+    finally:
+        path.write_text(original, encoding="utf-8")
+    assert c.rows                       # GRPO and Dr. GRPO: the same function, both raise
+    for r in c.rows:
+        assert r.verdict == "DOES NOT CONFORM", (r.verdict, r.reason)
+        (f,) = r.findings
+        assert f["check"] == "raises" and f["grade"] == "deviation" and f["kind"] == "new"
+        assert f"{CORE}:{line}" in f["message"] and "TypeError" in f["message"]
+        assert "release defect" in f["explanation"]
+    assert c.exit_code == 1

@@ -1,0 +1,165 @@
+"""A card compared with a saved card (`trainer NAME --baseline FILE`): a new bug is never hidden
+by an old one at the same row, the unchanged trainer passes against its own baseline, and a
+baseline written with another machine's last digits still matches.
+
+The trainers' code is copied to a temporary directory and patched there (as test_planted does);
+the expected outcomes follow from the patch, not from running the card."""
+import importlib.util
+import json
+import os
+import shutil
+
+import pytest
+
+from crosscheck import trainer as trainers
+from crosscheck.__main__ import main
+from crosscheck.trainer import baseline
+
+SKY = "skyrl/backends/skyrl_train/utils/ppo_utils.py"
+TRL_GRPO = "torchrl/objectives/llm/grpo.py"
+KL_ROW = "GRPOLoss._kl_to_ref [token_mean, kl_to_ref_coeff 0.1]"
+
+
+def _copy(name, tmp_path):
+    t = trainers.get(name)
+    spec = importlib.util.find_spec(t.package)
+    if spec is None:
+        pytest.skip(f"{name} is not installed (.ci/run installs it with --no-deps)")
+    from importlib import metadata
+    if metadata.version(t.dist) != t.pinned:
+        pytest.skip(f"{name} is not at its pinned version {t.pinned}")
+    root = tmp_path / name
+    shutil.copytree(os.path.dirname(spec.origin), root / t.package,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    return root
+
+
+def _patch(root, rel, old, new):
+    path = root / rel
+    text = path.read_text(encoding="utf-8")
+    assert text.count(old) == 1, f"the pinned code no longer holds {old!r}"
+    path.write_text(text.replace(old, new), encoding="utf-8")
+
+
+def _card(capsys, *argv):
+    """(exit code, the card's JSON) of `trainer ... --json`."""
+    capsys.readouterr()
+    code = main(["trainer", *argv, "--json", "--cases", "24"])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def _save(tmp_path, capsys, *argv):
+    code, saved = _card(capsys, *argv)
+    path = tmp_path / "card.json"
+    path.write_text(json.dumps(saved), encoding="utf-8")
+    return code, saved, str(path)
+
+
+def _perturbed(value, scale=1 + 3e-9):
+    """Every float of a saved card nudged in its last digits (another machine's kernels)."""
+    if isinstance(value, float):
+        return value * scale
+    if isinstance(value, list):
+        return [_perturbed(v, scale) for v in value]
+    if isinstance(value, dict):
+        return {k: _perturbed(v, scale) for k, v in value.items()}
+    return value
+
+
+def test_a_relation_is_one_factor_rounded_or_not_a_scaling():
+    assert baseline.relation(0.5, 0.25) == "×2"
+    assert baseline.relation([[0.0, 0.0]], [[0.3, 0.0]]) == "×0"
+    assert baseline.relation([1.0, -2.0], [-1.0, 2.0]) == "×-1"
+    assert baseline.relation([1.0, 2.0], [1.0, 3.0]) == "not a scaling"
+    assert baseline.relation(1.0001, 1.0) == "×(1+1e-04)"
+    assert baseline.relation("nan", 1.0) == "non-finite"
+    assert baseline.relation([[True]], 1.0) == ""
+
+
+def test_a_signature_carries_no_digits_beyond_a_rounded_factor():
+    finding = dict(check="value", grade="deviation", known=False, kind="new", diagnosis="",
+                   message="output[1]: yours 0.6000000012, reference 0.3000000007",
+                   counterexample={"your output": [0.6000000012, 0.2], "reference output":
+                                   [0.3000000007, 0.1]})
+    nudged = dict(finding, message="output[1]: yours 0.6000000031, reference 0.3000000011",
+                  counterexample=_perturbed(finding["counterexample"]))
+    sig = baseline.signature("f [x]", finding)
+    assert sig == "f [x] | value | deviation | new | output | ×2"
+    assert baseline.signature("f [x]", nudged) == sig
+
+
+def test_a_baseline_that_cannot_be_read_is_a_usage_error(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1, 2]", encoding="utf-8")
+    for path in (str(bad), str(tmp_path / "missing.json")):
+        with pytest.raises(SystemExit) as exc:
+            main(["trainer", "skyrl", "--baseline", path])
+        assert exc.value.code == 2
+        assert "--baseline" in capsys.readouterr().err
+
+
+def test_the_unchanged_trainer_passes_against_its_own_baseline_and_another_machines(
+        tmp_path, capsys):
+    root = _copy("skyrl", tmp_path)
+    code, saved, path = _save(tmp_path, capsys, "skyrl", "--path", str(root))
+    # SkyRL's REINFORCE++ known deviation (the running return reset on a mask's holes)
+    assert code == 0 and saved["grades"]["known deviation"] == 1
+    code, again = _card(capsys, "skyrl", "--path", str(root), "--baseline", path)
+    assert code == 0 and again["baseline"]["new"] == [] and again["baseline"]["fixed"] == []
+    assert [b["row"] for b in again["baseline"]["in_baseline"]] == \
+        ["compute_reinforce_plus_plus_outcome_advantage"]
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(_perturbed(saved)), encoding="utf-8")
+    code, again = _card(capsys, "skyrl", "--path", str(root), "--baseline", str(other))
+    assert code == 0 and again["baseline"]["new"] == [] and again["baseline"]["fixed"] == []
+
+
+def test_a_second_bug_at_a_row_with_a_known_deviation_is_new_since_the_baseline(
+        tmp_path, capsys):
+    root = _copy("skyrl", tmp_path)
+    _, _, path = _save(tmp_path, capsys, "skyrl", "--path", str(root))
+    # the return no longer runs back through the response: the known entry's variant (a
+    # return reset at a mask's holes) does not reproduce that, so the row's value finding is
+    # a new deviation where the baseline holds a known one
+    _patch(root, SKY, "returns[:, t] = running_return",
+           "returns[:, t] = token_level_rewards[:, t]")
+    code, now = _card(capsys, "skyrl", "--path", str(root), "--baseline", path)
+    assert code == 1
+    (new,) = now["baseline"]["new"]
+    assert new["row"] == "compute_reinforce_plus_plus_outcome_advantage" and \
+        new["check"] == "value" and not new["known"]
+    assert [g["row"] for g in now["baseline"]["fixed"]] == [new["row"]]
+
+
+def test_a_second_bug_at_a_row_with_a_new_deviation_is_new_since_the_baseline(tmp_path):
+    from crosscheck.trainer import card
+    root = _copy("torchrl", tmp_path)
+    t = trainers.get("torchrl")
+    before = card.run(t, path=str(root), cases=24, only=[KL_ROW])
+    assert before.exit_code == 1                  # the KL's mean over all B·T positions
+    saved = {"torchrl": before.to_dict()}
+    again = card.run(t, path=str(root), cases=24, only=[KL_ROW]).against(saved, "card.json")
+    assert again.exit_code == 0 and not again.comparison.new
+    # the KL term doubled: on every case the output is twice the baseline code's, so the
+    # relation to the reference on the value's counterexample is no longer the baseline's
+    _patch(root, TRL_GRPO, "return coeff * kl_penalty, kl_penalty",
+           "return 2 * coeff * kl_penalty, kl_penalty")
+    after = card.run(t, path=str(root), cases=24, only=[KL_ROW]).against(saved, "card.json")
+    assert after.exit_code == 1
+    assert ("value", False) in {(f["check"], f["known"]) for _, f in after.comparison.new}
+    assert "[new since the baseline]" in after.text()
+    # without the baseline, the card's verdict and exit code were already those of a failure
+    assert after.verdict == before.verdict == "DOES NOT CONFORM"
+
+
+def test_a_baseline_is_a_card_a_list_of_cards_or_a_folder_of_them(tmp_path, capsys):
+    pytest.importorskip("skyrl")
+    folder = tmp_path / "baselines"
+    folder.mkdir()
+    code, saved = _card(capsys, "skyrl")
+    (folder / "skyrl.json").write_text(json.dumps(saved), encoding="utf-8")
+    cards = baseline.load(str(folder))
+    assert list(cards) == ["skyrl"] and cards["skyrl"]["version"] == saved["version"]
+    both = tmp_path / "all.json"
+    both.write_text(json.dumps([saved, dict(saved, trainer="verl")]), encoding="utf-8")
+    assert sorted(baseline.load(str(both))) == ["skyrl", "verl"]
