@@ -92,11 +92,15 @@ def _microbatch_under(aud: Auditor, data, accumulation) -> List[Outcome]:
     m = data["mask"]
     full = aud.global_counts(data)
     out = []
+    unused = aud.entry.unused(aud.params) if aud.entry.unused else ()
+    groups = data.get("group_size")
     for K in (2, 4):
         if B % K or B < K:
             continue
         total = np.zeros(data[wrt].shape)
         size = B // K
+        if groups is not None and size % groups and "group_size" not in unused:
+            continue            # a micro-batch would split a prompt's group, which a trainer keeps
         if local:
             hand = np.zeros(data[wrt].shape)
             if any(not np.asarray(m[k * size:(k + 1) * size], dtype=bool).any()
@@ -106,7 +110,8 @@ def _microbatch_under(aud: Auditor, data, accumulation) -> List[Outcome]:
             for k in range(K):
                 rows = slice(k * size, (k + 1) * size)
                 part = {key: (v[rows] if isinstance(v, np.ndarray) and v.shape[:1] == (B,) else v)
-                        for key, v in data.items()}
+                        for key, v in data.items()
+                        if not (key == "group_size" and key in unused)}   # rows, not groups
                 if local:
                     hand[rows] = aud.reference_vjp(part, 1.0 / K if accumulation == "mean"
                                                    else 1.0)[wrt]
