@@ -545,6 +545,31 @@ def m2po(ops: Ops, logp, old_logp, mask_, threshold) -> Tuple[PairInputs, float]
         checks.positive("threshold", threshold)
 
 
+class Fipo(NamedTuple):
+    ratio: Ratio                      # logp, old_logp, advantages ([B, T] or [B]), mask
+    gamma: float                      # 2^(−1/decay_rate)
+    lower: Optional[float]
+    upper: Optional[float]
+    ratio_threshold: Optional[float]
+    safety_threshold: Optional[float]
+
+
+def fipo(ops: Ops, logp, old_logp, advantages, mask_, decay_rate, lower, upper,
+         ratio_threshold, safety_threshold) -> Fipo:
+    """fipo_influence_weights' inputs: a ratio loss's arrays, the half-life decay_rate > 0 (inf:
+    γ = 1), the weight's bounds (None: that side open; lower ≤ upper) and the two ratio
+    thresholds (None: off)."""
+    r = ratio_inputs(ops, logp, old_logp, advantages, mask_, None)
+    decay_rate = checks.positive("decay_rate", decay_rate, allow_inf=True)
+    lower = checks.non_negative("lower", lower, allow_none=True)
+    upper = checks.positive("upper", upper, allow_none=True, allow_inf=True)
+    if lower is not None and upper is not None and lower > upper:
+        raise ValueError(f"lower is {lower} but upper is {upper}; expected lower ≤ upper")
+    c = checks.positive("ratio_threshold", ratio_threshold, allow_none=True, allow_inf=True)
+    s = checks.positive("safety_threshold", safety_threshold, allow_none=True, allow_inf=True)
+    return Fipo(r, 2.0 ** (-1.0 / decay_rate), lower, upper, c, s)
+
+
 class Dppo(NamedTuple):
     divergence: str
     lo: float            # δ_low: the trust region's bound for A ≤ 0

@@ -6,6 +6,7 @@ Pure NumPy, float64. Every function `X` has `X_vjp(g, *args, **kwargs)` returnin
 from .advantages import (discounted_returns, discounted_returns_vjp, gae, gae_vjp,
                          group_advantages, group_advantages_vjp, whiten, whiten_vjp)
 from .entropy import entropy, entropy_vjp
+from .fipo import fipo_influence_weights
 from .estimators import kl_estimator_gradient, kl_estimator_moments, kl_estimator_moments_vjp
 from .kl import (approx_kl, approx_kl_vjp, kl_penalty, kl_penalty_vjp, kl_rewards,
                  kl_rewards_vjp)
@@ -57,4 +58,5 @@ __all__ = [
     "whitened_group_advantages", "whitened_group_advantages_vjp",
     "optimal_token_baseline_advantages", "optimal_token_baseline_advantages_vjp",
     "vespo_loss", "vespo_loss_vjp",
+    "fipo_influence_weights",  # stop-gradient weights: not differentiated, no VJP
 ]

@@ -5,6 +5,7 @@ a call computes in its inputs' dtype, on their device.
 """
 from .advantages import discounted_returns, gae, group_advantages, whiten
 from .entropy import entropy
+from .fipo import fipo_influence_weights
 from .estimators import kl_estimator_gradient, kl_estimator_moments
 from .kl import approx_kl, kl_penalty, kl_rewards
 from .objective import policy_objective
@@ -50,4 +51,5 @@ __all__ = [
     "whitened_group_advantages",
     "optimal_token_baseline_advantages",
     "vespo_loss",
+    "fipo_influence_weights",
 ]

@@ -376,6 +376,22 @@ def rollout_is_weights_case(rng, i):
     return Case(base.label.split(", advantages")[0], arrays, params, stages=("value",))
 
 
+def fipo_influence_weights_case(rng, i):
+    """A ratio case under FIPO's conventions: half-lives from γ ≈ 0 to γ = 1, the weight's
+    bounds one-sided (ms-swift), symmetric (the paper) or open, the two ratio thresholds on and
+    off, log-ratios kept away from both thresholds (comparisons a trainer makes in its own
+    arithmetic); values only (the weight is detached)."""
+    lower, upper = _cycle(i // 2, [(1.0, 1.2), (0.8, 1.2), (None, None), (0.5, math.inf)])
+    if i % 6 == 4 and upper in (None, math.inf):    # extreme log-ratios: e^F near overflow
+        lower, upper = 0.8, 1.2
+    params = dict(decay_rate=_cycle(i, [32.0, 1.0, 1e-3, math.inf, 4.0]), lower=lower,
+                  upper=upper, ratio_threshold=_cycle(i // 3, [None, 10.0, 1.5]),
+                  safety_threshold=_cycle(i // 4, [4.0, None, 1.3]))
+    edges = [math.log(v) for v in (params["ratio_threshold"], params["safety_threshold"])
+             if v is not None]
+    return dataclasses.replace(_token_case(rng, i, params, edges), stages=("value",))
+
+
 def decoupled_ppo_loss_case(rng, i):
     """A PPO case around the proximal policy (logp against old_logp, read as prox_logp), and
     behaviour log-probs whose weight π_prox/π_behave (per token, or a row's geometric mean or

@@ -366,6 +366,10 @@ def build() -> Dict[str, Entry]:
         _entry("optimal_token_baseline_advantages", ("rewards",), trainer_grad=False,
                stack="groups", data_keywords=("group_size", "group_ids"),
                checks=("permutation",), grid=dict(zero_tail=(True, False), eps=(1e-8, 1e-6))),
+        _entry("fipo_influence_weights", (), trainer_grad=False,  # detached weights: values
+               grid=dict(decay_rate=(32.0, 16.0), lower=(1.0, 0.8, None),
+                         upper=(1.2, None), ratio_threshold=(None, 10.0),
+                         safety_threshold=(4.0, None))),
     ]
     return {e.name: e for e in entries}
 

@@ -14,12 +14,12 @@ PolicyLoss types: 'ppo' (clip-higher, dual clip, the ±20 log-ratio clamp) and '
 form); the train/rollout IS correction (is_correction_level != 'off') is reported as not
 expressed.
 """
-import importlib
 import sys
 
 import ref_numpy
 
 from .. import bridge
+from ..trainer import loading
 from ..audit.profiles import PROFILES
 from .recorder import Counts, Recorder
 
@@ -51,6 +51,7 @@ class OpenRLHFRecorder:
         self.report = self.rec.report
         self.step = self.rec.step
         self._undo = []
+        self.loaded = None      # the by-file load that holds OpenRLHF's modules (loading.Loaded)
 
     def __enter__(self):
         rec, original = self.rec, self.lm.PolicyLoss
@@ -90,6 +91,9 @@ class OpenRLHFRecorder:
             for mod, name, old in reversed(self._undo):
                 setattr(mod, name, old)
             self._undo.clear()
+            if self.loaded is not None:
+                self.loaded.__exit__(None, None, None)
+                self.loaded = None
         return False
 
     def _set(self, mod, name, new):
@@ -130,14 +134,19 @@ def record(loss_module=None, utils_module=None, every: int = 1, strict: bool = F
     crosscheck.live.verl.record."""
     from . import _arguments
     every, strict, stream = _arguments(every, strict, verbose)
-    lm = loss_module if loss_module is not None else \
-        importlib.import_module("openrlhf.models.loss")
-    um = utils_module if utils_module is not None else \
-        importlib.import_module("openrlhf.models.utils")
-    if not hasattr(lm, "PolicyLoss"):
-        raise TypeError(f"loss_module is {lm!r}, which has no PolicyLoss; expected "
-                        f"openrlhf.models.loss")
-    if not hasattr(um, "compute_approx_kl"):
-        raise TypeError(f"utils_module is {um!r}, which has no compute_approx_kl; expected "
-                        f"openrlhf.models.utils")
-    return OpenRLHFRecorder(lm, um, every, strict, stream, explicit_steps)
+    loaded = None
+    if loss_module is None or utils_module is None:
+        (lm, um), loaded = loading.import_installed(
+            "openrlhf", ["openrlhf.models.loss", "openrlhf.models.utils"])
+    lm = loss_module if loss_module is not None else lm
+    um = utils_module if utils_module is not None else um
+    for mod, arg, name, where in ((lm, "loss_module", "PolicyLoss", "loss"),
+                                  (um, "utils_module", "compute_approx_kl", "utils")):
+        if not hasattr(mod, name):
+            if loaded is not None:
+                loaded.__exit__(None, None, None)
+            raise TypeError(f"{arg} is {mod!r}, which has no {name}; expected "
+                            f"openrlhf.models.{where}")
+    recorder = OpenRLHFRecorder(lm, um, every, strict, stream, explicit_steps)
+    recorder.loaded = loaded
+    return recorder

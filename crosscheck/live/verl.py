@@ -15,7 +15,6 @@ Policy loss modes: 'vanilla' (PPO with clip-higher and dual clip, the verl profi
 conventions with the config's clip ratios); the others are recorded and reported as not
 expressed.
 """
-import importlib
 import sys
 from typing import Optional
 
@@ -24,6 +23,7 @@ import numpy as np
 import ref_numpy
 
 from .. import bridge
+from ..trainer import loading
 from ..audit.profiles import PROFILES
 from .recorder import Counts, Recorder, micro_batch_formula
 from .objective import MicroBatch
@@ -55,6 +55,7 @@ class VerlRecorder:
         self.report = self.rec.report
         self.step = self.rec.step
         self._undo = []
+        self.loaded = None      # the by-file load that holds verl's modules (loading.Loaded)
 
     def __enter__(self):
         ca = self.ca
@@ -83,6 +84,9 @@ class VerlRecorder:
                 else:
                     setattr(target, name, old)
             self._undo.clear()
+            if self.loaded is not None:
+                self.loaded.__exit__(None, None, None)
+                self.loaded = None
         return False
 
     def _set(self, target, name, new, item=False):
@@ -178,10 +182,16 @@ def record(core_algos=None, every: int = 1, strict: bool = False, verbose=None,
     counts themselves are checked against the rows of the step."""
     from . import _arguments
     every, strict, stream = _arguments(every, strict, verbose)
-    module = core_algos if core_algos is not None else \
-        importlib.import_module("verl.trainer.ppo.core_algos")
+    loaded = None
+    if core_algos is None:
+        (core_algos,), loaded = loading.import_installed("verl", ["verl.trainer.ppo.core_algos"])
+    module = core_algos
     for name in ("POLICY_LOSS_REGISTRY", "ADV_ESTIMATOR_REGISTRY", "agg_loss", "kl_penalty"):
         if not hasattr(module, name):
+            if loaded is not None:
+                loaded.__exit__(None, None, None)
             raise TypeError(f"core_algos is {module!r}, which has no {name}; expected verl's "
                             f"verl.trainer.ppo.core_algos module")
-    return VerlRecorder(module, every, strict, stream, explicit_steps)
+    recorder = VerlRecorder(module, every, strict, stream, explicit_steps)
+    recorder.loaded = loaded
+    return recorder

@@ -593,7 +593,9 @@ class Loaded:
     def __exit__(self, *exc):
         if self._finder is not None and self._finder in sys.meta_path:
             sys.meta_path.remove(self._finder)
-        tops = {self.source.package} | set(self.stood_in)
+        # the stand-ins made after __enter__ too (a re-export resolved on first use)
+        tops = {self.source.package} | set(self.stood_in) | \
+            set(self._finder.stood_in if self._finder is not None else ())
         dotted = tuple(t + "." for t in tops if "." in t)     # a stood-in submodule of torch
         for k in [k for k in sys.modules if k.partition(".")[0] in tops or k in tops or
                   k.startswith(dotted)]:
@@ -638,3 +640,37 @@ def quiet_warnings():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         yield
+
+
+def import_installed(trainer: str, modules: Sequence[str]):
+    """The installed trainer's `modules` for code that runs them (the live recorders):
+    imported normally, or, where that fails for want of a dependency their math never uses (a
+    `--no-deps` install: verl's package init imports ray, OpenRLHF's imports peft), loaded by
+    file with the stand-ins above. Returns (the modules, the `Loaded` that keeps them
+    importable until its `__exit__`, or None). Raises ModuleNotFoundError in one line, saying
+    what to install, when the trainer is not installed or a module cannot load even so."""
+    from . import get
+    t = get(trainer)
+    before = set(sys.modules)
+    try:
+        return [importlib.import_module(m) for m in modules], None
+    except ModuleNotFoundError as exc:
+        for k in set(sys.modules) - before:      # what the failed import left of the package
+            if k.partition(".")[0] == t.package:
+                del sys.modules[k]
+        if (exc.name or "").partition(".")[0] == t.package:
+            raise ModuleNotFoundError(f"{t.package} is not installed; install it with "
+                                      f"pip install --no-deps {t.dist}=={t.pinned}",
+                                      name=t.package) from None
+        missing = exc.name
+    loaded = Loaded(locate(t.package, t.dist, None, t.version_of, needs=modules), modules,
+                    real=t.real, stand_in=t.stand_in)
+    loaded.__enter__()
+    if loaded.failed:
+        loaded.__exit__(None, None, None)
+        name, why = next(iter(loaded.failed.items()))
+        raise ModuleNotFoundError(f"{name} needs {missing}, which is not installed, and does "
+                                  f"not load without it ({why}); install {t.dist}'s "
+                                  f"dependencies: pip install {t.dist}=={t.pinned}",
+                                  name=missing)
+    return [loaded.module(m) for m in modules], loaded

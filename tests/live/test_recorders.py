@@ -186,3 +186,68 @@ def test_an_error_inside_a_recorder_is_reported_and_the_trainers_call_goes_on():
     rec.close()
     assert rec.report.errors and "ValueError" in rec.report.errors[0]
     assert rec.report.ok is not False
+
+
+# ------------------------------------------------------------------ a --no-deps install
+NO_DEPS = """
+import importlib.util, json, sys
+import crosscheck.live.{name} as live
+from tests.live import actor_loops
+with live.record(verbose=False, explicit_steps=True) as r:
+    import {module} as mod                   # what the trainer's own code would import
+    fell_back = r.loaded is not None
+    actor_loops.{name}_step(mod, rec=r, {bug})
+print(json.dumps(dict(ok=r.report.ok, by_file=fell_back,
+                      checks=sorted({{f.check for f in r.report.deviations}}),
+                      left=sorted(k for k in sys.modules
+                                  if k.partition(".")[0] in ("{name}", "{missing}")))))
+"""
+
+
+@pytest.mark.parametrize("name, module, missing", [
+    ("verl", "verl.trainer.ppo.core_algos", "ray"),
+    ("openrlhf", "openrlhf.models.loss", "peft"),
+])
+@pytest.mark.parametrize("bug", [None, "twice"])
+def test_a_recorder_works_where_the_trainer_was_installed_without_its_dependencies(
+        name, module, missing, bug):
+    """In a fresh interpreter, as a user's run starts: the trainer's package cannot be
+    imported (its __init__ needs ray, peft), so the recorder loads its math by file with the
+    card loader's stand-ins, for the block only."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from importlib.machinery import PathFinder    # what is installed: no stand-in finders
+    if PathFinder.find_spec(name) is None:
+        pytest.skip(f"{name} is not installed (.ci/run installs it with --no-deps)")
+    if PathFinder.find_spec(missing) is not None:
+        pytest.skip(f"{missing} is installed: the trainer imports normally")
+    code = NO_DEPS.format(name=name, module=module, missing=missing,
+                          bug="" if bug is None else f"bug={bug!r}")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=root, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["by_file"] is True and got["left"] == []
+    if bug is None:
+        assert got["ok"] is True and got["checks"] == []
+    else:
+        assert got["ok"] is False and "gradient" in got["checks"]
+
+
+def test_a_recorder_says_in_one_line_how_to_install_a_missing_trainer(monkeypatch):
+    import importlib
+    import crosscheck.live.verl as lv
+    real = importlib.import_module
+
+    def absent(name, *a, **kw):
+        if name.partition(".")[0] == "verl":
+            raise ModuleNotFoundError(f"No module named {name!r}", name="verl")
+        return real(name, *a, **kw)
+    monkeypatch.setattr(importlib, "import_module", absent)
+    with pytest.raises(ModuleNotFoundError) as err:
+        lv.record(verbose=False)
+    assert str(err.value) == "verl is not installed; install it with pip install --no-deps " \
+        "verl==0.9.1"

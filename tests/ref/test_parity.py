@@ -19,9 +19,10 @@ def test_registry_matches_both_all_lists():
     # not differentiated) go without a VJP
     assert [n for n, e in entries.items() if e.numpy_vjp is None] == \
         ["kl_estimator_gradient", "clip_fraction", "rollout_is_weights", "opsm_mask",
-         "m2po_mask"]
+         "m2po_mask", "fipo_influence_weights"]
     assert entries["kl_estimator_gradient"].objectives is not None
-    for name in ("clip_fraction", "rollout_is_weights", "opsm_mask", "m2po_mask"):
+    for name in ("clip_fraction", "rollout_is_weights", "opsm_mask", "m2po_mask",
+                 "fipo_influence_weights"):
         assert entries[name].diff == () and not entries[name].trainer_grad, name
 
 
