@@ -132,7 +132,7 @@ def explain(got: np.ndarray, terms, close: Callable) -> str:
                 f"({_count(int(nz.sum()))}); {tail}")
 
     kl_on = terms.kl != 0
-    if terms.beta and kl_on.any():
+    if terms.beta:
         c = _fit(got - terms.policy, terms.kl, kl_on)
         if c is not None and close(got, terms.policy + c * terms.kl).all():
             return (f"the KL term: β·KL's gradient is {c:.6g}× the reference's at the "

@@ -204,7 +204,8 @@ def split_terms(obj: Objective, mbs: Sequence[MicroBatch], reference: Sequence[n
     alternatives = {}
     mine = (kw.get("kl_kind", "k3"), kw.get("kl_weight"))
     if beta:
-        for kind, weight in KL_ESTIMATORS:
+        # the configured weighting first: where the ratio is 1 (step 1) both read the same
+        for kind, weight in sorted(KL_ESTIMATORS, key=lambda e: e[1] != mine[1]):
             if (kind, weight) == mine:
                 continue
             alt = step_value_and_gradient(dataclasses.replace(

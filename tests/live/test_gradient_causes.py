@@ -147,3 +147,12 @@ def test_a_difference_no_term_explains_lists_the_tokens():
     assert msg.startswith("∂loss/∂logp differs from the documented objective's; no one term"), \
         msg
     assert "2 of 8 tokens differ ((0, 0), (1, 0))" in msg
+
+
+def test_another_kl_estimator_is_named_where_the_documented_kl_has_no_gradient():
+    # at step 1 (policy = reference) k3's gradient is 0 at every token, k1's is not
+    k1 = np.array([[0.125, 0.125, 0.125, 0.0], [0.125, 0.125, 0.0, 0.0]])
+    got = POLICY + k1
+    msg = explain(got, terms(kl=np.zeros_like(KL), beta=0.5, alternatives={"β·k1": k1}),
+                  close(0.25))
+    assert msg.startswith("the KL estimator: the gradient is the policy term plus β·k1's"), msg
