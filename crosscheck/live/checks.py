@@ -9,8 +9,8 @@ import numpy as np
 import ref_numpy
 
 from .. import bridge, tolerances
-from .objective import MicroBatch, Objective, applied_gradient, micro_batch_value, \
-    step_value_and_gradient
+from .objective import MicroBatch, Objective, applied_gradient, counted_rows, \
+    micro_batch_value, split_terms, step_value_and_gradient
 from .report import Finding, StepResult
 
 # where a precision is lower than float32 there is no tolerance row to judge it at
@@ -29,15 +29,157 @@ def row_words(row: str, dtypes: Sequence[str]) -> str:
     return f"the {row} audit row of the tolerance table (log-probs: {seen})"
 
 
-def _uniform_factor(got, expected) -> Optional[float]:
-    """got/expected when one factor relates them at every token where the reference is not
-    zero (to 1e-3), else None: the sign of a normalisation or scaling bug."""
-    nz = np.abs(expected) > 0
-    if not nz.any():
+def _fit(y, x, sel) -> Optional[float]:
+    """The one factor c with y ≈ c·x, read where `sel` holds and x is not negligible (the
+    median of y/x there), or None where there is no such token."""
+    x_max = float(np.max(np.abs(x[sel]))) if sel.any() else 0.0
+    use = sel & (np.abs(x) > 1e-6 * x_max)
+    if x_max == 0 or not use.any():
         return None
-    r = got[nz] / expected[nz]
-    med = float(np.median(r))
-    return med if np.all(np.abs(r - med) <= 1e-3 * abs(med)) else None
+    return float(np.median(y[use] / x[use]))
+
+
+def _places(sel, limit: int = 4) -> str:
+    """The first few (row, position) where `sel` holds, and how many in all."""
+    at = [f"({int(r)}, {int(t)})" for r, t in np.argwhere(sel)[:limit]]
+    more = int(sel.sum()) - len(at)
+    return ", ".join(at) + (f" and {more} more" if more > 0 else "")
+
+
+def _count(k: int, what: str = "token") -> str:
+    return f"{k} {what}" + ("" if k == 1 else "s")
+
+
+def _agreeing(got, terms, bad, close) -> str:
+    """Why the tokens that agree agree: no gradient on either side (not counted, clipped,
+    advantage 0 with no KL), or equal within the tolerance."""
+    zero = ~bad & close(got, np.zeros_like(got)) & (terms.policy + terms.kl == 0)
+    parts = [(zero & ~terms.counted, "not counted (padding or after the end token), no "
+                                     "gradient on either side"),
+             (zero & terms.counted & terms.clipped, "clipped, zero gradient on both sides"),
+             (zero & terms.counted & ~terms.clipped, "with no gradient on either side "
+                                                     "(advantage 0)")]
+    words = [f"{int(sel.sum())} {why}" for sel, why in parts if sel.any()]
+    rest = int((~bad & ~zero).sum())
+    if rest:
+        words.append(f"{rest} within the tolerance of the reference's")
+    return "; ".join(words)
+
+
+def _sides(sel, terms) -> str:
+    """The clip side of each token in `sel`: which bound its ratio r is beyond, by the sign of
+    its advantage A, with the range of r there."""
+    r, A = terms.ratio, terms.advantages
+    lo, hi, d = terms.clip_low, terms.clip_high, terms.delta
+    out = []
+    for side, where in (
+            (f"A > 0, upper bound 1 + ε_high" + (f" = {1 + hi:.6g}" if hi is not None else ""),
+             sel & (A > 0)),
+            (f"A < 0, lower bound 1 − ε_low" + (f" = {1 - lo:.6g}" if lo is not None else ""),
+             sel & (A < 0) & (r <= 1)),
+            ("A < 0, r above 1" + (f" (δ = {d:.6g})" if d is not None else ""),
+             sel & (A < 0) & (r > 1))):
+        if where.any():
+            out.append(f"{_count(int(where.sum()))} with {side}, r "
+                       f"{float(r[where].min()):.6g}–{float(r[where].max()):.6g}")
+    return "; ".join(out)
+
+
+def explain(got: np.ndarray, terms, close: Callable) -> str:
+    """Which term of the reference gradient explains `got` ≠ policy + kl (one micro-batch's
+    [B, T]), in words naming the tokens: the simplest explanation that holds at every token.
+
+    In order: the gradient reaches tokens the objective does not count (the mask, never a
+    factor, even where the loss type makes the counted tokens' change uniform); one factor at
+    every token where the reference is non-zero (a normalisation); the KL term alone scaled
+    (its coefficient) or another KL estimator; the policy term alone scaled; the importance
+    weight dropped or applied twice; a difference only at tokens clipped on one side and not
+    on the other (the clip bounds); else the tokens that differ. `close(a, b)` is the
+    closeness rule per token (bool [B, T])."""
+    exp = terms.policy + terms.kl
+    bad = ~close(got, exp)
+    n, k = got.size, int(bad.sum())
+    differ = f"{k} of {n} tokens differ"
+    rest = _agreeing(got, terms, bad, close)
+    tail = f"{differ} ({_places(bad)})" + (f"; the other {n - k}: {rest}" if rest else "")
+
+    leak = bad & ~terms.counted
+    if leak.any():
+        after = leak & terms.after_end
+        where = (f"{_count(int(leak.sum()))} after their completion's first end token, "
+                 f"which the objective does not count"
+                 if int(after.sum()) == int(leak.sum()) else
+                 f"{_count(int(leak.sum()))} the objective does not count (mask = 0)")
+        inside = bad & terms.counted
+        if not inside.any():
+            counted = "the counted tokens agree"
+        else:
+            f = _fit(got, exp, terms.counted & (exp != 0))
+            uniform = f is not None and bool(close(got[terms.counted],
+                                                   f * exp[terms.counted]).all())
+            counted = (f"the counted tokens' gradient is {f:.6g}× the objective's, since the "
+                       f"normalisation counts the extra tokens too" if uniform else
+                       f"{_count(int(inside.sum()))} counted differ too, since the "
+                       f"normalisation counts the extra tokens")
+        return (f"a wrong mask: the gradient reaches {where}, at {_places(leak)}; {counted} "
+                f"({differ})")
+
+    nz = exp != 0
+    f = _fit(got, exp, nz)
+    if f is not None and close(got, f * exp).all():
+        return (f"a normalisation or scaling factor: the applied gradient is {f:.6g}× the "
+                f"documented objective's at every token where that is non-zero "
+                f"({_count(int(nz.sum()))}); {tail}")
+
+    kl_on = terms.kl != 0
+    if terms.beta:
+        c = _fit(got - terms.policy, terms.kl, kl_on)
+        if c is not None and close(got, terms.policy + c * terms.kl).all():
+            return (f"the KL term: β·KL's gradient is {c:.6g}× the reference's at the "
+                    f"{_count(int(kl_on.sum()))} where it contributes, the policy term agrees: "
+                    f"the KL coefficient is {c * terms.beta:.6g}, the configuration's β is "
+                    f"{terms.beta:.6g}; {tail}")
+        for name, alt in terms.kl_alternatives.items():
+            if close(got, terms.policy + alt).all():
+                return (f"the KL estimator: the gradient is the policy term plus {name}'s, "
+                        f"not the documented {terms.kl_name}'s; {tail}")
+
+    pol_on = terms.policy != 0
+    c = _fit(got - terms.kl, terms.policy, pol_on)
+    if c is not None and close(got, c * terms.policy + terms.kl).all():
+        return (f"the policy term: its gradient is {c:.6g}× the reference's at the "
+                f"{_count(int(pol_on.sum()))} where it contributes, the KL term agrees; {tail}")
+
+    r = terms.ratio
+    if (pol_on & (np.abs(r - 1) > 1e-12)).any():
+        with np.errstate(divide="ignore", invalid="ignore"):
+            for weight, words in ((1 / r, "lacks the importance weight r = exp(logp − old_logp)"
+                                          ": it is the reference's ÷ r"),
+                                  (r, "applies the importance weight r = exp(logp − old_logp) "
+                                      "twice: it is the reference's × r")):
+                cand = np.where(pol_on, terms.policy * weight, 0.0) + terms.kl
+                if close(got, cand).all():
+                    return f"the importance weight: the policy term's gradient {words}; {tail}"
+
+    clipped = terms.clipped
+    pol_got = got - terms.kl
+    wider = bad & clipped
+    narrower = bad & terms.counted & ~clipped & pol_on & close(pol_got, np.zeros_like(got))
+    if (wider | narrower).any() and not (bad & ~wider & ~narrower).any():
+        parts = []
+        if wider.any():
+            parts.append(f"at {_count(int(wider.sum()))} the reference clips "
+                         f"({_sides(wider, terms)}) the trainer's gradient is not 0: it clips "
+                         f"at a wider range")
+        if narrower.any():
+            parts.append(f"at {_count(int(narrower.sum()))} inside the reference's clip range "
+                         f"({_sides(narrower, terms)}) the trainer's gradient is 0: it clips "
+                         f"at a narrower range")
+        return f"the clip bounds (ε_low, ε_high): {'; '.join(parts)}; {tail}"
+
+    return (f"∂loss/∂logp differs from the documented objective's; no one term (a factor, the "
+            f"policy term, the KL term, the importance weight, the clip region, the mask) "
+            f"explains it alone; {tail}")
 
 
 def _gradient_fails(mbs, applied, reference, tol, scale):
@@ -65,7 +207,8 @@ def gradient(res: StepResult, mbs: Sequence[MicroBatch], world: int, documented:
                                    f"{len(missing)} micro-batch(es)")
         return
     applied = applied_gradient(mbs, world)
-    _, reference = step_value_and_gradient(documented, mbs)
+    counted = counted_rows(mbs)
+    _, reference = step_value_and_gradient(documented, counted)
     scale = max(float(np.max(np.abs(g))) if g.size else 0.0 for g in reference)
     fails = _gradient_fails(mbs, applied, reference, tol, scale)
     n = sum(g.size for g in applied)
@@ -87,20 +230,13 @@ def gradient(res: StepResult, mbs: Sequence[MicroBatch], world: int, documented:
                 source=source))
             return
     res.count("gradient", n, sum(k for *_, k in fails), rel)
+    terms = {id(mb): t for mb, t in zip(mbs, split_terms(documented, counted, reference))}
     for mb, got, exp, c, k in fails:
-        padded = (~mb.mask) & (got != 0)
-        if padded.any():
-            why = (f"the gradient reaches {int(padded.sum())} token(s) the objective does "
-                   f"not count (mask = 0): a wrong mask")
-        else:
-            f = _uniform_factor(got[mb.mask], exp[mb.mask])
-            why = (f"the applied gradient is {f:.6g}× the documented objective's at every "
-                   f"token: a normalisation or scaling factor" if f is not None else
-                   f"∂loss/∂logp differs from the documented objective's")
+        why = explain(got, terms[id(mb)],
+                      lambda a, b: bridge.within(a, b, tol, scale=scale))
         res.findings.append(Finding(
-            res.step, "gradient", "deviation", f"{why} ({k} of {got.size} tokens differ)",
-            rank=mb.rank, micro_batch=mb.index, token=c.index, got=c.got,
-            expected=c.expected, source=documented.source))
+            res.step, "gradient", "deviation", why, rank=mb.rank, micro_batch=mb.index,
+            token=c.index, got=c.got, expected=c.expected, source=documented.source))
 
 
 def _abs_scale(kwargs, factor, mb: MicroBatch) -> float:

@@ -137,3 +137,95 @@ def formula_gradient(formula, mbs: Sequence[MicroBatch], world: int) -> List[np.
         kwargs, factor, _ = formula(mb)
         out.append(factor * _call(kwargs, *_arrays(mb))[1] / world)
     return out
+
+
+@dataclasses.dataclass
+class Terms:
+    """The reference per-token gradient of one micro-batch split into its terms, each [B, T]:
+
+        ∂J/∂logp = policy + kl
+
+    `policy` is ∂J/∂logp at β = 0 (the policy term under the step's aggregation; zero where the
+    clip region removes it), `kl` the rest (β·∂KL/∂logp under the same aggregation, 0 at β = 0).
+    `counted` is the mask the objective counts (the trainer's mask, cut after the completion's
+    first end token where that is known), `after_end` the positions after that end token,
+    `ratio` the importance weight exp(logp − old_logp) (per sequence at sequence level),
+    `advantages` broadcast to [B, T], and `kl_alternatives` β·KL's gradient under other KL
+    estimators (name → [B, T]), for naming a wrong one."""
+    policy: np.ndarray
+    kl: np.ndarray
+    counted: np.ndarray
+    after_end: np.ndarray
+    ratio: np.ndarray
+    advantages: np.ndarray
+    beta: float = 0.0
+    clip_low: Optional[float] = None
+    clip_high: Optional[float] = None
+    delta: Optional[float] = None
+    kl_name: str = ""
+    kl_alternatives: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)
+
+    @property
+    def clipped(self) -> np.ndarray:
+        """Counted tokens with a non-zero advantage whose policy term has no gradient: the clip
+        region (or a zero weight) removes them."""
+        return self.counted & (self.advantages != 0) & (self.policy == 0)
+
+
+def counted_rows(mbs: Sequence[MicroBatch]) -> List[MicroBatch]:
+    """Each micro-batch with the mask the objective counts: the trainer's mask, zero after the
+    completion's first end token where the recorder knows it (meta "after_end")."""
+    out = []
+    for mb in mbs:
+        after = mb.meta.get("after_end")
+        if after is None:
+            out.append(mb)
+        else:
+            out.append(dataclasses.replace(mb, mask=mb.mask & ~np.asarray(after, dtype=bool)))
+    return out
+
+
+KL_ESTIMATORS = (("k1", None), ("k2", None), ("k3", None), ("k1", "ratio"), ("k2", "ratio"),
+                 ("k3", "ratio"))
+
+
+def _kl_name(kind, weight):
+    return f"β·{kind}" + (" · ratio (bias-corrected)" if weight == "ratio" else "")
+
+
+def split_terms(obj: Objective, mbs: Sequence[MicroBatch], reference: Sequence[np.ndarray]
+                ) -> List[Terms]:
+    """The terms of `reference` (∂J/∂logp of `obj` over `mbs`, per micro-batch), one Terms each.
+    Linear in the per-token loss: the KL term is the reference less its β = 0 objective."""
+    kw = obj.kwargs
+    beta = float(kw.get("beta") or 0.0)
+    policy = step_value_and_gradient(dataclasses.replace(obj, kwargs={**kw, "beta": 0.0}),
+                                     mbs)[1]
+    alternatives = {}
+    mine = (kw.get("kl_kind", "k3"), kw.get("kl_weight"))
+    if beta:
+        # the configured weighting first: where the ratio is 1 (step 1) both read the same
+        for kind, weight in sorted(KL_ESTIMATORS, key=lambda e: e[1] != mine[1]):
+            if (kind, weight) == mine:
+                continue
+            alt = step_value_and_gradient(dataclasses.replace(
+                obj, kwargs={**kw, "kl_kind": kind, "kl_weight": weight}), mbs)[1]
+            alternatives[_kl_name(kind, weight)] = [a - p for a, p in zip(alt, policy)]
+    out = []
+    for i, (mb, ref, pol) in enumerate(zip(mbs, reference, policy)):
+        after = mb.meta.get("after_end")
+        after = np.zeros_like(mb.mask) if after is None else np.asarray(after, dtype=bool)
+        adv = mb.advantages if mb.advantages.ndim == 2 else \
+            np.repeat(mb.advantages[:, None], mb.mask.shape[1], 1)
+        with np.errstate(over="ignore", invalid="ignore"):
+            log_ratio = np.where(mb.mask, mb.logp - mb.old_logp, 0.0)
+            if kw.get("loss") == "gspo":
+                n = np.maximum(mb.mask.sum(1, keepdims=True), 1)
+                log_ratio = np.repeat(log_ratio.sum(1, keepdims=True) / n, mb.mask.shape[1], 1)
+            ratio = np.exp(log_ratio)
+        out.append(Terms(policy=pol, kl=ref - pol, counted=mb.mask & ~after, after_end=after,
+                         ratio=ratio, advantages=adv, beta=beta, clip_low=kw.get("clip_low"),
+                         clip_high=kw.get("clip_high"), delta=kw.get("delta"),
+                         kl_name=_kl_name(*mine),
+                         kl_alternatives={k: v[i] for k, v in alternatives.items()}))
+    return out

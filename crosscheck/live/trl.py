@@ -432,9 +432,21 @@ class TRLWatch:
             loss=float(loss.detach()), dtype=cap["dtype"],
             meta=dict(gas=int(self.t.current_gradient_accumulation_steps),
                       num_items_in_batch=float(inputs["num_items_in_batch"]),
-                      logged=cap.get("logged", {}), entropy=cap.get("entropy")))
+                      logged=cap.get("logged", {}), entropy=cap.get("entropy"),
+                      after_end=self._after_end(inputs)))
         self._mbs.append(mb)
         self._holders.append(cap)
+
+    def _after_end(self, inputs):
+        """[B, T] bool: the positions after each completion's first end token (one of
+        trainer.eos_token_ids), which the objective never counts; None where a completion may
+        hold several turns (a tool mask) or the trainer keeps no end tokens."""
+        ends = getattr(self.t, "eos_token_ids", None)
+        if not ends or "tool_mask" in inputs:
+            return None
+        ids = inputs["completion_ids"]
+        end = torch.isin(ids, torch.as_tensor(list(ends), device=ids.device)).int()
+        return bridge.to_numpy((end.cumsum(1) - end) > 0) != 0
 
     # ------------------------------------------------------------------ the checks
     def _close_window(self):

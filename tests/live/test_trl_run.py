@@ -102,6 +102,12 @@ def test_dividing_by_the_accumulation_steps_twice_is_caught_as_a_factor_of_one_h
     first = report.steps[0]
     grads = [f for f in first.deviations if f.check == "gradient"]
     assert grads and all("is 0.5× the documented objective's" in f.message for f in grads)
+    for f in grads:
+        # the factor names the tokens that differ and why the others agree (padding)
+        assert f.message.startswith("a normalisation or scaling factor: "), f.message
+        assert " tokens differ ((0, 0), " in f.message, f.message
+        assert "not counted (padding or after the end token), no gradient on either side" \
+            in f.message, f.message
     # the loss _compute_loss returns is TRL's own: only the gradient shows the second division
     assert first.counts["micro-batch loss"][1] == 0
 
@@ -110,8 +116,12 @@ def test_a_loss_that_counts_padded_tokens_is_caught_at_the_first_step(root):
     cls = tiny_trl.patched(GRPOTrainer, *tiny_trl.WRONG_MASK)
     _, report = run(root, cls=cls, loss_type="dapo", gradient_accumulation_steps=2)
     grads = [f for f in report.steps[0].deviations if f.check == "gradient"]
-    assert grads and any("the objective does not count (mask = 0)" in f.message
-                         for f in grads)
+    assert grads and all(f.message.startswith("a wrong mask: the gradient reaches ")
+                         for f in grads), report.text()
+    # the padded positions lie after each completion's first end token
+    assert all("after their completion's first end token, which the objective does not "
+               "count" in f.message for f in grads)
+    assert all("scaling factor" not in f.message for f in grads)
     f = grads[0]
     assert f.token is not None and f.rank == 0 and math.isfinite(f.got)
 
@@ -172,21 +182,71 @@ def test_a_doubled_kl_coefficient_unseen_at_step_one_is_caught_at_step_two(root)
     assert [s.step for s in report.steps] == [1, 2]
     first, second = report.steps
     assert not first.deviations, report.text()        # KL 0 and ∂KL/∂logp 0 at step 1
-    assert any(f.check == "gradient" for f in second.deviations), report.text()
+    grads = [f for f in second.deviations if f.check == "gradient"]
+    assert grads, report.text()
+    for f in grads:
+        assert f.message.startswith("the KL term: β·KL's gradient is 2× the reference's"), \
+            f.message
+        assert "the KL coefficient is 1, the configuration's β is 0.5" in f.message
     assert report.ok is False
+
+
+def test_another_kl_estimator_is_named_from_step_one(root):
+    # k1's gradient is not 0 where the policy is the reference, k3's is
+    cls = tiny_trl.patched(GRPOTrainer, *tiny_trl.K1_KL)
+    _, report = run(root, cls=cls, every=10, max_steps=2, loss_type="dapo", beta=0.5)
+    grads = [f for s in report.steps for f in s.deviations if f.check == "gradient"]
+    assert {f.step for f in grads} == {1, 2}, report.text()
+    assert grads and all(f.message.startswith(
+        "the KL estimator: the gradient is the policy term plus β·k1 · ratio "
+        "(bias-corrected)'s, not the documented β·k3 · ratio (bias-corrected)'s")
+        for f in grads), report.text()
 
 
 def test_a_widened_clip_range_unseen_at_step_one_is_caught_at_step_two(root):
     # a reused generation (num_iterations 2): step 2's ratios leave [1 - ε, 1 + ε]
+    # ε = 0.1: step 2's log-ratios spread over 0.03–0.46, some between ε and 2ε
     cls = tiny_trl.patched(GRPOTrainer, *tiny_trl.WIDE_CLIP)
     _, report = run(root, cls=cls, every=10, max_steps=3, loss_type="dapo", num_iterations=2,
-                    epsilon=1e-3)
+                    epsilon=0.1)
     assert [s.step for s in report.steps] == [1, 2]
     first, second = report.steps
     assert not first.deviations, report.text()        # ratio 1 everywhere at step 1
-    # the tokens clipped either way have no gradient: the loss value shows the wider range
-    assert {f.check for f in second.deviations} & {"micro-batch loss", "gradient"}, \
-        report.text()
+    grads = [f for f in second.deviations if f.check == "gradient"]
+    assert grads, report.text()
+    for f in grads:
+        assert f.message.startswith("the clip bounds (ε_low, ε_high): at "), f.message
+        assert "the reference clips (" in f.message and "it clips at a wider range" in f.message
+        assert "narrower" not in f.message
+    assert report.ok is False
+
+
+def test_a_narrowed_clip_range_is_named_with_the_tokens_it_zeroes(root):
+    # ε = 0.2 and the trainer's ε/4: step 2 has log-ratios between them
+    cls = tiny_trl.patched(GRPOTrainer, *tiny_trl.NARROW_CLIP)
+    _, report = run(root, cls=cls, every=10, max_steps=2, loss_type="dapo", num_iterations=2,
+                    epsilon=0.2)
+    first, second = report.steps
+    assert not first.deviations, report.text()
+    grads = [f for f in second.deviations if f.check == "gradient"]
+    assert grads, report.text()
+    for f in grads:
+        assert f.message.startswith("the clip bounds (ε_low, ε_high): at "), f.message
+        assert "inside the reference's clip range (" in f.message
+        assert "it clips at a narrower range" in f.message and "wider" not in f.message
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo"])
+def test_a_mask_not_cut_at_the_end_token_is_a_mask_finding_at_step_one(root, loss_type):
+    cls = tiny_trl.patched(GRPOTrainer, *tiny_trl.NO_END_CUT)
+    _, report = run(root, cls=cls, every=10, max_steps=1, loss_type=loss_type)
+    grads = [f for f in report.steps[0].deviations if f.check == "gradient"]
+    assert grads, report.text()
+    for f in grads:
+        assert f.message.startswith("a wrong mask: the gradient reaches "), f.message
+        assert "after their completion's first end token, which the objective does not " \
+               "count" in f.message
+        assert "scaling factor" not in f.message
     assert report.ok is False
 
 

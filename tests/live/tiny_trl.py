@@ -79,10 +79,15 @@ def patched(cls, method, old, new):
     src = textwrap.dedent(inspect.getsource(getattr(cls, method)))
     if src.count(old) != 1:
         raise AssertionError(f"{old!r} occurs {src.count(old)} times in {method}")
-    ns: dict = {}
+    # compiled inside a function whose argument is __class__: a zero-argument super() in the
+    # method then starts after the class that defines it, as in the original
+    body = (f"def _planted_make(__class__):\n{textwrap.indent(src.replace(old, new), '    ')}"
+            f"\n    return {method}\n")
+    owner = next(c for c in cls.__mro__ if method in vars(c))
     module = sys.modules[getattr(cls, method).__module__]
-    exec(compile(src.replace(old, new), f"<planted {method}>", "exec"), vars(module), ns)
-    return type(f"Planted{cls.__name__}", (cls,), {method: ns[method]})
+    ns: dict = dict(vars(module))
+    exec(compile(body, f"<planted {method}>", "exec"), ns)
+    return type(f"Planted{cls.__name__}", (cls,), {method: ns["_planted_make"](owner)})
 
 
 # the planted bugs of the live-audit tests: (method, TRL's code, the bug)
@@ -95,6 +100,15 @@ DOUBLE_KL = ("_compute_loss", "per_token_loss + self.beta * per_token_kl",
              "per_token_loss + 2 * self.beta * per_token_kl")
 WIDE_CLIP = ("_compute_loss", "1 - self.epsilon_low, 1 + self.epsilon_high)",
              "1 - 2 * self.epsilon_low, 1 + 2 * self.epsilon_high)")
+NARROW_CLIP = ("_compute_loss", "1 - self.epsilon_low, 1 + self.epsilon_high)",
+               "1 - self.epsilon_low / 4, 1 + self.epsilon_high / 4)")
+K1_KL = ("_compute_loss", "torch.exp(ref_per_token_logps - per_token_logps) - "
+                          "(ref_per_token_logps - per_token_logps) - 1",
+         "per_token_logps - ref_per_token_logps")
+# the completions keep the tokens generate() produced after their first end token, and the
+# completion mask counts them
+NO_END_CUT = ("_generate_single_turn", "c[m].tolist() for c, m in zip(",
+              "c.tolist() for c, m in zip(")
 WIDE_EPS = ("_generate_and_score_completions", "advantages / (std_rewards + 1e-4)",
             "advantages / (std_rewards + 1e-2)")
 
