@@ -9,6 +9,9 @@ What it wraps, on the trainer instance only (restored on exit):
 - `_get_per_token_logps_and_entropies`, while `_compute_loss` runs with gradients on: the
   log-probs the loss receives, with a tensor hook that records ∂(what is back-propagated)/∂logp
   during the trainer's own backward (no extra pass through the model).
+The provenance of the loss's inputs (rows by content hash at every micro-step, their advantages,
+the mask and num_items_in_batch, old and reference log-probs, the temperature, the reward
+weighting) is crosscheck.live.provenance's; this module calls it from the wrappers above.
 
 TRL's conventions, read from `trainer.args`, the configuration the user wrote (the
 trainer's own copies of them are compared to it at each sampled step: `configured`):
