@@ -70,8 +70,8 @@ def trainer(root, cls=None, reward_funcs=None, **overrides):
     cls = cls or GRPOTrainer
     path = model_dir(root)
     ds = Dataset.from_dict({"prompt": PROMPTS * 8})
-    return cls(model=path, reward_funcs=reward_funcs or reward_a, args=config(os.path.join(root, "out"),
-                                                                 **overrides),
+    args = config(os.path.join(root, "out"), **overrides)
+    return cls(model=path, reward_funcs=reward_funcs or reward_a, args=args,
                train_dataset=ds, processing_class=tokenizer())
 
 
