@@ -12,8 +12,9 @@ from typing import Dict, List, Optional, Tuple
 
 from ..audit.model import GRADES, plural
 
-CHECKS = ("settings", "advantages", "micro-batch loss", "global counts", "gradient",
-          "rank agreement", "metrics")
+CHECKS = ("settings", "advantages", "reward weights", "rows", "row advantages", "mask",
+          "global counts", "old log-probs", "reference log-probs", "temperature",
+          "micro-batch loss", "gradient", "rank agreement", "metrics")
 # the checks that carry the verdict: a run is CONFORMS only when each ran on a sampled step
 CARRIERS = ("micro-batch loss", "gradient")
 # what each check compares, in words (a watcher may say it more precisely for its trainer)

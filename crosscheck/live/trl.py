@@ -9,6 +9,9 @@ What it wraps, on the trainer instance only (restored on exit):
 - `_get_per_token_logps_and_entropies`, while `_compute_loss` runs with gradients on: the
   log-probs the loss receives, with a tensor hook that records ∂(what is back-propagated)/∂logp
   during the trainer's own backward (no extra pass through the model).
+The provenance of the loss's inputs (rows by content hash at every micro-step, their advantages,
+the mask and num_items_in_batch, old and reference log-probs, the temperature, the reward
+weighting) is crosscheck.live.provenance's; this module calls it from the wrappers above.
 
 TRL's conventions, read from `trainer.args`, the configuration the user wrote (the
 trainer's own copies of them are compared to it at each sampled step: `configured`):
@@ -44,7 +47,7 @@ from ref_numpy.objective import kl_term
 
 from .. import bridge, tolerances
 from ..audit.profiles import PROFILES
-from . import checks
+from . import checks, provenance
 from .objective import MicroBatch, Objective, formula_gradient, stacked
 from .report import Finding, LiveDeviation, Report, StepResult
 
@@ -85,18 +88,20 @@ WORDS = {
 }
 TRUSTED = (
     "the rewards, as your reward functions returned them",
-    "the completions and the sampling that produced them (its temperature included)",
+    "the completions, and the sampler's truncation of the distribution (top_p, top_k, min_p, "
+    "repetition_penalty): the loss scores the untruncated distribution at the temperature",
     "the log-probs the loss received, as the trainer's forward pass computed them (model, "
-    "logits ÷ temperature, log-softmax): read, not recomputed",
-    "the old log-probs the loss received (old_per_token_logps, or the detached log-probs "
-    "where TRL omits them)",
-    "which completions, advantages and masks reach each micro-batch, and how often: the checks "
-    "run on the rows the loss received (completion_mask × tool_mask, as handed over)",
+    "logits ÷ temperature, log-softmax), but for one row per sampled step recomputed from the "
+    "policy's own logits (the temperature check)",
+    "the old log-probs after an optimizer step since their generation (a later window of "
+    "steps_per_generation, a later pass of num_iterations): they are checked in the first "
+    "window after each generation only",
     "the backward below the log-probs (∂logp/∂parameters, autograd through the model) and the "
     "optimizer's update (learning rate, gradient clipping, weight decay)",
 )
-REF_TRUSTED = ("the reference model's log-probs (ref_per_token_logps), as the loss received "
-               "them")
+REF_TRUSTED = ("the reference log-probs after step 1 where the reference is the policy with its "
+               "adapters disabled (PEFT: no separate reference model to recompute or "
+               "checksum)")
 SHARDED = "gradients sharded across processes (FSDP, DeepSpeed)"
 ALL_REDUCE_TRUSTED = ("the all-reduce: each process's gradient is taken to be averaged over "
                       "the processes")
@@ -129,6 +134,8 @@ class TRLWatch:
         if missing:
             raise TypeError(f"this GRPOTrainer (trl {_version()}) has no "
                             f"{', '.join(missing)}; the live audit reads TRL 1.16's")
+        self.prov = provenance.Provenance(trainer, self.rank)
+        self._keys = None
         try:
             self.report = self._read_config()
         except AttributeError as exc:
@@ -208,8 +215,10 @@ class TRLWatch:
         report = Report("trl " + _version(), config, f"loss_type {lt!r}: {words}",
                         "", self.every, self.world, not_expressed=no)
         report.words.update(WORDS)
+        report.words.update(provenance.WORDS)
         report.trusted = list(TRUSTED)
-        if beta:
+        report.not_applicable.update(self.prov.not_applicable)
+        if beta and getattr(t, "ref_model", None) is None:
             report.trusted.append(REF_TRUSTED)
         if self.world == 1:
             report.not_applicable["rank agreement"] = "one process"
@@ -343,6 +352,7 @@ class TRLWatch:
                 self._step = int(self.t.state.global_step) + 1
                 self._sampled = sampled(self._step, self.every)
                 self._mbs, self._holders, self._adv = [], [], []
+                self.prov.begin(self._step)
             out = orig(*args, **kwargs)
             self._k += 1
             if self._k >= int(self.t.current_gradient_accumulation_steps):
@@ -365,6 +375,9 @@ class TRLWatch:
         def generate(*args, **kwargs):
             self._rewards = None
             out = orig(*args, **kwargs)
+            if self.t.model.training:
+                with self._own():
+                    self.prov.generated(out)
             if self._sampled and self.t.model.training and self._rewards is not None:
                 with self._own():
                     self._adv.append((self.rank, bridge.to_numpy(out["advantages"]),
@@ -400,6 +413,10 @@ class TRLWatch:
 
     def _compute_loss(self, orig):
         def compute_loss(model, inputs, *args, **kwargs):
+            self._keys = None
+            if self.t.model.training:
+                with self._own():
+                    self._keys = self.prov.used(inputs)
             if not (self._sampled and self.t.model.training and self._kw is not None):
                 return orig(model, inputs, *args, **kwargs)
             metrics = self.t._metrics["train"]
@@ -414,6 +431,8 @@ class TRLWatch:
                     cap["logged"] = {k: float(v[-1]) for k, v in metrics.items()
                                      if k in METRICS and len(v) > before.get(k, 0)}
                     self._record(inputs, loss, cap)
+                    self.prov.micro_batch(model, inputs, self._keys, cap["logp"],
+                                          len(self._mbs) - 1, cap["dtype"])
             return loss
         return compute_loss
 
@@ -453,7 +472,8 @@ class TRLWatch:
         for mb, cap in zip(self._mbs, self._holders):
             mb.grad = cap.get("grad")
         payload = dict(mbs=self._mbs, adv=self._adv, checksum=self._checksum(),
-                       settings=effective_differs(self.t.args, self.t))
+                       settings=effective_differs(self.t.args, self.t),
+                       prov=self.prov.payload())
         gathered = _all_gather(payload, self.world)
         res = self._check(gathered) if self.rank == 0 else None
         res = _broadcast(res, self.world)
@@ -477,6 +497,7 @@ class TRLWatch:
         self.report.precision = checks.row_words(row, dtypes)
         self._check_settings(res, gathered)
         self._check_advantages(res, gathered, tol)
+        provenance.merge(res, gathered, self.world)
         if unjudged:
             for c in ("micro-batch loss", "gradient", "metrics"):
                 res.skipped[c] = f"log-probs in {', '.join(unjudged)}: no tolerance row"
@@ -543,6 +564,8 @@ class TRLWatch:
                                   slice(rank * n, (rank + 1) * n), conv, G + " ("
                                   f"scale_rewards={a.scale_rewards!r})", tol, rank,
                                   valid=valid)
+                provenance.reward_weights(res, per_func, weights, got,
+                                          slice(rank * n, (rank + 1) * n), conv, tol, rank)
 
     def _check_metrics(self, res, mbs, tol):
         """The logged values of each micro-step, over that micro-step's rows on every rank."""

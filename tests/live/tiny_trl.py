@@ -48,6 +48,11 @@ def reward_a(completions, **kwargs):
     return [float(c.count("a")) + 0.5 * float(c.count("e")) - 0.05 * len(c) for c in completions]
 
 
+def reward_b(completions, **kwargs):
+    """A second reward: fewer distinct characters is better (differs within groups too)."""
+    return [-float(len(set(c))) for c in completions]
+
+
 def config(out, **overrides):
     from trl import GRPOConfig
     base = dict(output_dir=out, per_device_train_batch_size=4, num_generations=4,
@@ -58,15 +63,15 @@ def config(out, **overrides):
     return GRPOConfig(**base)
 
 
-def trainer(root, cls=None, **overrides):
+def trainer(root, cls=None, reward_funcs=None, **overrides):
     """A GRPOTrainer (or a subclass `cls`) on the tiny model, ready to train."""
     from datasets import Dataset
     from trl import GRPOTrainer
     cls = cls or GRPOTrainer
     path = model_dir(root)
     ds = Dataset.from_dict({"prompt": PROMPTS * 8})
-    return cls(model=path, reward_funcs=reward_a, args=config(os.path.join(root, "out"),
-                                                                 **overrides),
+    args = config(os.path.join(root, "out"), **overrides)
+    return cls(model=path, reward_funcs=reward_funcs or reward_a, args=args,
                train_dataset=ds, processing_class=tokenizer())
 
 
@@ -109,6 +114,24 @@ K1_KL = ("_compute_loss", "torch.exp(ref_per_token_logps - per_token_logps) - "
 # completion mask counts them
 NO_END_CUT = ("_generate_single_turn", "c[m].tolist() for c, m in zip(",
               "c.tolist() for c, m in zip(")
+# the provenance of the loss's inputs (crosscheck/live/provenance.py)
+SLICE_TWICE = ("_prepare_inputs",
+               "self._buffered_inputs[self._step % self.args.steps_per_generation]",
+               "self._buffered_inputs[(self._step % self.args.steps_per_generation) // 2 * 2]")
+ONE_PASS = ("_prepare_inputs",
+            "generate_every = self.args.steps_per_generation * self.num_iterations",
+            "generate_every = self.args.steps_per_generation")
+OLD_ROLLED = ("_generate_and_score_completions",
+              'output["old_per_token_logps"] = old_per_token_logps',
+              'output["old_per_token_logps"] = old_per_token_logps.roll(1, 0)')
+REF_IS_POLICY = ("_generate_and_score_completions", "self.ref_model,\n", "self.model,\n")
+MASK_PAST_EOS = ("_generate_single_turn", "(sequence_indices <= eos_idx.unsqueeze(1)).int()",
+                 "(sequence_indices <= eos_idx.unsqueeze(1) + 1).int()")
+COUNT_PADDING = ("_generate_and_score_completions", "gather(loss_mask.sum()).sum()",
+                 "gather(torch.ones_like(loss_mask).sum()).sum()")
+WEIGHTS_TWICE = ("_generate_and_score_completions",
+                 "rewards_per_func * self.reward_weights.to(device).unsqueeze(0)",
+                 "rewards_per_func * self.reward_weights.to(device).unsqueeze(0) ** 2")
 WIDE_EPS = ("_generate_and_score_completions", "advantages / (std_rewards + 1e-4)",
             "advantages / (std_rewards + 1e-2)")
 
@@ -127,3 +150,24 @@ def unsynchronised(cls):
         with model.no_sync():
             return cls.training_step(self, model, inputs, num_items_in_batch)
     return type(f"NoSync{cls.__name__}", (cls,), {"training_step": training_step})
+
+
+def rolled_advantages(cls):
+    """A subclass whose micro-batches carry their rows' advantages rolled by one row (rows and
+    advantages reordered separately)."""
+    def _prepare_inputs(self, batch):
+        inputs = cls._prepare_inputs(self, batch)
+        if self.model.training:
+            inputs = {**inputs, "advantages": inputs["advantages"].roll(1, 0)}
+        return inputs
+    return type(f"Rolled{cls.__name__}", (cls,), {"_prepare_inputs": _prepare_inputs})
+
+
+def loss_at_temperature_one(cls):
+    """A subclass that fits the fused LM head again after __init__, at temperature 1: the
+    sampler still draws at GRPOConfig.temperature, the loss scores at 1."""
+    def __init__(self, *args, **kwargs):
+        from trl.trainer.utils import add_fused_lm_head
+        cls.__init__(self, *args, **kwargs)
+        add_fused_lm_head(self.model, temperature=1.0, outputs=("log_probs", "entropy"))
+    return type(f"Hot{cls.__name__}", (cls,), {"__init__": __init__})
