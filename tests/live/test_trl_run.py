@@ -53,6 +53,8 @@ CLEAN = [
     dict(loss_type="grpo", mask_truncated_completions=True, gradient_accumulation_steps=2),
     dict(loss_type="dapo", scale_rewards="batch"),
     dict(loss_type="bnpo", scale_rewards="none", beta=0.04),
+    dict(loss_type="grpo", scale_rewards="group", gradient_accumulation_steps=4, beta=0.04),
+    dict(loss_type="dr_grpo", temperature=0.7, gradient_accumulation_steps=2),
 ]
 
 
