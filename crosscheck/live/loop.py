@@ -33,6 +33,7 @@ summed over the step (and ÷ processes) against ∂J/∂logp, that no gradient f
 advantages, old or reference log-probs, and the advantages against the declared estimator.
 """
 import time
+import types
 from typing import List, Optional
 
 import numpy as np
@@ -175,10 +176,10 @@ class LoopRecorder:
         orig = opt.step
         self._undo.append((opt, had, opt.__dict__.get("step")))
 
-        def step(*args, **kwargs):
+        def step(_opt, *args, **kwargs):
             self.step()
             return orig(*args, **kwargs)
-        opt.step = step
+        opt.step = types.MethodType(step, opt)      # bound, as LR schedulers expect
         return opt
 
     @property
