@@ -48,7 +48,8 @@ def watch(trainer, every: int = 10, strict: bool = False, verbose=None):
         return trl.TRLWatch(trainer, every, strict, stream)
     raise TypeError(f"trainer is a {type(trainer).__module__}.{type(trainer).__qualname__}; "
                     f"expected a TRL GRPOTrainer (for verl and OpenRLHF: "
-                    f"crosscheck.live.verl.record(), crosscheck.live.openrlhf.record())")
+                    f"crosscheck.live.verl.record(), crosscheck.live.openrlhf.record(); for a loop "
+                    f"of your own: crosscheck.live.record_loop())")
 
 
 def record_loop(objective, *, norm_over: str = "step", value=None, advantages=None,
