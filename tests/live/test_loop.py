@@ -128,3 +128,12 @@ def test_a_declaration_outside_the_vocabulary_is_refused_by_name():
         live.record_loop(CISPO, norm_over="batch")
     with pytest.raises(ValueError, match="advantages is .*estimator"):
         live.record_loop(CISPO, advantages=dict(estimator="rloo"))
+
+
+def test_a_wrapped_optimizer_takes_an_lr_scheduler_and_is_restored_on_exit():
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    rec = live.record_loop(CISPO, verbose=False)
+    with rec:
+        rec.optimizer(opt)
+        torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=10)   # rewraps opt.step
+    assert "step" not in opt.__dict__
