@@ -5,13 +5,15 @@ objective the trainer documents (docs/live.md).
     with crosscheck.live.watch(trainer, every=10) as w:
         trainer.train()
     print(w.report.text())
+
+A loop of your own: `crosscheck.live.record_loop(objective, ...)` (crosscheck/live/loop.py).
 """
 import sys
 
 from .objective import MicroBatch, Objective
 from .report import Finding, LiveDeviation, Report, StepResult
 
-__all__ = ["watch", "Finding", "LiveDeviation", "MicroBatch", "Objective", "Report",
+__all__ = ["watch", "record_loop", "Finding", "LiveDeviation", "MicroBatch", "Objective", "Report",
            "StepResult"]
 
 
@@ -46,4 +48,16 @@ def watch(trainer, every: int = 10, strict: bool = False, verbose=None):
         return trl.TRLWatch(trainer, every, strict, stream)
     raise TypeError(f"trainer is a {type(trainer).__module__}.{type(trainer).__qualname__}; "
                     f"expected a TRL GRPOTrainer (for verl and OpenRLHF: "
-                    f"crosscheck.live.verl.record(), crosscheck.live.openrlhf.record())")
+                    f"crosscheck.live.verl.record(), crosscheck.live.openrlhf.record(); for a loop "
+                    f"of your own: crosscheck.live.record_loop())")
+
+
+def record_loop(objective, *, norm_over: str = "step", value=None, advantages=None,
+                every: int = 10, strict: bool = False, verbose=None):
+    """The live audit of a home-grown PyTorch loop: mark the loss's inputs and the loss, wrap
+    the optimizer, and declare the objective in policy_objective's keywords (normalised over
+    each optimizer step or each micro-batch), with optionally a critic's value loss and the
+    advantage estimator (crosscheck/live/loop.py, docs/live.md)."""
+    from .loop import record
+    return record(objective, norm_over=norm_over, value=value, advantages=advantages,
+                  every=every, strict=strict, verbose=verbose)

@@ -247,9 +247,12 @@ def _abs_scale(kwargs, factor, mb: MicroBatch) -> float:
 
 
 def micro_batch_losses(res: StepResult, mbs: Sequence[MicroBatch],
-                       formula: Callable[[MicroBatch], Tuple[Mapping, float, str]], tol) -> None:
+                       formula: Callable[[MicroBatch], Tuple[Mapping, float, str]], tol,
+                       extra: Optional[Callable[[MicroBatch], float]] = None) -> None:
     """Check 2: each micro-batch's returned loss = the reference objective of that micro-batch
-    under the trainer's aggregation (`formula(mb)` gives its keywords, factor and source).
+    under the trainer's aggregation (`formula(mb)` gives its keywords, factor and source), plus
+    `extra(mb)` where the loss holds a further term the reference computes (a critic's value
+    loss, whose gradient reaches the critic, not the log-probs).
 
     Tolerance: the row's atol relative to the size of the summed terms (a sum of B·T rounded
     terms that cancel is exact only to that size)."""
@@ -258,8 +261,10 @@ def micro_batch_losses(res: StepResult, mbs: Sequence[MicroBatch],
     for mb in mbs:
         kwargs, factor, source = formula(mb)
         expected = micro_batch_value(kwargs, factor, mb)
-        c = bridge.compare(mb.loss, expected, tol, scale=max(_abs_scale(kwargs, factor, mb),
-                                                              abs(expected)))
+        more = extra(mb) if extra is not None else 0.0
+        expected += more
+        c = bridge.compare(mb.loss, expected, tol, scale=max(_abs_scale(kwargs, factor, mb)
+                                                              + abs(more), abs(expected)))
         rel = max(rel, c.max_rel)
         if not c.ok:
             fails += 1

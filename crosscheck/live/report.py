@@ -12,8 +12,8 @@ from typing import Dict, List, Optional, Tuple
 
 from ..audit.model import GRADES, plural
 
-CHECKS = ("settings", "advantages", "reward weights", "rows", "row advantages", "mask",
-          "global counts", "old log-probs", "reference log-probs", "temperature",
+CHECKS = ("settings", "advantages", "reward weights", "rows", "row advantages", "detached",
+          "mask", "global counts", "old log-probs", "reference log-probs", "temperature",
           "micro-batch loss", "gradient", "rank agreement", "metrics")
 # the checks that carry the verdict: a run is CONFORMS only when each ran on a sampled step
 CARRIERS = ("micro-batch loss", "gradient")
@@ -23,6 +23,8 @@ CHECK_WORDS = {
                 "loss type, scale_rewards, ...), against its configuration",
     "advantages": "the advantages the trainer computed, against group_advantages on the step's "
                   "rewards",
+    "detached": "no gradient of the loss flows into the advantages, old or reference log-probs "
+                "it received (the objective holds them constant)",
     "micro-batch loss": "each micro-batch's loss value, against the reference objective of its "
                         "rows under the trainer's aggregation",
     "global counts": "the global counts passed to the loss, against the step's rows",
