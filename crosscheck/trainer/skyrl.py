@@ -350,16 +350,37 @@ TRAINER = Trainer(
                      r"dppo_policy_loss|importance_sampling_loss|cross_entropy_loss|reduce_loss"),),
     not_run=(("compute_policy_loss_clip_cov",
               "draws the tokens it un-clips with torch.randperm: not a deterministic function "
-              "of its inputs"),),
-    runs=("GRPO (std-normalised and Dr. GRPO), RLOO, MaxRL, the REINFORCE++ returns, "
-          "masked_whiten",
+              "of its inputs"),
+             ("compute_policy_loss_kl_cov",
+              "a reference exists (kl_cov_loss, verl's KL-Cov row) but no adapter yet: it "
+              "returns only reduce_loss's masked sum and takes no per-token weight through "
+              "which a card reads each token's loss (verl's row reads them through "
+              "rollout_is_weights)"),
+             ("dppo_policy_loss",
+              "a reference exists (dppo_loss, verl's DPPO rows) but no adapter yet for "
+              "DPPOConfig (dppo_type, delta_low, delta_high) and its rollout_logprobs"),
+             ("rollout_is_policy_loss",
+              "no adapter yet: it requires rollout_logprobs (it asserts them) and applies "
+              "apply_off_policy_correction, which no row of this card passes"),
+             ("importance_sampling_loss",
+              "no row yet: Tinker's unclipped −exp(log π − log q)·A, summed"),
+             ("cross_entropy_loss",
+              "supervised fine-tuning's −log π summed over the mask: not RL math"),
+             ("compute_advantages_and_returns",
+              "the registry's dispatcher: it calls the estimator the configuration names "
+              "with the trainer's arguments, each estimator a row above")),
+    runs=("GRPO (std-normalised and Dr. GRPO), RLOO, MaxRL, the REINFORCE++ returns (γ 1 and "
+          "0.99), GAE (γ, λ 1 and 0.99, 0.95), each on the left-padded response_mask SkyRL "
+          "builds; masked_whiten",
+          "the REINFORCE++ returns on masks with holes, which SkyRL never passes it (a "
+          "robustness check)",
           "the PPO loss regular (0.2/0.2 and 0.2/0.28) and dual clip, CISPO, each through "
           "SkyRL's token_mean advantage scaling and reduce_loss; GSPO and SAPO under "
           "sequence_mean", "reduce_loss under "
           "token_mean, sequence_mean, seq_mean_token_sum_norm and prompt_mean scaling",
           "compute_approx_kl k1, abs, k2, k3", "the critic loss per token"),
-    does_not_run=("GAE (its recursion reads no mask)", "DPPO, KL-Cov, rollout_is and "
-                  "importance_sampling losses", "SAPO and GSPO under token_mean",
+    does_not_run=("GAE on right-padded rows (SkyRL builds none: its recursion reads no "
+                  "mask)", "DPPO, KL-Cov, rollout_is and importance_sampling losses", "SAPO and GSPO under token_mean",
                   "token_mean_legacy scaling", "off-policy correction",
                   "dp_size > 1"),
 )

@@ -731,6 +731,10 @@ TRAINER = Trainer(
              ("compute_policy_loss_clip_cov",
               "draws the tokens it un-clips with torch.randperm among its candidates: not a "
               "deterministic function of its inputs"),
+             ("compute_multi_turn_optimal_token_baseline_advantage",
+              "the optimal token baseline's multi-turn form (with rollout_is_weights and "
+              "handle_zero_tail): a reference exists (optimal_token_baseline_advantages, the "
+              "single-turn estimator's row) but no row yet runs this form"),
              ("compute_pf_ppo_reweight_data",
               "resamples the batch with torch.multinomial on DataProto objects: a sampler, not "
               "a loss or an estimator")),

@@ -376,3 +376,35 @@ def test_a_trainer_function_that_raises_on_every_input_is_a_release_defect_at_it
         assert f"{CORE}:{line}" in f["message"] and "TypeError" in f["message"]
         assert "release defect" in f["explanation"]
     assert c.exit_code == 1
+
+
+NEW_LOSS = '''
+
+@register_policy_loss("crosscheck_planted")
+def planted_policy_loss(log_probs, old_log_probs, advantages, config, loss_mask=None,
+                        rollout_logprobs=None):
+    return reduce_loss(-advantages * log_probs, loss_mask), {}
+'''
+
+
+def test_a_release_that_registers_a_new_loss_shows_it_as_new_on_its_card(copies):
+    if "skyrl" not in copies:
+        pytest.skip("skyrl is not installed at its pinned version (.ci/run installs it)")
+    t = trainers.get("skyrl")
+    plain = card.run(t, path=str(copies["skyrl"]), cases=4, only=["masked_whiten"])
+    assert plain.why == {}                   # every registered function: a row or its reason
+    assert all(plain.reason(q) for _, q, _ in plain.not_covered)
+    path = copies["skyrl"] / SKY
+    original = path.read_text(encoding="utf-8")
+    path.write_text(original + NEW_LOSS, encoding="utf-8")
+    try:
+        c = card.run(t, path=str(copies["skyrl"]), cases=4, only=["masked_whiten"])
+    finally:
+        path.write_text(original, encoding="utf-8")
+    assert [q for _, q, _ in c.not_covered if q not in
+            {q for _, q, _ in plain.not_covered}] == ["planted_policy_loss"]
+    said = c.reason("planted_policy_loss")
+    assert said.startswith("new in this release") and "register_policy_loss" in said
+    assert "planted_policy_loss" in c.text() and "planted_policy_loss" in c.markdown()
+    (entry,) = [e for e in c.to_dict()["not_covered"] if e["function"] == "planted_policy_loss"]
+    assert entry["why"] == said
