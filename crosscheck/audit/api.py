@@ -141,8 +141,8 @@ def into_domain(rule, case, unused=()):
     """The case as the profile's trainer could see it: (case, what was changed or "") or (None,
     why it lies outside). A case is moved in where a faithful projection exists: a mask with
     holes becomes right-padded by moving each row's valid tokens to its front, in order (the
-    trainer's sequence is the same tokens), or left-padded by moving them to its end; rows of a group with fewer than two valid members
-    are dropped, and so are rows with no valid token for a trainer that never builds one (but
+    trainer's sequence is the same tokens), or left-padded by moving them to its end; rows of
+    a group with fewer than two valid members are dropped, and so are rows with no valid token for a trainer that never builds one (but
     not from grouped inputs whose groups are read: groups in `unused`, which the conventions do
     not read, are left out with the rows). Rewards below 0 where they are pass rates (MaxRL)
     are shifted by one constant, the least valid reward, to start at 0 (the differences within

@@ -380,7 +380,8 @@ TRAINER = Trainer(
           "token_mean, sequence_mean, seq_mean_token_sum_norm and prompt_mean scaling",
           "compute_approx_kl k1, abs, k2, k3", "the critic loss per token"),
     does_not_run=("GAE on right-padded rows (SkyRL builds none: its recursion reads no "
-                  "mask)", "DPPO, KL-Cov, rollout_is and importance_sampling losses", "SAPO and GSPO under token_mean",
+                  "mask)", "DPPO, KL-Cov, rollout_is and importance_sampling losses",
+                  "SAPO and GSPO under token_mean",
                   "token_mean_legacy scaling", "off-policy correction",
                   "dp_size > 1"),
 )
