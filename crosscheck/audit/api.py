@@ -141,8 +141,8 @@ def into_domain(rule, case, unused=()):
     """The case as the profile's trainer could see it: (case, what was changed or "") or (None,
     why it lies outside). A case is moved in where a faithful projection exists: a mask with
     holes becomes right-padded by moving each row's valid tokens to its front, in order (the
-    trainer's sequence is the same tokens); rows of a group with fewer than two valid members
-    are dropped, and so are rows with no valid token for a trainer that never builds one (but
+    trainer's sequence is the same tokens), or left-padded by moving them to its end; rows of
+    a group with fewer than two valid members are dropped, and so are rows with no valid token for a trainer that never builds one (but
     not from grouped inputs whose groups are read: groups in `unused`, which the conventions do
     not read, are left out with the rows). Rewards below 0 where they are pass rates (MaxRL)
     are shifted by one constant, the least valid reward, to start at 0 (the differences within
@@ -165,6 +165,14 @@ def into_domain(rule, case, unused=()):
                               if isinstance(v, np.ndarray) and v.shape == mm.shape else v)
                           for k, v in arrays.items()}
                 changed.append("right-padded")
+        if tag == "left_padded" and m is not None and np.ndim(m) == 2:
+            mm = np.asarray(m, dtype=bool)
+            if (mm[:, :-1] & ~mm[:, 1:]).any():
+                order = np.argsort(mm, axis=1, kind="stable")      # padding first, in order
+                arrays = {k: (np.take_along_axis(v, order, axis=1)
+                              if isinstance(v, np.ndarray) and v.shape == mm.shape else v)
+                          for k, v in arrays.items()}
+                changed.append("left-padded")
         if tag == "per_sequence_advantages" and arrays.get("advantages") is not None and \
                 np.ndim(arrays["advantages"]) == 2:
             return None, profiles_mod.DOMAINS[tag]
@@ -250,8 +258,8 @@ def audit(fn, ref, *, backend="torch", profile=None, cases=200, seed=0, rtol=Non
       timeout: seconds each call of `fn` may take (None: no limit). A call past it ends the
         audit as INCONCLUSIVE; the call itself is abandoned, still running.
       domain: the inputs your function ever sees, overriding the profile's: a tuple of
-        "right_padded", "per_sequence_advantages", "per_token_advantages", "groups_of_two",
-        "per_sequence_scores", "nonempty_rows"
+        "right_padded", "left_padded", "per_sequence_advantages", "per_token_advantages",
+        "groups_of_two", "per_sequence_scores", "nonempty_rows"
         (crosscheck.audit.profiles DOMAINS); cases outside it are moved into it or skipped, and
         the report says so.
       progress: a stream for a one-line progress display (the command line passes stderr on

@@ -23,6 +23,8 @@ from typing import Dict, Mapping, Optional, Tuple
 # the domain tags a rule may declare, and what a case outside each looks like
 DOMAINS = {
     "right_padded": "a mask with holes (this trainer's code only sees right-padded rows)",
+    "left_padded": "a mask with holes or trailing padding (this trainer's code only sees "
+                   "left-padded rows: each row's valid tokens one block at its end)",
     "per_sequence_advantages": "per-token advantages (this trainer's code takes one per "
                                "sequence)",
     "per_token_advantages": "per-sequence advantages [B] (this code takes one per token, "

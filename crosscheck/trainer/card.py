@@ -200,6 +200,14 @@ class Card:
     seconds: float = 0.0
     failed_modules: Dict[str, str] = field(default_factory=dict)
     comparison: Optional[object] = None     # against a baseline (crosscheck.trainer.baseline)
+    # a not-covered function's reason found by the card itself (a registered function new in
+    # this release), over the trainer's `not_run`
+    why: Dict[str, str] = field(default_factory=dict)
+
+    def reason(self, qualname: str) -> Optional[str]:
+        """Why a not-covered function has no row, where it has its own reason (else the
+        trainer's `not_covered_why` holds)."""
+        return self.why.get(qualname) or dict(self.trainer.not_run).get(qualname)
 
     def against(self, baseline_cards: Mapping[str, dict], source: str) -> "Card":
         """This card compared with the baseline's card of its trainer (none: every deviation is
@@ -316,7 +324,7 @@ class Card:
             lines += ["", f"not covered ({self.trainer.not_covered_why})"]
             by: Dict[str, List[str]] = {}
             for f, q, line in self.not_covered:
-                why = dict(self.trainer.not_run).get(q)
+                why = self.reason(q)
                 by.setdefault(f, []).append(f"{q} (l.{line})" + (f" [{why}]" if why else ""))
             for f, names in by.items():
                 lines.append(f"  {f}: " + ", ".join(names))
@@ -444,7 +452,7 @@ class Card:
             out += [f"- `{r.row.name}`: " + "; ".join(r.choices) for r in choices]
         if self.not_covered:
             out += ["", f"## Not covered ({t.not_covered_why})", ""]
-            out += [f"- `{q}` ({f}:{line})" + (f": {dict(t.not_run)[q]}" if q in dict(t.not_run)
+            out += [f"- `{q}` ({f}:{line})" + (f": {self.reason(q)}" if self.reason(q)
                                                else "") for f, q, line in self.not_covered]
         if t.notes:
             out += ["", "## Notes", ""] + [f"- {n}" for n in t.notes]
@@ -469,8 +477,9 @@ class Card:
                        findings=r.findings,
                        seconds=round(r.seconds, 3))
                   for r in self.rows],
-            not_covered=[dict(file=f, function=q, line=line, why=dict(self.trainer.not_run).get(
-                q, self.trainer.not_covered_why)) for f, q, line in self.not_covered],
+            not_covered=[dict(file=f, function=q, line=line,
+                              why=self.reason(q) or self.trainer.not_covered_why)
+                         for f, q, line in self.not_covered],
             failed_modules=self.failed_modules, seconds=round(self.seconds, 3),
             **({} if self.comparison is None else {"baseline": self.comparison.to_dict()})))
 
@@ -508,6 +517,42 @@ def _read_definitions(path: str) -> Dict[str, int]:
                 if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef)):
                     out[f"{node.name}.{sub.name}"] = sub.lineno
     return out
+
+
+def _registered(path: str) -> Dict[str, Tuple[int, str]]:
+    """{"function" or "Class": (line, decorator)} for a source file's top-level definitions
+    that a registry decorator adds to a registry (`@register_policy_loss("x")`,
+    `@register_adv_est(...)`, `@POLICY_LOSS_FN.register_module("x")`): what the trainer's
+    configuration can select, whether or not a card knows it."""
+    try:
+        stamp = os.stat(path).st_mtime_ns
+    except OSError:
+        return {}
+    return dict(_parsed_registered(path, stamp))
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed_registered(path: str, stamp: int) -> Tuple[Tuple[str, Tuple[int, str]], ...]:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            tree = ast.parse(fh.read(), path)
+    except (OSError, SyntaxError):
+        return ()
+    out = {}
+    for node in tree.body:
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        for deco in node.decorator_list:
+            target = deco.func if isinstance(deco, ast.Call) else deco
+            name = target.attr if isinstance(target, ast.Attribute) else \
+                getattr(target, "id", "")
+            if "register" in name.lower():
+                out.setdefault(node.name, (node.lineno, ast.unparse(deco)))
+    return tuple(out.items())
+
+
+NEW_IN_RELEASE = ("new in this release: registered with @{deco} (a function the trainer's "
+                  "configuration can select) and unknown to this card: no row, no reason")
 
 
 class StandInSelf(types.SimpleNamespace):
@@ -947,7 +992,18 @@ def run(trainer: Trainer, path: Optional[str] = None, cases: int = CASES, seed: 
         for q, line in _definitions(path_).items():
             if re.fullmatch(pattern, q) and (module, q) not in ran:
                 not_covered.append((source.relative(path_), q, line))
+    # the registries: a registered function with no row and no reason of its own is new
+    why, listed, reasons = {}, {(f, q) for f, q, _ in not_covered}, dict(trainer.not_run)
+    for module in dict.fromkeys(trainer.modules + tuple(m for m, _ in trainer.inventory)):
+        path_ = source.file(module)
+        for q, (line, deco) in _registered(path_).items():
+            if (module, q) in ran or q in reasons or \
+                    any(m == module and r.startswith(q + ".") for m, r in ran):
+                continue             # a row of it (or of one of its methods), or its reason
+            why[q] = NEW_IN_RELEASE.format(deco=deco)
+            if (source.relative(path_), q) not in listed:
+                not_covered.append((source.relative(path_), q, line))
     return Card(trainer, source, described, results, not_covered, cases, seed,
-                time.perf_counter() - t0, failed)
+                time.perf_counter() - t0, failed, why=why)
 
 

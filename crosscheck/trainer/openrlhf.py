@@ -32,15 +32,15 @@ def _ns(**kw):
 
 # ---- advantages -----------------------------------------------------------------------------
 
-def _gae(fn):
+def _gae(fn, gamma=GAMMA, lam=LAM):
     def adapter(rewards, values, mask):
-        return fn(None, values, rewards, mask, GAMMA, LAM)
+        return fn(None, values, rewards, mask, gamma, lam)
     return adapter
 
 
-def _returns(fn):
+def _returns(fn, gamma=1.0):
     def adapter(rewards, mask):
-        return fn(None, rewards, mask, 1.0)
+        return fn(None, rewards, mask, gamma)
     return adapter
 
 
@@ -363,6 +363,27 @@ _HOLES = Known(
     "(samples_generator.py sets action_mask over several action ranges of one sample)",
     variant=dict(inputs=_through_holes))
 
+def _returns_through_holes(data):
+    """The discounted returns as OpenRLHF computes them: a masked step before a row's last
+    valid token is a step of reward 0 (rewards multiplied by the mask, no skipping)."""
+    m = np.asarray(data["mask"], dtype=bool)
+    T = m.shape[-1]
+    last = np.where(m.any(-1), T - 1 - np.argmax(m[..., ::-1], axis=-1), -1)
+    filled = np.arange(T) <= last[..., None]
+    return dict(data, mask=filled, rewards=np.where(m, data["rewards"], 0.0))
+
+
+_RETURN_HOLES = Known(
+    "value", "defect",
+    "get_cumulative_returns multiplies the rewards by the mask and discounts through every "
+    "position (cumulative_return = rewards[:, t] + gamma * cumulative_return, no skipping), "
+    "so a masked step inside a row (a multi-turn observation span) is a step of reward 0: the "
+    "return before the hole is discounted by γ once per masked token. At γ = 1 (what OpenRLHF "
+    "forces for every estimator but 'reinforce') it is exact; under 'reinforce' with γ < 1, "
+    "on the rows with holes OpenRLHF's agent mode builds, it is not",
+    variant=dict(inputs=_returns_through_holes))
+
+
 def _kl_clamp(fn):
     """The clamp compute_approx_kl applies: ±10 on the estimate since 0.8.6, none before."""
     if "clamp(min=-10, max=10)" in source_of(fn):
@@ -379,10 +400,23 @@ ROWS = (
                  f"γ = {GAMMA}, λ = {LAM} passed to both"),
         conventions=dict(gamma=GAMMA, lam=LAM),
         params=("values", "rewards", "action_mask", "gamma", "lambd"), known=(_HOLES,)),
+    Row(f"{EM}:RemoteExperienceMaker.get_advantages_and_returns", "gae",
+        lambda fn: _gae(fn, 1.0, 1.0), label="γ 1, λ 1",
+        choices=("called unbound with self = None (it does not read self)",
+                 "γ = λ = 1 passed to both (OpenRLHF's defaults for γ; a λ of 1 is allowed)"),
+        conventions=dict(gamma=1.0, lam=1.0),
+        params=("values", "rewards", "action_mask", "gamma", "lambd"), known=(_HOLES,)),
     Row(f"{EM}:RemoteExperienceMaker.get_cumulative_returns", "discounted_returns", _returns,
         choices=("called unbound with self = None (it does not read self)",
                  "γ = 1, which OpenRLHF forces for every estimator but 'reinforce'"),
         conventions=dict(gamma=1.0), params=("rewards", "action_mask", "gamma")),
+    Row(f"{EM}:RemoteExperienceMaker.get_cumulative_returns", "discounted_returns",
+        lambda fn: _returns(fn, GAMMA), label=f"γ {GAMMA}",
+        choices=("called unbound with self = None (it does not read self)",
+                 f"γ = {GAMMA}: the 'reinforce' estimator passes args.gamma as set, and a "
+                 f"dropped discount shows only below 1"),
+        conventions=dict(gamma=GAMMA), params=("rewards", "action_mask", "gamma"),
+        known=(_RETURN_HOLES,)),
     Row(f"{EM}:RemoteExperienceMaker.compute_advantages_and_returns", "group_advantages",
         _grouped("group_norm"), label="group_norm", choices=_GROUPED,
         params=("experiences",), fits=_fits_grouped),

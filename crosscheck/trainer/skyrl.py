@@ -148,12 +148,24 @@ def _kl(kind):
     return make
 
 
-def _returns(fn):
-    def adapter(rewards, mask):
-        _, returns = fn(token_level_rewards=rewards, response_mask=mask.to(rewards.dtype),
-                        gamma=1.0)
-        return returns
-    return adapter
+def _returns(gamma):
+    def make(fn):
+        def adapter(rewards, mask):
+            _, returns = fn(token_level_rewards=rewards, response_mask=mask.to(rewards.dtype),
+                            gamma=gamma)
+            return returns
+        return adapter
+    return make
+
+
+def _gae(gamma, lambd):
+    def make(fn):
+        def adapter(rewards, values, mask):
+            _, returns = fn(token_level_rewards=rewards, values=values,
+                            response_mask=mask.to(rewards.dtype), gamma=gamma, lambd=lambd)
+            return returns - values, returns
+        return adapter
+    return make
 
 
 def _value(fn):
@@ -181,16 +193,23 @@ def _holes_filled(adapter):
 
 
 _RESET = Known(
-    "value", "defect",
+    "value", "robustness",
     "compute_reinforce_plus_plus_outcome_advantage resets the running return at every masked "
     "token (running_return = running_return * response_mask[:, t], commented 'reset after "
-    "EOS'). SkyRL's multi-turn generator masks each turn's observation tokens "
-    "(skyrl_gym_generator.py: [1] * len(new_resp_tokens) + [0] * len(obs_ids_to_add)), so the "
-    "outcome reward at the last turn never reaches an earlier turn's tokens: their return is 0 "
-    "and, after the batch whitening, their advantage is -mean/std whatever the outcome. "
-    "Right-padded single-turn rows are exact; verl 0.9.0 carries the return through masked "
-    "steps",
+    "EOS'), so a mask with a hole would stop an outcome reward at the hole. SkyRL passes it "
+    "response_mask (trainer.py compute_advantages_and_returns; the all-ones mask under "
+    "step-wise trajectories), which convert_prompts_responses_to_batch_tensors builds "
+    "left-padded with no hole (col_resp >= resp_pad); the holes of a multi-turn rollout's "
+    "observation tokens are in loss_mask, which the estimator is not given. On the masks SkyRL "
+    "builds the returns are exact (the rows above)",
     variant=dict(adapt=_holes_filled))
+
+# the masks SkyRL's estimators are given: response_mask, left-padded (right-aligned responses)
+_LEFT = dict(domain=("left_padded",))
+_RESPONSE_MASK = ("response_mask as SkyRL builds it (convert_prompts_responses_to_batch_tensors:"
+                  " right-aligned responses, so each row's valid tokens are one block at its "
+                  "end): cases moved into that layout",)
+GAMMA, LAMBD = 0.99, 0.95
 
 _PPO = dict(eps_clip_low=0.2, eps_clip_high=0.2, clip_ratio_c=3.0)
 _LOSS = ("SkyRL's AlgorithmConfig with eps_clip 0.2/0.2 and clip_ratio_c 3.0 set (its defaults)",
@@ -226,10 +245,36 @@ ROWS = (
         conventions=dict(scale="mean", baseline="mean", eps=1e-6, singleton="keep"),
         audit=dict(domain=("pass_rates",)),
         params=("token_level_rewards", "response_mask", "index")),
-    Row(f"{PPO}:compute_reinforce_plus_plus_outcome_advantage", "discounted_returns", _returns,
+    Row(f"{PPO}:compute_reinforce_plus_plus_outcome_advantage", "discounted_returns",
+        _returns(1.0),
         choices=("the returns output (its advantages are these returns whitened by "
-                 "masked_whiten, whose row is below)", "gamma = 1.0 (AlgorithmConfig's)"),
+                 "masked_whiten, whose row is below)", "gamma = 1.0 (AlgorithmConfig's)")
+        + _RESPONSE_MASK, conventions=dict(gamma=1.0), audit=_LEFT,
+        params=("token_level_rewards", "response_mask", "gamma")),
+    Row(f"{PPO}:compute_reinforce_plus_plus_outcome_advantage", "discounted_returns",
+        _returns(GAMMA), label=f"γ {GAMMA}",
+        choices=("the returns output", f"gamma = {GAMMA}: a dropped or misplaced discount "
+                 "shows (at 1 it changes nothing)") + _RESPONSE_MASK,
+        conventions=dict(gamma=GAMMA), audit=_LEFT,
+        params=("token_level_rewards", "response_mask", "gamma")),
+    Row(f"{PPO}:compute_reinforce_plus_plus_outcome_advantage", "discounted_returns",
+        _returns(1.0), label="a mask with holes",
+        choices=("the returns output", "gamma = 1.0", "masks with holes and trailing padding, "
+                 "which SkyRL never passes this estimator: a robustness check"),
+        conventions=dict(gamma=1.0),
         params=("token_level_rewards", "response_mask", "gamma"), known=(_RESET,)),
+) + tuple(
+    Row(f"{PPO}:compute_gae_advantage_return", "gae", _gae(gamma, lambd),
+        label=f"γ {gamma}, λ {lambd}",
+        choices=(f"gamma = {gamma}, lambd = {lambd} passed as the trainer passes its config's",
+                 "advantages read as returns − values: the function whitens its advantages "
+                 "with masked_whiten (its own row) and defines returns = advantages + values")
+        + _RESPONSE_MASK + ("its recursion reads no mask: on left-padded rows no padding "
+                            "follows a valid token, so none enters a valid one",),
+        conventions=dict(gamma=gamma, lam=lambd), audit=dict(_LEFT, profile=None),
+        params=("token_level_rewards", "values", "response_mask", "gamma", "lambd"))
+    for gamma, lambd in ((1.0, 1.0), (GAMMA, LAMBD))
+) + (
     Row(f"{PPO}:masked_whiten", "whiten", _whiten, choices=("mask as a float tensor",),
         params=("values", "mask")),
     Row(f"{PPO}:ppo_critic_loss", "value_loss", _value, audit=dict(padding_checks=False),
@@ -305,16 +350,38 @@ TRAINER = Trainer(
                      r"dppo_policy_loss|importance_sampling_loss|cross_entropy_loss|reduce_loss"),),
     not_run=(("compute_policy_loss_clip_cov",
               "draws the tokens it un-clips with torch.randperm: not a deterministic function "
-              "of its inputs"),),
-    runs=("GRPO (std-normalised and Dr. GRPO), RLOO, MaxRL, the REINFORCE++ returns, "
-          "masked_whiten",
+              "of its inputs"),
+             ("compute_policy_loss_kl_cov",
+              "a reference exists (kl_cov_loss, verl's KL-Cov row) but no adapter yet: it "
+              "returns only reduce_loss's masked sum and takes no per-token weight through "
+              "which a card reads each token's loss (verl's row reads them through "
+              "rollout_is_weights)"),
+             ("dppo_policy_loss",
+              "a reference exists (dppo_loss, verl's DPPO rows) but no adapter yet for "
+              "DPPOConfig (dppo_type, delta_low, delta_high) and its rollout_logprobs"),
+             ("rollout_is_policy_loss",
+              "no adapter yet: it requires rollout_logprobs (it asserts them) and applies "
+              "apply_off_policy_correction, which no row of this card passes"),
+             ("importance_sampling_loss",
+              "no row yet: Tinker's unclipped −exp(log π − log q)·A, summed"),
+             ("cross_entropy_loss",
+              "supervised fine-tuning's −log π summed over the mask: not RL math"),
+             ("compute_advantages_and_returns",
+              "the registry's dispatcher: it calls the estimator the configuration names "
+              "with the trainer's arguments, each estimator a row above")),
+    runs=("GRPO (std-normalised and Dr. GRPO), RLOO, MaxRL, the REINFORCE++ returns (γ 1 and "
+          "0.99), GAE (γ, λ 1 and 0.99, 0.95), each on the left-padded response_mask SkyRL "
+          "builds; masked_whiten",
+          "the REINFORCE++ returns on masks with holes, which SkyRL never passes it (a "
+          "robustness check)",
           "the PPO loss regular (0.2/0.2 and 0.2/0.28) and dual clip, CISPO, each through "
           "SkyRL's token_mean advantage scaling and reduce_loss; GSPO and SAPO under "
           "sequence_mean", "reduce_loss under "
           "token_mean, sequence_mean, seq_mean_token_sum_norm and prompt_mean scaling",
           "compute_approx_kl k1, abs, k2, k3", "the critic loss per token"),
-    does_not_run=("GAE (its recursion reads no mask)", "DPPO, KL-Cov, rollout_is and "
-                  "importance_sampling losses", "SAPO and GSPO under token_mean",
+    does_not_run=("GAE on right-padded rows (SkyRL builds none: its recursion reads no "
+                  "mask)", "DPPO, KL-Cov, rollout_is and importance_sampling losses",
+                  "SAPO and GSPO under token_mean",
                   "token_mean_legacy scaling", "off-policy correction",
                   "dp_size > 1"),
 )

@@ -48,7 +48,7 @@ _OUTCOME = ("one reward per sequence, placed as a one-token response (verl sums 
             "the advantage read from that token")
 
 
-def _gae(fn):
+def _gae(fn, gamma=GAMMA, lam=LAM):
     def adapter(rewards, values, mask):
         m = _float(mask, rewards)
         # verl's batches hold 0 there: the critic's values times response_mask, and token
@@ -57,14 +57,14 @@ def _gae(fn):
         values, rewards = torch.where(mask.bool(), values, zero), \
             torch.where(mask.bool(), rewards, zero)
         _, returns = fn(token_level_rewards=rewards, values=values, response_mask=m,
-                        gamma=GAMMA, lam=LAM)
+                        gamma=gamma, lam=lam)
         return returns - values, returns
     return adapter
 
 
-def _returns(fn):
+def _returns(fn, discount=1.0):
     class Config:                       # the AlgoConfig field the estimator reads
-        gamma = 1.0
+        gamma = discount
 
     def adapter(rewards, mask):
         _, returns = fn(token_level_rewards=rewards, response_mask=_float(mask, rewards),
@@ -487,6 +487,13 @@ ROWS = (
                  "masked_whiten's row"),
         conventions=dict(gamma=GAMMA, lam=LAM),
         params=("token_level_rewards", "values", "response_mask", "gamma", "lam")),
+    Row(f"{CA}:compute_gae_advantage_return", "gae", lambda fn: _gae(fn, 1.0, 1.0),
+        label="γ 1, λ 1",
+        choices=("γ = λ = 1.0, verl's config defaults (AlgoConfig), passed to both",
+                 "response_mask as a float tensor; values and token rewards 0 at masked "
+                 "positions, as verl leaves them", "advantages read as returns − values"),
+        conventions=dict(gamma=1.0, lam=1.0),
+        params=("token_level_rewards", "values", "response_mask", "gamma", "lam")),
     Row(f"{CA}:compute_grpo_outcome_advantage", "group_advantages",
         lambda fn: _outcome(fn, epsilon=1e-6), choices=_OUTCOME,
         params=("token_level_rewards", "response_mask", "index", "epsilon")),
@@ -512,6 +519,11 @@ ROWS = (
         choices=("the returns output (its advantages are these returns whitened by "
                  "masked_whiten, whose row is below)", "an AlgoConfig-like object with gamma 1.0"),
         conventions=dict(gamma=1.0), params=("token_level_rewards", "response_mask", "config")),
+    Row(f"{CA}:compute_reinforce_plus_plus_outcome_advantage", "discounted_returns",
+        lambda fn: _returns(fn, GAMMA), label=f"γ {GAMMA}",
+        choices=("the returns output", f"an AlgoConfig-like object with gamma {GAMMA}: a "
+                 "dropped or misplaced discount shows only below 1"),
+        conventions=dict(gamma=GAMMA), params=("token_level_rewards", "response_mask", "config")),
     Row(f"{CA}:compute_value_loss", "value_loss", _value,
         audit=_VALID_ONLY,
         choices=("evaluated one valid token at a time (a [1, 1] batch, where agg_loss is the "
@@ -719,6 +731,10 @@ TRAINER = Trainer(
              ("compute_policy_loss_clip_cov",
               "draws the tokens it un-clips with torch.randperm among its candidates: not a "
               "deterministic function of its inputs"),
+             ("compute_multi_turn_optimal_token_baseline_advantage",
+              "the optimal token baseline's multi-turn form (with rollout_is_weights and "
+              "handle_zero_tail): a reference exists (optimal_token_baseline_advantages, the "
+              "single-turn estimator's row) but no row yet runs this form"),
              ("compute_pf_ppo_reweight_data",
               "resamples the batch with torch.multinomial on DataProto objects: a sampler, not "
               "a loss or an estimator")),

@@ -91,6 +91,23 @@ def test_a_right_padded_trainer_is_audited_on_right_padded_rows_only():
     assert anywhere.verdict == "DOES NOT CONFORM"       # holes in the mask: the lengths lie
 
 
+def ppo_left_padded(logp, old_logp, advantages, mask):
+    """A loss that rebuilds its mask from the row lengths: right that padding is at the start."""
+    T = logp.shape[1]
+    lengths = mask.sum(1, keepdim=True)
+    m = torch.arange(T)[None, :] >= T - lengths
+    return ppo()(logp, old_logp, advantages, m)
+
+
+def test_a_left_padded_trainer_is_audited_on_left_padded_rows_only():
+    report = audit(ppo_left_padded, "ppo_clip_loss", clip_low=0.2, cases=N,
+                   domain=("left_padded",))
+    assert report.ok and report.n_cases == N, str(report)
+    assert report.moved.get("left-padded", 0) > 0
+    anywhere = audit(ppo_left_padded, "ppo_clip_loss", clip_low=0.2, cases=N)
+    assert anywhere.verdict == "DOES NOT CONFORM"       # holes or trailing padding: lengths lie
+
+
 def minimind_sequence_advantages(logp, old_logp, advantages, mask, ref_logp):
     """MiniMind's GRPO objective takes one advantage per sequence (advantages.unsqueeze(1))."""
     assert advantages.dim() == 1

@@ -15,9 +15,10 @@ from crosscheck import trainer as trainers
 from crosscheck.__main__ import main
 from crosscheck.trainer import baseline
 
-SKY = "skyrl/backends/skyrl_train/utils/ppo_utils.py"
 TRL_GRPO = "torchrl/objectives/llm/grpo.py"
 KL_ROW = "GRPOLoss._kl_to_ref [token_mean, kl_to_ref_coeff 0.1]"
+EM = "openrlhf/trainer/ppo_utils/experience_maker.py"
+GAE = "RemoteExperienceMaker.get_advantages_and_returns"
 
 
 def _copy(name, tmp_path):
@@ -99,36 +100,37 @@ def test_a_baseline_that_cannot_be_read_is_a_usage_error(tmp_path, capsys):
 
 
 def test_the_unchanged_trainer_passes_against_its_own_baseline_and_another_machines(
-        tmp_path, capsys):
-    root = _copy("skyrl", tmp_path)
-    code, saved, path = _save(tmp_path, capsys, "skyrl", "--path", str(root))
-    # SkyRL's REINFORCE++ known deviation (the running return reset on a mask's holes)
-    assert code == 0 and saved["grades"]["known deviation"] == 1
-    code, again = _card(capsys, "skyrl", "--path", str(root), "--baseline", path)
-    assert code == 0 and again["baseline"]["new"] == [] and again["baseline"]["fixed"] == []
-    assert [b["row"] for b in again["baseline"]["in_baseline"]] == \
-        ["compute_reinforce_plus_plus_outcome_advantage"]
-    other = tmp_path / "other.json"
-    other.write_text(json.dumps(_perturbed(saved)), encoding="utf-8")
-    code, again = _card(capsys, "skyrl", "--path", str(root), "--baseline", str(other))
-    assert code == 0 and again["baseline"]["new"] == [] and again["baseline"]["fixed"] == []
+        tmp_path):
+    from crosscheck.trainer import card
+    root = _copy("openrlhf", tmp_path)
+    t = trainers.get("openrlhf")
+    saved = card.run(t, path=str(root), cases=24, only=[GAE]).to_dict()
+    # OpenRLHF's GAE known deviation (it discounts through a multi-turn row's masked steps)
+    assert saved["exit_code"] == 0 and saved["grades"]["known deviation"] == 1
+    again = card.run(t, path=str(root), cases=24, only=[GAE]).against(
+        {"openrlhf": saved}, "card.json")
+    assert again.exit_code == 0 and not again.comparison.new and not again.comparison.gone
+    assert [name for name, _ in again.comparison.held] == [GAE]
+    other = card.run(t, path=str(root), cases=24, only=[GAE]).against(
+        {"openrlhf": _perturbed(saved)}, "other.json")
+    assert other.exit_code == 0 and not other.comparison.new and not other.comparison.gone
 
 
-def test_a_second_bug_at_a_row_with_a_known_deviation_is_new_since_the_baseline(
-        tmp_path, capsys):
-    root = _copy("skyrl", tmp_path)
-    _, _, path = _save(tmp_path, capsys, "skyrl", "--path", str(root))
-    # the return no longer runs back through the response: the known entry's variant (a
-    # return reset at a mask's holes) does not reproduce that, so the row's value finding is
-    # a new deviation where the baseline holds a known one
-    _patch(root, SKY, "returns[:, t] = running_return",
-           "returns[:, t] = token_level_rewards[:, t]")
-    code, now = _card(capsys, "skyrl", "--path", str(root), "--baseline", path)
-    assert code == 1
-    (new,) = now["baseline"]["new"]
-    assert new["row"] == "compute_reinforce_plus_plus_outcome_advantage" and \
-        new["check"] == "value" and not new["known"]
-    assert [g["row"] for g in now["baseline"]["fixed"]] == [new["row"]]
+def test_a_second_bug_at_a_row_with_a_known_deviation_is_new_since_the_baseline(tmp_path):
+    from crosscheck.trainer import card
+    root = _copy("openrlhf", tmp_path)
+    t = trainers.get("openrlhf")
+    saved = {"openrlhf": card.run(t, path=str(root), cases=24, only=[GAE]).to_dict()}
+    # λ dropped from the recursion: the known entry's variant (steps of reward 0 through the
+    # holes) does not reproduce that, so the row's value finding is a new deviation where the
+    # baseline holds a known one
+    _patch(root, EM, "lastgaelam = delta + gamma * lambd * lastgaelam",
+           "lastgaelam = delta + gamma * lastgaelam")
+    now = card.run(t, path=str(root), cases=24, only=[GAE]).against(saved, "card.json")
+    assert now.exit_code == 1
+    (name, new), = now.comparison.new
+    assert name == GAE and new["check"] == "value" and not new["known"]
+    assert [g["row"] for g in now.comparison.gone] == [GAE]
 
 
 def test_a_second_bug_at_a_row_with_a_new_deviation_is_new_since_the_baseline(tmp_path):

@@ -31,8 +31,15 @@ EXPECTED = {
                  [("raises", "robustness")]},
     # (SAPO's float32 temperatures stay within the float64 row on one advantage per sequence)
     "trl": {"GRPOTrainer._compute_loss [bnpo]": [("microbatch", "documented choice")]},
-    "openrlhf": {"RemoteExperienceMaker.get_advantages_and_returns": [("value", "deviation")]},
-    "skyrl": {"compute_reinforce_plus_plus_outcome_advantage": [("value", "deviation")]},
+    # GAE and the 'reinforce' returns discount through a multi-turn row's masked steps: seen
+    # only below γλ = 1 (at 1 a step of reward 0 changes nothing)
+    "openrlhf": {"RemoteExperienceMaker.get_advantages_and_returns": [("value", "deviation")],
+                 "RemoteExperienceMaker.get_cumulative_returns [γ 0.99]":
+                     [("value", "deviation")]},
+    # REINFORCE++'s reset at masked tokens bites only on a mask with holes; SkyRL gives the
+    # estimator response_mask, left-padded with none: a robustness note, not a deviation
+    "skyrl": {"compute_reinforce_plus_plus_outcome_advantage [a mask with holes]":
+                  [("value", "robustness")]},
     # luspo's unmasked L_i / T aggregation (TRL's form before huggingface/trl#6654)
     "liger": {"LigerFusedLinearGRPOLoss.forward [luspo]":
               [("value", "deviation"), ("grad", "deviation"), ("mask", "deviation"),
