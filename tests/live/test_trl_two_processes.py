@@ -35,7 +35,7 @@ def reports(tmp_path_factory):
          "--master_addr", "127.0.0.1", "--master_port", port,
          os.path.join(HERE, "two_processes.py"), root, out, *SCENARIOS],
         capture_output=True, text=True, timeout=300, env=env)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.returncode == 0, (sorted(os.listdir(out)), proc.stderr[-4000:])
     found = {}
     for name in SCENARIOS:
         for rank in (0, 1):

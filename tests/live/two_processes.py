@@ -40,6 +40,10 @@ def main(root, out, *names):
         with open(os.path.join(out, f"{name}.rank{rank}.json"), "w") as f:
             json.dump(dict(w.report.as_json(), world=tr.accelerator.num_processes,
                            rank=rank), f)
+    import torch.distributed as dist
+    if dist.is_initialized():       # end the process group before exit: a gloo thread still
+        dist.barrier()              # running at interpreter exit aborts the process
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
