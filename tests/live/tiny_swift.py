@@ -1,11 +1,14 @@
 """A real ms-swift GRPO run on CPU (run in the ms-swift environment, tests/live/
 swift-requirements.txt): the tiny random Qwen2-style model and character tokenizer of
 tiny_trl.py, with a chat template, a synthetic reward registered in ms-swift's `orms`, a local
-dataset, no download. `python -m tests.live.tiny_swift ROOT JSON_CONFIG` runs one watched run
-and prints its report as JSON on the last line of stdout."""
+dataset, no download. `python -m tests.live.tiny_swift ROOT JSON_LIST` runs one watched run per
+configuration of the list, in one process, and prints each report's JSON on a line of its own
+after MARK."""
 import json
 import os
 import sys
+
+MARK = "crosscheck-report "
 
 from tests.live import tiny_trl
 
@@ -64,6 +67,7 @@ def run(root, every=1, cls=None, **overrides):
     from swift.rewards import orms
     import crosscheck.live as live
     orms["crosscheck_char"] = CharReward
+    os.makedirs(root, exist_ok=True)
     out = {}
 
     class Watched(SwiftRLHF):
@@ -79,5 +83,7 @@ def run(root, every=1, cls=None, **overrides):
 
 
 if __name__ == "__main__":
-    _, report = run(sys.argv[1], **json.loads(sys.argv[2]))
-    print(report.json() if isinstance(report.json(), str) else json.dumps(report.json()))
+    for i, conf in enumerate(json.loads(sys.argv[2])):
+        _, report = run(os.path.join(sys.argv[1], str(i)), **conf)
+        print(MARK + json.dumps({**json.loads(report.json()), "text": report.text()}),
+              flush=True)
