@@ -43,11 +43,13 @@ def watch(trainer, every: int = 10, strict: bool = False, verbose=None):
     Returns a context manager; its `.report` is filled as the run goes.
     """
     every, strict, stream = _arguments(every, strict, verbose)
-    from . import trl
+    from . import swift, trl
+    if swift.is_swift_grpo(trainer):          # a subclass of TRL's: asked first
+        return swift.SwiftWatch(trainer, every, strict, stream)
     if trl.is_trl_grpo(trainer):
         return trl.TRLWatch(trainer, every, strict, stream)
     raise TypeError(f"trainer is a {type(trainer).__module__}.{type(trainer).__qualname__}; "
-                    f"expected a TRL GRPOTrainer (for verl and OpenRLHF: "
+                    f"expected a TRL or ms-swift GRPOTrainer (for verl and OpenRLHF: "
                     f"crosscheck.live.verl.record(), crosscheck.live.openrlhf.record(); for a loop "
                     f"of your own: crosscheck.live.record_loop())")
 

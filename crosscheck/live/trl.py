@@ -472,7 +472,7 @@ class TRLWatch:
         for mb, cap in zip(self._mbs, self._holders):
             mb.grad = cap.get("grad")
         payload = dict(mbs=self._mbs, adv=self._adv, checksum=self._checksum(),
-                       settings=effective_differs(self.t.args, self.t),
+                       settings=effective_differs(self.t.args, self.t, self._configured()),
                        prov=self.prov.payload())
         gathered = _all_gather(payload, self.world)
         res = self._check(gathered) if self.rank == 0 else None
@@ -519,14 +519,14 @@ class TRLWatch:
     def _check_settings(self, res, gathered):
         """Each setting the trainer keeps as an attribute equals its configuration, on every
         process; the step itself is judged against the configuration."""
-        n = len(configured(self.t.args, self.t))
+        n = len(self._configured())
         for rank, p in enumerate(gathered):
             diffs = p.get("settings", [])
             res.count("settings", n, len(diffs))
             for attr, want, have in diffs:
                 num = all(isinstance(v, (int, float)) and not isinstance(v, bool)
                           for v in (want, have))
-                field = dict(SETTINGS)[attr]
+                field = dict(self.SETTINGS)[attr]
                 res.findings.append(Finding(
                     res.step, "settings", "deviation",
                     f"trainer.{attr} is {have!r} but its configuration says {want!r} "
@@ -534,6 +534,9 @@ class TRLWatch:
                     f"wrote; the step is judged against the configuration", rank=rank,
                     got=float(have) if num else None, expected=float(want) if num else None,
                     source=f"GRPOConfig.{field} → GRPOTrainer.__init__: self.{attr}"))
+
+    def _configured(self) -> dict:
+        return configured(self.t.args, self.t)
 
     def _check_ranks(self, res, sums):
         """Every process holds the same gradients after the step's last backward."""
@@ -611,6 +614,7 @@ SETTINGS = (
     ("vllm_importance_sampling_correction", "vllm_importance_sampling_correction"),
     ("entropy_coef", "entropy_coef"), ("reward_weights", "reward_weights"),
 )
+TRLWatch.SETTINGS = SETTINGS
 
 
 def configured(a, t) -> dict:
@@ -636,11 +640,11 @@ def _weights(t) -> list:
     return [] if w is None else [float(x) for x in (w.tolist() if hasattr(w, "tolist") else w)]
 
 
-def effective_differs(a, t) -> list:
+def effective_differs(a, t, conf=None) -> list:
     """[(attribute, configured, effective)] for each setting the trainer holds otherwise than
-    its configuration states."""
+    its configuration states (`conf`: the configured settings, by default `configured(a, t)`)."""
     out = []
-    for attr, want in configured(a, t).items():
+    for attr, want in (configured(a, t) if conf is None else conf).items():
         have = _weights(t) if attr == "reward_weights" else getattr(t, attr, want)
         if isinstance(want, (int, float)) and not isinstance(want, bool) and \
                 isinstance(have, (int, float)) and not isinstance(have, bool):
