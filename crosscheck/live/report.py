@@ -96,6 +96,8 @@ class StepResult:
     skipped: Dict[str, str] = dataclasses.field(default_factory=dict)     # check: why not run
 
     def count(self, check: str, n: int, fails: int, rel: float = 0.0) -> None:
+        if n == 0 and fails == 0:
+            return              # nothing compared: the check did not run at this step
         c = self.counts.setdefault(check, [0, 0])
         c[0] += n
         c[1] += fails

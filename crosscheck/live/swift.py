@@ -166,6 +166,10 @@ class SwiftWatch(trl.TRLWatch):
         self._finish_report(report)
         report.not_expressed.append("advantages: ms-swift's _compute_advantages is not read "
                                     "(its rows reach the loss as given)")
+        report.not_expressed.append("provenance (rows, their advantages, the mask, the old and "
+                                    "reference log-probs, the temperature, the reward weights): "
+                                    "ms-swift generates and scores in its own code, which the "
+                                    "audit does not wrap")
         return report
 
     def _finish_report(self, report):

@@ -334,7 +334,7 @@ def test_watch_refuses_bad_arguments_by_name(root):
         live.watch(object(), every=0)
     with pytest.raises(TypeError, match="every is str"):
         live.watch(object(), every="10")
-    with pytest.raises(TypeError, match="expected a TRL GRPOTrainer"):
+    with pytest.raises(TypeError, match="expected a TRL or ms-swift GRPOTrainer"):
         live.watch(object())
 
 

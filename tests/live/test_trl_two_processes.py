@@ -17,7 +17,7 @@ from tests.live import tiny_trl  # noqa: E402
 
 HERE = os.path.dirname(__file__)
 SCENARIOS = ("dapo", "grpo-accumulated-kl", "local-count", "twice-accumulated", "wrong-mask",
-             "no-sync")
+             "no-sync", "count-padding", "rolled-advantages")
 
 
 @pytest.fixture(scope="module")
@@ -85,3 +85,15 @@ def test_gradients_never_averaged_across_processes_are_caught_naming_the_ranks(r
     (f,) = [f for f in first["findings"] if f["check"] == "rank agreement"]
     assert f["grade"] == "deviation" and f["rank"] == 1 and f["got"] != f["expected"]
     assert "rank 0 (" in f["message"] and "rank 1 (" in f["message"]
+
+
+@pytest.mark.parametrize("name, check, message", [
+    ("count-padding", "global counts", "num_items_in_batch is"),
+    ("rolled-advantages", "row advantages", ""),
+])
+def test_a_provenance_bug_is_caught_at_the_first_step_of_a_two_process_run(reports, name,
+                                                                          check, message):
+    r0, r1 = reports[name, 0], reports[name, 1]
+    assert r0["verdict"] == "DEVIATES" and r1["verdict"] == "DEVIATES"
+    first = [f for f in r0["steps"][0]["findings"] if f["check"] == check]
+    assert first and all(f["grade"] == "deviation" and message in f["message"] for f in first)

@@ -27,6 +27,11 @@ SCENARIOS = {
     "no-sync": (lambda: tiny_trl.unsynchronised(GRPOTrainer), dict(loss_type="dapo")),
     "wrong-mask": (lambda: tiny_trl.patched(GRPOTrainer, *tiny_trl.WRONG_MASK),
                    dict(loss_type="dapo")),
+    # provenance across ranks: the global token count, and rows against their advantages
+    "count-padding": (lambda: tiny_trl.patched(GRPOTrainer, *tiny_trl.COUNT_PADDING),
+                      dict(loss_type="dapo")),
+    "rolled-advantages": (lambda: tiny_trl.rolled_advantages(GRPOTrainer),
+                          dict(loss_type="dapo")),
 }
 
 
