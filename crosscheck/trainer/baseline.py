@@ -57,7 +57,8 @@ def _flat(v) -> Optional[List[float]]:
 def relation(yours, reference) -> str:
     """How the trainer's output relates to the reference's: "×k" (one factor k over every
     element, rounded to two significant digits: ×-1 a flipped sign, ×0 a zeroed output),
-    "×(1-1e-04)" where k is within 5 % of 1 (its difference to one digit), "not a scaling",
+    "×(1-1e-04)" where k is within 5 % of 1 (the decade of its difference: 1.5e-4 and 9e-4
+    both read 1e-04), "not a scaling",
     "non-finite", or "" where there is nothing to compare."""
     y, r = _flat(yours), _flat(reference)
     if y is None or r is None or len(y) != len(r) or not y:
@@ -74,8 +75,10 @@ def relation(yours, reference) -> str:
         return "not a scaling"
     if abs(k) < 1e-6:
         return "×0"
-    if abs(k - 1) < 0.05:          # a small difference: its order of magnitude (one digit)
-        return f"×(1{k - 1:+.0e})"
+    if abs(k - 1) < 0.05:          # a small difference: its decade, which rounding moves
+        d = k - 1                  # only at a power of ten (a digit would move at every half)
+        return f"×(1{'+' if d > 0 else '-'}1e{math.floor(math.log10(abs(d)) + 1e-9):+03d})" if d \
+            else "×1"
     return f"×{k:.2g}"
 
 

@@ -73,6 +73,8 @@ def test_a_relation_is_one_factor_rounded_or_not_a_scaling():
     assert baseline.relation([1.0, -2.0], [-1.0, 2.0]) == "×-1"
     assert baseline.relation([1.0, 2.0], [1.0, 3.0]) == "not a scaling"
     assert baseline.relation(1.0001, 1.0) == "×(1+1e-04)"
+    # near 1, the decade of the difference: rounding moves it only across a power of ten
+    assert baseline.relation(1 - 1.5e-4, 1.0) == baseline.relation(1 - 9e-4, 1.0) == "×(1-1e-04)"
     assert baseline.relation("nan", 1.0) == "non-finite"
     assert baseline.relation([[True]], 1.0) == ""
 
