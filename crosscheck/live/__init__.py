@@ -8,28 +8,12 @@ objective the trainer documents (docs/live.md).
 
 A loop of your own: `crosscheck.live.record_loop(objective, ...)` (crosscheck/live/loop.py).
 """
-import sys
 
 from .objective import MicroBatch, Objective
 from .report import Finding, LiveDeviation, Report, StepResult
 
 __all__ = ["watch", "record_loop", "Finding", "LiveDeviation", "MicroBatch", "Objective", "Report",
            "StepResult"]
-
-
-def _arguments(every, strict, verbose):
-    """watch's and the recorders' shared arguments, checked by name: (every, strict, stream)."""
-    if isinstance(every, bool) or not isinstance(every, int):
-        raise TypeError(f"every is {type(every).__name__} {every!r}; expected an int ≥ 1 "
-                        f"(check every n-th optimizer step)")
-    if every < 1:
-        raise ValueError(f"every is {every}; expected an int ≥ 1 (check every n-th optimizer "
-                         f"step)")
-    if not isinstance(strict, bool):
-        raise TypeError(f"strict is {type(strict).__name__} {strict!r}; expected True or False")
-    if verbose is None:
-        verbose = sys.stderr.isatty()
-    return every, strict, (sys.stderr if verbose else None)
 
 
 def watch(trainer, every: int = 10, strict: bool = False, verbose=None):
@@ -42,7 +26,8 @@ def watch(trainer, every: int = 10, strict: bool = False, verbose=None):
     and the final report on stderr (default: when stderr is a terminal).
     Returns a context manager; its `.report` is filled as the run goes.
     """
-    every, strict, stream = _arguments(every, strict, verbose)
+    from .options import arguments
+    every, strict, stream = arguments(every, strict, verbose)
     from . import swift, trl
     if swift.is_swift_grpo(trainer):          # a subclass of TRL's: asked first
         return swift.SwiftWatch(trainer, every, strict, stream)

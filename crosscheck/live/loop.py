@@ -387,6 +387,6 @@ class LoopRecorder:
 def record(objective, *, norm_over: str = "step", value=None, advantages=None, every: int = 10,
          strict: bool = False, verbose=None) -> LoopRecorder:
     """The live audit of a home-grown loop (`crosscheck.live.record_loop`; docs/live.md)."""
-    from . import _arguments
-    every, strict, stream = _arguments(every, strict, verbose)
+    from .options import arguments
+    every, strict, stream = arguments(every, strict, verbose)
     return LoopRecorder(objective, norm_over, value, advantages, every, strict, stream)

@@ -132,8 +132,8 @@ def record(loss_module=None, utils_module=None, every: int = 1, strict: bool = F
     the `with` block. `loss_module`, `utils_module`: openrlhf.models.loss and .utils (default:
     the installed ones; pass a fork's module objects to audit the fork). Steps: as
     crosscheck.live.verl.record."""
-    from . import _arguments
-    every, strict, stream = _arguments(every, strict, verbose)
+    from .options import arguments
+    every, strict, stream = arguments(every, strict, verbose)
     loaded = None
     if loss_module is None or utils_module is None:
         (lm, um), loaded = loading.import_installed(

@@ -180,8 +180,8 @@ def record(core_algos=None, every: int = 1, strict: bool = False, verbose=None,
     Steps are the runs of calls sharing one global_batch_info, closed when their rows reach its
     counts; explicit_steps=True: call `.step()` after each optimizer step instead, and the
     counts themselves are checked against the rows of the step."""
-    from . import _arguments
-    every, strict, stream = _arguments(every, strict, verbose)
+    from .options import arguments
+    every, strict, stream = arguments(every, strict, verbose)
     loaded = None
     if core_algos is None:
         (core_algos,), loaded = loading.import_installed("verl", ["verl.trainer.ppo.core_algos"])
