@@ -180,11 +180,7 @@ class SwiftWatch(trl.TRLWatch):
         report.trusted = list(trl.TRUSTED)
         if self._kw and self._kw.get("beta"):
             report.trusted.append(trl.REF_TRUSTED)
-        if self.world == 1:
-            report.not_applicable["rank agreement"] = "one process"
-        elif self._sharded():
-            report.not_applicable["rank agreement"] = trl.SHARDED
-            report.trusted.append(trl.ALL_REDUCE_TRUSTED)
+        self._rank_scope(report)
 
     @staticmethod
     def _swift_policy(lt, level, lo, hi, a, no):

@@ -220,12 +220,17 @@ class TRLWatch:
         report.not_applicable.update(self.prov.not_applicable)
         if beta and getattr(t, "ref_model", None) is None:
             report.trusted.append(REF_TRUSTED)
+        self._rank_scope(report)
+        return report
+
+    def _rank_scope(self, report) -> None:
+        """Whether the ranks' gradients can be compared: not on one process, nor where they
+        are sharded (the all-reduce is then trusted)."""
         if self.world == 1:
             report.not_applicable["rank agreement"] = "one process"
         elif self._sharded():
             report.not_applicable["rank agreement"] = SHARDED
             report.trusted.append(ALL_REDUCE_TRUSTED)
-        return report
 
     def _sharded(self) -> bool:
         return bool(getattr(self.t, "is_fsdp_enabled", False)
