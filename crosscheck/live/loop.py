@@ -153,6 +153,14 @@ class LoopRecorder:
             self.report.trusted.append(ALL_REDUCE)
         if self.adv_decl is None:
             self.report.not_applicable["advantages"] = "no advantage estimator declared"
+        elif self.adv_decl["estimator"] == "gae":
+            self.report.words["advantages"] = (
+                "the advantages the loop computed, against gae"
+                + (" then whiten" if "whiten" in self.adv_decl else "")
+                + " on the marked per-token rewards, values and mask")
+        else:
+            self.report.words["advantages"] = ("the advantages the loop computed, against "
+                                               "group_advantages on the marked rewards")
 
     # ------------------------------------------------------------------ context
     def __enter__(self):
