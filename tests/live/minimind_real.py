@@ -25,23 +25,23 @@ from contextlib import nullcontext
 LINES = {
     "grpo": (
         ("after", "advantages = (rewards - mean_r) / (std_r + 1e-4)  # [B*num_gen]",
-         "crosscheck_rec.advantages(advantages, rewards=rewards)"),
+         "rec.advantages(advantages, rewards=rewards)"),
         ("after", "completion_mask = ((torch.arange(",
-         "crosscheck_rec.inputs(per_token_logps, old_per_token_logps, advantages, "
+         "rec.inputs(per_token_logps, old_per_token_logps, advantages, "
          "completion_mask, ref_logp=ref_per_token_logps)"),
-        ("before", "loss.backward()", "crosscheck_rec.loss(loss)"),
+        ("before", "loss.backward()", "rec.loss(loss)"),
     ),
     "ppo": (
         ("after", "advantages = (advantages - adv_mean) * torch.rsqrt(adv_var + 1e-8)",
-         "crosscheck_rec.advantages(advantages, rewards=token_rewards, values=old_resp_values, "
+         "rec.advantages(advantages, rewards=token_rewards, values=old_resp_values, "
          "mask=resp_policy_mask)"),
         ("after", "mb_resp_logp = F.log_softmax(",
-         "crosscheck_rec.inputs(mb_resp_logp, old_resp_logp[inds], advantages[inds], "
+         "rec.inputs(mb_resp_logp, old_resp_logp[inds], advantages[inds], "
          "resp_policy_mask[inds], ref_logp=ref_resp_logp[inds])"),
         ("after", "mb_resp_logp = F.log_softmax(",
-         "crosscheck_rec.critic(mb_resp_values, old_resp_values[inds], returns[inds], "
+         "rec.critic(mb_resp_values, old_resp_values[inds], returns[inds], "
          "resp_value_mask[inds])"),
-        ("before", "loss.backward()", "crosscheck_rec.loss(loss)"),
+        ("before", "loss.backward()", "rec.loss(loss)"),
     ),
 }
 _PPO_KL = ("(torch.exp(ref_resp_logp[inds] - mb_resp_logp) - (ref_resp_logp[inds] - mb_resp_logp)"
@@ -52,6 +52,12 @@ BUGS = {
     ("grpo", "micro-batch-norm"): (
         ("loss = (policy_loss + aux_loss) / args.accumulation_steps  # scalar",
          "loss = (policy_loss + aux_loss)  # scalar"),),
+    # the token mean over the micro-batch's tokens in place of each sequence's token mean
+    ("grpo", "token-mean"): (
+        ("policy_loss = ((per_token_loss * completion_mask).sum(dim=1) / "
+         "completion_mask.sum(dim=1).clamp(min=1)).mean()",
+         "policy_loss = (per_token_loss * completion_mask).sum() / "
+         "completion_mask.sum().clamp(min=1)"),),
     # the k3 term over every generated position (the rollout's pad mask, not cut at the first
     # <|im_end|>), each sequence's sum still ÷ its completion length
     ("grpo", "kl-wrong-tokens"): (
@@ -77,9 +83,9 @@ PROMPTS = ["<|im_start|>user\n1+1?<|im_end|>\n<|im_start|>assistant\n",
 SFT_STEPS = 10
 
 
-def patched(checkout, tmp, which, bug=None, lines=True):
-    """Copy the checkout's code to `tmp`, add LINES[which] to the script (unless `lines` is
-    False: the bare script), plant `bug`."""
+def patched(checkout, tmp, which, bug=None, recorder=True):
+    """Copy the checkout's code to `tmp`, add LINES[which] to the script (unless `recorder`
+    is False: the bare script), plant `bug`."""
     for d in ("trainer", "model", "dataset"):
         shutil.copytree(os.path.join(checkout, d), os.path.join(tmp, d))
     path = os.path.join(tmp, "trainer", SCRIPT[which])
@@ -91,7 +97,7 @@ def patched(checkout, tmp, which, bug=None, lines=True):
         text = text.replace(old, new)
     lines = text.split("\n")
     out = [[] for _ in lines]                     # what goes before/at/after each line
-    for where, anchor, added in LINES[which] if lines else ():
+    for where, anchor, added in LINES[which] if recorder else ():
         at = [i for i, x in enumerate(lines) if x.strip().startswith(anchor)]
         if len(at) != 1:
             raise ValueError(f"{SCRIPT[which]} has {len(at)} lines starting {anchor!r}, not "
@@ -124,9 +130,9 @@ class LengthReward:
         return float(len(response) % 7) / 3.0 - 1.0
 
 
-def tiny_config(g):
-    return g.MiniMindConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                            num_key_value_heads=1, flash_attn=False)
+def tiny_config(g, hidden_size=32, num_hidden_layers=1):
+    return g.MiniMindConfig(hidden_size=hidden_size, num_hidden_layers=num_hidden_layers,
+                            num_attention_heads=2, num_key_value_heads=1, flash_attn=False)
 
 
 def sft_standin(model, tokenizer, steps=SFT_STEPS):
@@ -154,41 +160,48 @@ def sft_standin(model, tokenizer, steps=SFT_STEPS):
     return model
 
 
-def _models(g, root):
+def _models(g, root, sft_steps=SFT_STEPS, **config):
     import torch
     torch.manual_seed(0)
-    lm_config = tiny_config(g)
+    lm_config = tiny_config(g, **config)
     from transformers import AutoTokenizer
     tokenizer = AutoTokenizer.from_pretrained(os.path.join(root, "model"))
-    model = sft_standin(g.MiniMindForCausalLM(lm_config), tokenizer)
+    model = sft_standin(g.MiniMindForCausalLM(lm_config), tokenizer, sft_steps)
     ref_model = g.MiniMindForCausalLM(lm_config)
     ref_model.load_state_dict(model.state_dict())
     return lm_config, tokenizer, model, ref_model.eval().requires_grad_(False)
 
 
-def run_grpo(checkout, tmp, rec, bug=None, steps=3, accumulation_steps=2, loss_type="cispo"):
-    """train_grpo.py's grpo_train_epoch: 2 prompts × 4 generations a batch, `steps` optimizer
-    steps of `accumulation_steps` batches."""
+def run_grpo(checkout, tmp, rec, bug=None, steps=3, accumulation_steps=2, loss_type="cispo",
+             num_generations=4, max_gen_len=6, sft_steps=SFT_STEPS, timings=None, **config):
+    """train_grpo.py's grpo_train_epoch: 2 prompts × `num_generations` a batch, `steps`
+    optimizer steps of `accumulation_steps` batches; `config`: tiny_config's sizes; `timings`:
+    a list that gets the epoch's wall time (the set-up left out)."""
+    import time
     import torch
-    root = patched(checkout, str(tmp), "grpo", bug, lines=rec is not None)
+    root = patched(checkout, str(tmp), "grpo", bug, recorder=rec is not None)
     g = _module(root, "trainer.train_grpo")
-    lm_config, tokenizer, model, ref_model = _models(g, root)
+    lm_config, tokenizer, model, ref_model = _models(g, root, sft_steps, **config)
     args = argparse.Namespace(
-        device="cpu", max_seq_len=64, max_gen_len=6, num_generations=4, beta=0.1,
-        loss_type=loss_type, epsilon=0.2, epsilon_high=5.0, accumulation_steps=accumulation_steps,
+        device="cpu", max_seq_len=64, max_gen_len=max_gen_len, num_generations=num_generations,
+        beta=0.1, loss_type=loss_type, epsilon=0.2, epsilon_high=5.0,
+        accumulation_steps=accumulation_steps,
         grad_clip=1.0, log_interval=10 ** 9, save_interval=10 ** 9, debug_mode=False,
         debug_interval=20, epochs=1, save_dir=str(tmp), save_weight="grpo")
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     g.__dict__.update(
         args=args, lm_config=lm_config, model=model, tokenizer=tokenizer,
         optimizer=rec.optimizer(optimizer) if rec is not None else optimizer,
-        autocast_ctx=nullcontext(), crosscheck_rec=rec,
+        autocast_ctx=nullcontext(), rec=rec,
         scheduler=torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=100))
     engine = g.create_rollout_engine(engine_type="torch", policy_model=model,
                                      tokenizer=tokenizer, device="cpu",
                                      autocast_ctx=nullcontext())
     loader = [{"prompt": list(PROMPTS)} for _ in range(steps * accumulation_steps)]
+    t0 = time.perf_counter()
     g.grpo_train_epoch(0, loader, 10 ** 9, engine, ref_model, LengthReward())
+    if timings is not None:
+        timings.append(time.perf_counter() - t0)
     return model
 
 
@@ -199,7 +212,7 @@ def run_ppo(checkout, tmp, rec, bug=None, rollouts=2, batch_size=4, mini_batch_s
     `accumulation_steps` mini-batches; the script's defaults otherwise (γ 1, λ 0.95, clip 0.2,
     value clip 0.2, vf_coef 0.5, kl_coef 0.02, early_stop_kl 0.25)."""
     import torch
-    root = patched(checkout, str(tmp), "ppo", bug, lines=rec is not None)
+    root = patched(checkout, str(tmp), "ppo", bug, recorder=rec is not None)
     g = _module(root, "trainer.train_ppo")
     lm_config, tokenizer, actor, ref_model = _models(g, root)
     critic = g.CriticModel(lm_config)
@@ -215,7 +228,7 @@ def run_ppo(checkout, tmp, rec, bug=None, rollouts=2, batch_size=4, mini_batch_s
     critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=lr)
     g.__dict__.update(
         args=args, lm_config=lm_config, actor_model=actor, critic_model=critic,
-        tokenizer=tokenizer, autocast_ctx=nullcontext(), crosscheck_rec=rec,
+        tokenizer=tokenizer, autocast_ctx=nullcontext(), rec=rec,
         actor_optimizer=rec.optimizer(actor_optimizer) if rec is not None else actor_optimizer,
         critic_optimizer=critic_optimizer)
     engine = g.create_rollout_engine(engine_type="torch", policy_model=actor,

@@ -64,6 +64,18 @@ def test_minimind_train_grpo_without_the_accumulation_division_is_caught_as_twic
                          for m in grads), report.text()
 
 
+def test_minimind_train_grpo_with_a_token_mean_per_micro_batch_is_caught_as_that_aggregation(
+        tmp_path):
+    report = _grpo(tmp_path, bug="token-mean")
+    assert report.ok is False
+    assert report.steps[0].counts["micro-batch loss"] == [2, 2]
+    grads = _causes(report, "gradient")
+    assert len(grads) == 3 and all(
+        m.startswith("the aggregation: the gradient is that of agg='token-mean' normalised over "
+                     "each micro-batch, not the declared agg='seq-mean-token-mean' over each "
+                     "step") for m in grads), report.text()
+
+
 def test_minimind_train_grpo_with_the_kl_past_the_end_token_is_caught_as_a_wrong_mask(tmp_path):
     report = _grpo(tmp_path, bug="kl-wrong-tokens")
     # at step 1 the policy is the reference: ∂k3/∂logp = 0 everywhere, nothing to see
