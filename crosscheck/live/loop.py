@@ -366,11 +366,15 @@ class LoopRecorder:
         declared = (self.kw.get("agg", "seq-mean-token-mean"), self.scope)
         out = []
         for agg in OTHER_AGGS:
+            try:                            # keywords the declared aggregation alone takes
+                kw = _check_objective({**self.kw, "agg": agg})
+            except (TypeError, ValueError):
+                continue
             for scope in NORM_OVER:
-                if (agg, scope) == declared or "norm" in self.kw:
+                if (agg, scope) == declared:
                     continue
-                obj = Objective({**self.kw, "agg": agg}, scope, SOURCE)
-                out.append((lambda mbs, obj=obj: step_value_and_gradient(obj, counted_rows(mbs))[1],
+                obj = Objective(kw, scope, SOURCE)
+                out.append((lambda mbs, o=obj: step_value_and_gradient(o, counted_rows(mbs))[1],
                             "deviation",
                             f"the aggregation: the gradient is that of agg={agg!r} normalised "
                             f"over each {scope}, not the declared agg={declared[0]!r} over each "
