@@ -30,7 +30,9 @@ The declaration:
 At each sampled step (steps 1 and 2, then every `every`-th: the TRL watch's schedule) it checks
 each micro-batch's loss value, the hooked ∂(what was back-propagated)/∂logp at every token
 summed over the step (and ÷ processes) against ∂J/∂logp, that no gradient flows into the
-advantages, old or reference log-probs, and the advantages against the declared estimator.
+advantages, old or reference log-probs, and the advantages against the declared estimator. A
+gradient that fails is tried against the other aggregations (OTHER_AGGS × NORM_OVER): one that
+matches names the cause.
 """
 import time
 import types
