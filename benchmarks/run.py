@@ -3,7 +3,9 @@
     python benchmarks/run.py                 # CPU, everything (about 6 minutes here)
     python benchmarks/run.py --quick         # smaller sizes only
     python benchmarks/run.py --device cuda   # the torch rows on a GPU
-    python benchmarks/run.py --live          # the live audit's cost on real TRL steps
+    python benchmarks/run.py --live          # the live audit's cost on real TRL steps (and
+                                             # MiniMind's, with CROSSCHECK_MINIMIND set)
+    python benchmarks/run.py --loop          # record_loop's cost on MiniMind's train_grpo.py
 
 Every figure is a median over rounds; every comparison is a ratio of times taken in the same
 rounds: the callables of one comparison are each called once per round, in an order shuffled
@@ -442,6 +444,78 @@ def live_table(repeats, steps=10, B=64, T=512):
             f"the audit's own code (target ≤ 10 %)")
 
 
+def loop_table(repeats, steps=2, G=8, T=64, hidden=64, layers=2):
+    """record_loop's cost on MiniMind's own trainer/train_grpo.py (tests/live/minimind_real.py,
+    from the checkout named by CROSSCHECK_MINIMIND): 2 prompts × G completions of T tokens (an
+    untrained model: no completion ends early) a batch, 2 batches an optimizer step, `steps`
+    steps a run, a MiniMindConfig of `hidden` × `layers`, on one thread. Variants: the bare
+    script, the script with the recorder's lines under every=1, the bare script again as the
+    control pair, in shuffled rounds; the figure is the median time per step of
+    grpo_train_epoch (the set-up left out), and the recorder's own time (Report.seconds: its
+    hooks in the backward and its checks) per step beside it."""
+    import importlib.util
+    import tempfile
+    checkout = os.environ.get("CROSSCHECK_MINIMIND", "")
+    if not os.path.isfile(os.path.join(checkout, "trainer", "train_grpo.py")):
+        print("\nrecord_loop: set CROSSCHECK_MINIMIND to a jingyaogong/minimind checkout at "
+              "d65ef2c to time it on MiniMind's train_grpo.py")
+        return
+    if any(importlib.util.find_spec(n) is None for n in ("transformers", "datasets")):
+        print("\nrecord_loop: transformers or datasets not installed (pip install -e '.[live]')")
+        return
+    import crosscheck.live as live
+    from tests.live import minimind_real
+    cispo = dict(loss="cispo", clip_high=5.0, bound="absolute", beta=0.1, kl_kind="k3",
+                 agg="seq-mean-token-mean", empty_rows="include")
+    groups = dict(estimator="group_advantages", group_size=G, ddof=0, eps=1e-4)
+    own = collections.defaultdict(list)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)       # 2 threads on a shared 2-core machine thrash: 10-20× slower
+
+    def variant(every):
+        def run():
+            rec = None if every is None else live.record_loop(cispo, advantages=groups,
+                                                              every=every, verbose=False)
+            times = []
+            with contextlib.redirect_stdout(io.StringIO()), tempfile.TemporaryDirectory() as d:
+                with rec or contextlib.nullcontext():
+                    minimind_real.run_grpo(checkout, d, rec, steps=steps, num_generations=G,
+                                           max_gen_len=T, sft_steps=0, timings=times,
+                                           hidden_size=hidden, num_hidden_layers=layers)
+            if rec is not None:
+                if rec.report.ok is not True:
+                    raise RuntimeError(f"record_loop did not conform:\n{rec.report.text()}")
+                own[every].append(rec.report.seconds / steps)
+            return times[0] / steps
+        return run
+
+    labels = ["bare script", "record_loop(every=1)", "(control) bare again"]
+    fs = [variant(None), variant(1), variant(None)]
+    per_step = collections.defaultdict(list)
+    rng = random.Random(4)
+    try:
+        for _ in range(repeats):
+            order = list(range(len(fs)))
+            rng.shuffle(order)
+            for k in order:
+                per_step[k].append(fs[k]())
+    finally:
+        torch.set_num_threads(threads)
+    med = [statistics.median(per_step[k]) for k in range(len(fs))]
+    print(f"\nrecord_loop on MiniMind's train_grpo.py, 2 × {G} completions × {T} tokens a batch, "
+          f"2 batches a step, {steps} steps a run, hidden {hidden} × {layers} layers, 1 thread, "
+          f"{repeats} rounds")
+    print(f"{'variant':<28}{'s / step':>10}{'ratio':>9}{'own s / step':>14}")
+    for k, label in enumerate(labels):
+        mine = f"{statistics.median(own[1]):.4f}" if k == 1 else ""
+        print(f"{label:<28}{med[k]:>10.3f}{med[k] / med[0]:>8.3f}×{mine:>14}")
+    ctrl, ok = control_ratio(med[0], med[2])
+    print(f"control pair {ctrl:.2f}×" + ("" if ok else " — WARNING: the machine is noisy")
+          + f"; every=1 costs {100 * statistics.median(own[1]) / med[0]:.2f} % of a step in "
+            f"the recorder's own code, {100 * (med[1] / med[0] - 1):+.1f} % end to end "
+            f"(target ≤ 10 %)")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
@@ -450,7 +524,11 @@ def main(argv=None):
     p.add_argument("--no-harness", action="store_true")
     p.add_argument("--cards", action="store_true", help="only the report cards' wall times")
     p.add_argument("--live", action="store_true",
-                   help="only the live audit's overhead on real TRL steps")
+                   help="only the live audit's overhead on real TRL steps and, with "
+                        "CROSSCHECK_MINIMIND set, record_loop's on MiniMind's train_grpo.py")
+    p.add_argument("--loop", action="store_true",
+                   help="only record_loop's overhead on MiniMind's train_grpo.py "
+                        "(CROSSCHECK_MINIMIND names the checkout)")
     p.add_argument("--child-mem", nargs=5, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child_mem:
@@ -465,8 +543,10 @@ def main(argv=None):
         card_table(max(3, args.repeats))
         print(f"\nload average after: {load_average()}")
         return
-    if args.live:
-        live_table(args.repeats)
+    if args.live or args.loop:
+        if args.live:
+            live_table(args.repeats)
+        loop_table(args.repeats)
         print(f"\nload average after: {load_average()}")
         return
     sizes = [(64, 1024)] if args.quick else [(64, 1024), (64, 8192), (512, 1024), (512, 8192)]

@@ -197,7 +197,8 @@ def gradient(res: StepResult, mbs: Sequence[MicroBatch], world: int, documented:
     """Check 3: Σ_window (1/P)·∂(loss back-propagated)/∂logp = ∂J/∂logp at every token.
 
     Where it fails, each alternative (gradients of `mbs`, grade, why, source): a form of the
-    objective the trainer documents elsewhere; one that matches grades the step by it.
+    objective the trainer documents elsewhere, or (grade "deviation") a named cause; one that
+    matches grades the step by it (a deviation's tokens still count as failed).
 
     Tolerance: the row's rtol relative to each entry, atol relative to the step's largest
     reference entry (a gradient's rounding is relative to its size, which 1/N shrinks)."""
@@ -223,7 +224,10 @@ def gradient(res: StepResult, mbs: Sequence[MicroBatch], world: int, documented:
         if not _gradient_fails(mbs, applied, alt_ref, tol, alt_scale):
             ratios = np.concatenate([a[r != 0] / r[r != 0] for a, r in zip(alt_ref, reference)])
             span = (f"{ratios.min():.4g}–{ratios.max():.4g}" if ratios.size else "1")
-            res.count("gradient", n, 0, 0.0)
+            if grade == "deviation":        # named, but the tokens still differ from J's
+                res.count("gradient", n, sum(k for *_, k in fails), rel)
+            else:
+                res.count("gradient", n, 0, 0.0)
             res.findings.append(Finding(
                 res.step, "gradient", grade,
                 f"{why}; each token's gradient is {span}× the documented objective's",

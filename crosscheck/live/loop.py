@@ -30,7 +30,9 @@ The declaration:
 At each sampled step (steps 1 and 2, then every `every`-th: the TRL watch's schedule) it checks
 each micro-batch's loss value, the hooked ∂(what was back-propagated)/∂logp at every token
 summed over the step (and ÷ processes) against ∂J/∂logp, that no gradient flows into the
-advantages, old or reference log-probs, and the advantages against the declared estimator.
+advantages, old or reference log-probs, and the advantages against the declared estimator. A
+gradient that fails is tried against the other aggregations (OTHER_AGGS × NORM_OVER): one that
+matches names the cause.
 """
 import time
 import types
@@ -43,11 +45,13 @@ import ref_numpy
 
 from .. import bridge
 from . import checks
-from .objective import MicroBatch, Objective
+from .objective import MicroBatch, Objective, counted_rows, step_value_and_gradient
 from .report import Finding, LiveDeviation, Report, StepResult
 from .trl import _all_gather, _broadcast, _dist, sampled
 
 NORM_OVER = ("step", "micro-batch")
+# aggregations a gradient that fails is tried against, to name the one the loop computes
+OTHER_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 ESTIMATORS = ("group_advantages", "gae")
 SOURCE = "the objective you declared"
 TRUSTED = (
@@ -101,12 +105,14 @@ def _np(x):
     return None if x is None else bridge.to_numpy(x)
 
 
-def _hold(t: torch.Tensor, held: dict, name: str) -> None:
+def _hold(t: torch.Tensor, held: dict, name: str, report: Report) -> None:
     """Count the nonzero gradient entries that reach `t`, or the node it was computed from by
     one indexing or view (`advantages[inds]` marked, `advantages[inds]` written again in the
-    loss: two nodes over one tensor), into held[name]."""
+    loss: two nodes over one tensor), into held[name] (the time it takes into report.seconds)."""
     def count(grads):
+        t0 = time.perf_counter()
         held[name] += sum(int((g != 0).sum()) for g in grads if g is not None)
+        report.seconds += time.perf_counter() - t0
     nodes = [t.grad_fn] if t.grad_fn is not None else []
     nodes += [n for n, _ in (t.grad_fn.next_functions if t.grad_fn is not None else ())
               if n is not None]
@@ -153,6 +159,14 @@ class LoopRecorder:
             self.report.trusted.append(ALL_REDUCE)
         if self.adv_decl is None:
             self.report.not_applicable["advantages"] = "no advantage estimator declared"
+        elif self.adv_decl["estimator"] == "gae":
+            self.report.words["advantages"] = (
+                "the advantages the loop computed, against gae"
+                + (" then whiten" if "whiten" in self.adv_decl else "")
+                + " on the marked per-token rewards, values and mask")
+        else:
+            self.report.words["advantages"] = ("the advantages the loop computed, against "
+                                               "group_advantages on the marked rewards")
 
     # ------------------------------------------------------------------ context
     def __enter__(self):
@@ -218,14 +232,19 @@ class LoopRecorder:
             raise TypeError("logp is not a tensor that requires grad: mark the log-probs the "
                             "loss back-propagates through")
         cap: dict = {"held": {}}
-        logp.register_hook(lambda g, cap=cap: cap.__setitem__("grad", bridge.to_numpy(g)))
+
+        def keep(g, cap=cap):               # runs in your backward: timed as the audit's own
+            t0 = time.perf_counter()
+            cap["grad"] = bridge.to_numpy(g)
+            self.report.seconds += time.perf_counter() - t0
+        logp.register_hook(keep)
         for name, t in (("advantages", advantages), ("old log-probs", old_logp),
                         ("reference log-probs", ref_logp)):
             if t is None:
                 continue
             cap["held"][name] = 0
             if isinstance(t, torch.Tensor) and t.requires_grad:
-                _hold(t, cap["held"], name)
+                _hold(t, cap["held"], name, self.report)
         self._open = dict(cap=cap, logp=_np(logp), old=_np(old_logp), adv=_np(advantages),
                           mask=_np(mask) != 0, ref=_np(ref_logp),
                           dtype=str(logp.dtype).replace("torch.", ""))
@@ -340,7 +359,29 @@ class LoopRecorder:
                 res, mbs, lambda mb: (self.kw, share[mb.rank, mb.index], SOURCE), tol,
                 extra=None if extra is None else (lambda mb: share[mb.rank, mb.index]
                                                   * extra(mb)))
-        checks.gradient(res, mbs, self.world, Objective(self.kw, self.scope, SOURCE), tol)
+        checks.gradient(res, mbs, self.world, Objective(self.kw, self.scope, SOURCE), tol,
+                        self._aggregations())
+
+    def _aggregations(self):
+        """The other token aggregations and normalisation scopes (OTHER_AGGS × NORM_OVER), as
+        `checks.gradient` alternatives: a gradient that is one of them is named by it."""
+        declared = (self.kw.get("agg", "seq-mean-token-mean"), self.scope)
+        out = []
+        for agg in OTHER_AGGS:
+            try:                            # keywords the declared aggregation alone takes
+                kw = _check_objective({**self.kw, "agg": agg})
+            except (TypeError, ValueError):
+                continue
+            for scope in NORM_OVER:
+                if (agg, scope) == declared:
+                    continue
+                obj = Objective(kw, scope, SOURCE)
+                out.append((lambda mbs, o=obj: step_value_and_gradient(o, counted_rows(mbs))[1],
+                            "deviation",
+                            f"the aggregation: the gradient is that of agg={agg!r} normalised "
+                            f"over each {scope}, not the declared agg={declared[0]!r} over each "
+                            f"{declared[1]}", SOURCE))
+        return out
 
     def _value_term(self, mb: MicroBatch) -> float:
         crit = mb.meta.get("critic")

@@ -1,11 +1,16 @@
 """crosscheck.live.record_loop on home-grown loops in the shape of MiniMind's GRPO and PPO
 scripts (tests/live/minimind_style.py): clean runs conform at every sampled step; a
 per-micro-batch normalisation, the KL on the wrong tokens and advantages not detached are each
-caught; the recorder changes nothing in the run."""
+caught; the recorder changes nothing in the run; docs/live.md's recipe is the lines that
+tests/live/minimind_real.py adds to MiniMind's own scripts."""
+import os
+import re
+
 import pytest
 import torch
 
 import crosscheck.live as live
+from tests.live import minimind_real
 from tests.live import minimind_style as M
 
 # MiniMind's GRPO objective in policy_objective's words (its report card's 'cispo' row)
@@ -55,6 +60,7 @@ def test_a_minimind_style_ppo_loop_with_a_critic_conforms():
     for s in report.steps:
         assert s.counts["gradient"] == [24, 0] and s.counts["micro-batch loss"] == [2, 0]
         assert s.counts["advantages"] == [24, 0]
+    assert "advantages: the advantages the loop computed, against gae then whiten" in report.text()
 
 
 def test_a_per_micro_batch_token_normalisation_is_caught_at_step_1():
@@ -63,6 +69,10 @@ def test_a_per_micro_batch_token_normalisation_is_caught_at_step_1():
     first = report.deviations[0]
     assert first.step == 1 and first.check == "micro-batch loss"
     assert {f.check for f in report.deviations} == {"micro-batch loss", "gradient"}
+    grads = [f.message for f in report.deviations if f.check == "gradient"]
+    assert grads and all(m.startswith("the aggregation: the gradient is that of agg='token-mean' "
+                                      "normalised over each micro-batch, not the declared "
+                                      "agg='seq-mean-token-mean' over each step") for m in grads)
 
 
 def test_the_kl_on_the_tokens_after_eos_is_caught_as_a_wrong_mask_at_step_2():
@@ -137,3 +147,21 @@ def test_a_wrapped_optimizer_takes_an_lr_scheduler_and_is_restored_on_exit():
         rec.optimizer(opt)
         torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=10)   # rewraps opt.step
     assert "step" not in opt.__dict__
+
+
+def _squeezed(text):
+    return re.sub(r"\s+", "", re.sub(r"#[^\n]*", "", text))
+
+
+@pytest.mark.parametrize("which, heading", [("grpo", "`train_grpo.py`, in `grpo_train_epoch`"),
+                                            ("ppo", "`train_ppo.py`, in `ppo_train_epoch`")])
+def test_the_recipe_in_docs_live_is_the_lines_the_minimind_tests_add(which, heading):
+    doc = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "live.md"),
+               encoding="utf-8").read()
+    assert heading in doc
+    section = doc[doc.index(heading):]
+    section = _squeezed(section[:section.index("declared as")])
+    for where, anchor, added in minimind_real.LINES[which]:
+        a, b = section.find(_squeezed(anchor)), section.find(_squeezed(added))
+        assert a >= 0 and b >= 0, (anchor, added)
+        assert (a < b) if where == "after" else (b < a), (where, anchor, added)
