@@ -208,6 +208,26 @@ def _groups(kind):
     return make
 
 
+# --------------------------------------------------------------------- entropy, GAE
+def _entropy(fn):
+    def adapter(logits, mask):
+        zero = logits.new_zeros(())
+        return torch.where(mask.bool(), fn(torch.where(mask.bool()[..., None], logits, zero)),
+                           zero)
+    return adapter
+
+
+def _gae(fn):
+    """calculate_advantages on NumPy [B, T] rows, rewards and values 0 at padding."""
+    def adapter(rewards, values, mask):
+        r = zero_padding(mask, rewards).detach().numpy()
+        v = zero_padding(mask, values).detach().numpy()
+        adv, ret = fn(v, r, 0.99, 0.95)
+        return (zero_padding(mask, torch.from_numpy(np.asarray(adv))),
+                zero_padding(mask, torch.from_numpy(np.asarray(ret))))
+    return adapter
+
+
 _PADDING = Known(
     "garbage", "robustness",
     "estimate_kl computes on every position and masked_mean masks by multiplying "
@@ -251,12 +271,12 @@ def _token_clamped(data):
 
 _CLAMP_WHAT = (
     "compute_rho_correction clamps each token's log ρ to ±10 before the sequence-level mean "
-    "(grpo_utils.py:417-419, then _sequence_level_mean), where the reference clips the "
+    "(grpo_utils.py:416-418, then _sequence_level_mean), where the reference clips the "
     "sequence's mean log-ratio: they differ only where a token's log-ratio between the "
     "trainer's and vLLM's log-probs passes ±10 (the variant clips each token's first)")
 _CLAMP = Known("value", "documented choice", _CLAMP_WHAT,
                variant=dict(inputs=_token_clamped),
-               cite="grpo_utils.py:417-419, in code only: logprob_diff = (old_logprob − "
+               cite="grpo_utils.py:416-418, in code only: logprob_diff = (old_logprob − "
                     "vllm_logprobs).clamp(-10.0, 10.0) per token, before any mean")
 
 ROWS = tuple(
@@ -311,9 +331,9 @@ ROWS = tuple(
 
 _PACKED = Known(
     "value", "defect",
-    "_sequence_level_mean (grpo_utils.py:380-391) averages over a row of the micro-batch, and a "
+    "_sequence_level_mean (grpo_utils.py:380-390) averages over a row of the micro-batch, and a "
     "row is a pack of several responses (rl_utils.pack_sequences; the per-sample ids are cast "
-    "to a bool mask at data_loader.py:1519 before the step reads it): the sequence-level ρ "
+    "to a bool mask at data_loader.py:1520 before the step reads it): the sequence-level ρ "
     "(rho_mask_sequence_level, whose help says 'per response sequence') and the TV filter's "
     "mean |ρ − 1| are each one figure per pack, shared by every response in it, so a response "
     "is kept or dropped (and, at sequence level, weighted) by its pack-mates' ratios. The "
@@ -392,6 +412,14 @@ ROWS = ROWS + (
         choices=_STEP + ("load_ref_policy False and beta 0 (its validation requires both): "
                          "compute_grpo_loss's KL is zeros",),
         conventions=dict(_PPO, beta=0.0), audit=dict(accumulation="none"), known=(_PADDING,)),
+    Row(f"{MU}:entropy_from_logits", "entropy", _entropy,
+        choices=("logits 0 at padding, the entropy read at valid tokens (the step logs it "
+                 "under no_grad with record_entropy)",), params=("logits",)),
+    Row(f"{RL}:calculate_advantages", "gae", _gae,
+        choices=("values and rewards as NumPy [B, T] rows, 0 at padding; γ 0.99, λ 0.95; read "
+                 "at the valid tokens (no training code of this commit calls it: its tests do)",),
+        conventions=dict(gamma=0.99, lam=0.95), audit=dict(domain=("right_padded",)),
+        params=("values", "rewards", "gamma", "lam")),
     Row(f"{RL}:masked_mean", "aggregate", _masked_mean(), label="token mean",
         choices=("axis None, no denominator: the mask's count",),
         conventions=dict(mode="token-mean"), audit=dict(accumulation="none"),
@@ -454,17 +482,16 @@ TRAINER = Trainer(
              ("compute_metrics_from_loss_stats", "logged token-weighted averages of the "
                                                  "per-sample figures, no gradient"),
              ("log_softmax_and_gather", "the model's log-probs from logits: no RL math"),
-             ("entropy_from_logits", "logged only (under no_grad, record_entropy)"),
-             ("calculate_advantages", "GAE for a value model, which grpo_fast never calls (no "
-                                      "caller in open_instruct/ at this commit)"),
-             ("calculate_advantages_packed", "GAE over packed rows, which grpo_fast never calls "
-                                             "(no caller in open_instruct/ at this commit)")),
+             ("calculate_advantages_packed", "GAE over packed rows cut by `dones` and a query "
+                                             "mask: no reference takes packed boundaries (only "
+                                             "open-instruct's tests call it at this commit)")),
     runs=("the step's loss block with dapo 0.2/0.272 and the KL estimators 2 (k3, default), 3 "
           "(ratio·k1) and 1 (k2); cispo; a constant denominator 512; no reference policy",
           "estimate_kl's four estimators", "compute_rho_correction: truncation at 2 (the "
           "default), a token mask 0.5/5, a sequence mask 0.5/2, the TV filter 0.3/1.5, the "
           "last two with one response per row and packed two to a row",
           "masked_mean with the token count and a constant denominator",
+          "entropy_from_logits", "calculate_advantages (GAE, γ 0.99, λ 0.95)",
           "the group advantages, centered (the default) and standard"),
     does_not_run=("the ρ correction inside the step (vLLM's log-probs equal the old ones "
                   "there; its own rows judge it)", "mini-batches of one (old = new.detach(): "
@@ -476,7 +503,7 @@ TRAINER = Trainer(
            "unbiased off-policy estimate of KL(π‖ref) and of its gradient; its reference is "
            "ratio_kl_penalty (policy_objective's kl_weight 'ratio' with kl_kind 'k1')",
            "with rho_mask_tv_divergence the bounds are validated as bounds on ρ "
-           "(rho_mask_upper_bound > 1, rho_mask_lower_bound in (0, 1), grpo_utils.py:326-336) "
+           "(rho_mask_upper_bound > 1, rho_mask_lower_bound in (0, 1), grpo_utils.py:325-337) "
            "although they bound the mean |ρ − 1|: a TV threshold under 1 cannot be set above",
            "judged under the verl profile with every convention the rows need set "
            "explicitly"),
