@@ -37,7 +37,6 @@ Facts read at commit e6c3044aa:
   samples.
 """
 import importlib
-import math
 from types import SimpleNamespace
 
 import numpy as np
@@ -58,7 +57,6 @@ _CONFIG = dict(loss_fn="dapo", clip_lower=0.2, clip_higher=0.272, beta=0.05, kl_
                rho_mask_sequence_level=False, rho_mask_tv_divergence=False,
                use_vllm_logprobs=False, record_entropy=False, world_size=1,
                sequence_parallel_size=1, loss_denominator="token")
-INVALID_LOGPROB = 1.0          # utils.INVALID_LOGPROB: what mask_logprobs writes at padding
 
 
 def _config(**settings):
@@ -316,8 +314,8 @@ ROWS = tuple(
                          kept="unit", log_ratio_clamp=10.0),
         params=("old_logprob", "vllm_logprobs", "response_mask", "advantages", "config"),
         known=(_CLAMP,)),
-    Row(f"{GU}:compute_rho_correction", "tv_filter_mask", _tv(rho_mask_tv_divergence=True, rho_mask_lower_bound=0.3,
-                              rho_mask_upper_bound=1.5),
+    Row(f"{GU}:compute_rho_correction", "tv_filter_mask",
+        _tv(rho_mask_tv_divergence=True, rho_mask_lower_bound=0.3, rho_mask_upper_bound=1.5),
         label="TV filter 0.3/1.5, one response per row",
         choices=("compute_rho_correction with rho_mask_tv_divergence, rho_mask_lower_bound "
                  "0.3 and rho_mask_upper_bound 1.5 (bounds within what its validation allows: "

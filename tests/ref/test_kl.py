@@ -152,7 +152,8 @@ class TestRatioKlPenalty:
             close(ref_numpy.ratio_kl_penalty(logp, logp, ref, kind=kind),
                   ref_numpy.kl_penalty(logp, ref, kind=kind))
         # a three-token vocabulary, samples from π_old: Σ_y π_old(y)·r(y)·k1(y) = KL(π‖ref)
-        pi, old, rf = np.array([0.5, 0.3, 0.2]), np.array([0.2, 0.2, 0.6]), np.array([0.3, 0.3, 0.4])
+        pi, old = np.array([0.5, 0.3, 0.2]), np.array([0.2, 0.2, 0.6])
+        rf = np.array([0.3, 0.3, 0.4])
         est = ref_numpy.ratio_kl_penalty(np.log(pi)[None], np.log(old)[None], np.log(rf)[None])
         close((old * est[0]).sum(), (pi * np.log(pi / rf)).sum())
 
@@ -180,5 +181,6 @@ class TestRatioKlPenalty:
         with pytest.raises(ValueError, match=r"old_logp has shape \(1, 3\)"):
             ref_numpy.ratio_kl_penalty(logp, np.zeros((1, 3)), ref, m)
         with pytest.raises(ValueError, match="old_logp"):
-            ref_torch.ratio_kl_penalty(torch.tensor(logp), torch.tensor([[np.nan, 0.0]], dtype=torch.float64),
-                                       torch.tensor(ref), torch.tensor(m))
+            bad_old = torch.tensor([[np.nan, 0.0]], dtype=torch.float64)
+            ref_torch.ratio_kl_penalty(torch.tensor(logp), bad_old, torch.tensor(ref),
+                                       torch.tensor(m))
