@@ -1135,12 +1135,29 @@ def log_softmax_and_gather(logits, index):
     return torch.log_softmax(logits, -1).gather(-1, index.unsqueeze(-1)).squeeze(-1)
 
 
+def entropy_from_logits(logits):
+    p = torch.softmax(logits, -1)
+    return torch.logsumexp(logits, -1) - (p * logits).sum(-1)
+
+
 def estimate_kl(ref_logprobs_diff, ratio):
     d = ref_logprobs_diff
     return torch.stack([d, d * d / 2, torch.expm1(-d) + d, RATIO_KL])
 '''
 OI_RL_UTILS = '''
+import numpy as np
 import torch
+
+
+def calculate_advantages(values, rewards, gamma, lam):
+    T = values.shape[1]
+    running, out = 0.0, [None] * T
+    for t in reversed(range(T)):
+        after = values[:, t + 1] if t + 1 < T else 0.0
+        running = rewards[:, t] + gamma * after - values[:, t] + gamma * lam * running
+        out[t] = running
+    adv = np.stack(out, axis=1)
+    return adv, adv + values
 
 
 def masked_mean(values, mask, axis=None, denominator=None):
