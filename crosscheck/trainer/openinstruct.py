@@ -434,7 +434,7 @@ ROWS = ROWS + (
                  "scores; num_samples_per_prompt_rollout the group size, groups consecutive; "
                  f"advantage_normalization_type {kind!r}" + (" (the default)" if kind ==
                                                               "centered" else ""),),
-        conventions=conventions, audit=dict(domain=("groups_of_two",)))
+        conventions=conventions)
     for kind, conventions in (
         ("centered", dict(baseline="mean", scale="none", ddof=0, eps=0.0, singleton="zero")),
         ("standard", dict(baseline="mean", scale="group", ddof=0, eps=1e-8, singleton="zero")),
