@@ -141,6 +141,32 @@ def _tv(pairs=False, **settings):
     return make
 
 
+# --------------------------------------------------------------------- compute_grpo_loss
+def _weighted_loss(fn):
+    """compute_grpo_loss's per-token pg_loss with the ρ weights compute_rho_correction gives,
+    as the step passes them: ratio = exp(logp − old), old the proximal (trainer's old)
+    log-probs, vLLM's the behaviour's; no reference policy (the KL rows judge the KL)."""
+    def adapter(logp, prox_logp, behave_logp, advantages, mask):
+        gu = _module(GU)
+        m = mask.bool()
+        a = zero_padding(mask, per_sequence(advantages, logp))
+        old, vllm = gu.mask_logprobs(prox_logp, m), gu.mask_logprobs(behave_logp, m)
+        new = gu.mask_logprobs(logp, m)
+        config = _config()
+        rho = gu.compute_rho_correction(old, vllm, m, a, config)
+        pg, _, _ = fn(new, torch.exp(new - old), a, None, config, rho.weights)
+        return zero_padding(mask, pg)
+    return adapter
+
+
+def _behave_clamped(data):
+    """decoupled_ppo_loss's inputs with each token's log(π_prox/π_behave) clipped to ±10
+    (behave_logp moved to match), as compute_rho_correction clamps it."""
+    with np.errstate(invalid="ignore"):
+        x = np.clip(data["prox_logp"] - data["behave_logp"], -10.0, 10.0)
+    return dict(data, behave_logp=data["prox_logp"] - x)
+
+
 # --------------------------------------------------------------------- the step's loss block
 class _Metrics(dict):
     """self.local_metrics: the step updates it with vLLM-vs-local debug figures."""
@@ -366,6 +392,21 @@ _PACKING = ("two responses per row, packed as pack_sequences lays them out: each
             "unpacked to the reference's rows",)
 
 ROWS = ROWS + (
+    Row(f"{GU}:compute_grpo_loss", "decoupled_ppo_loss", _weighted_loss,
+        label="dapo × ρ weights (the defaults)",
+        choices=("compute_rho_correction's weights (GRPOExperimentConfig's defaults: min(ρ, 2), "
+                 "ρ = π_old/π_vLLM) multiplied into compute_grpo_loss's dapo loss (0.2/0.272) "
+                 "as the step passes them; prox_logp the trainer's old log-probs, behave_logp "
+                 "vLLM's; every log-prob masked by mask_logprobs; no reference policy",),
+        conventions=dict(clip_low=0.2, clip_high=0.272, clip_c=None, is_level="token",
+                         is_mode="truncate", is_lower=None, is_upper=2.0),
+        audit=dict(profile=None),
+        params=("new_logprobs", "ratio", "advantages", "ref_logprobs", "config", "rho_weights"),
+        known=(Known("value", "documented choice", _CLAMP_WHAT.replace(
+            "before the sequence-level mean (grpo_utils.py:416-418, then _sequence_level_mean), "
+            "where the reference clips the sequence's mean log-ratio",
+            "(grpo_utils.py:416-418), where the reference clamps none"),
+            variant=dict(inputs=_behave_clamped), cite=_CLAMP.cite),)),
     Row(f"{GU}:compute_rho_correction", "rollout_is_weights",
         _with_unpacked(_rho(pairs=True, **_SEQ), _rho(**_SEQ)),
         label="sequence mask 0.5/2, packed", choices=_RHO + (
@@ -458,10 +499,7 @@ TRAINER = Trainer(
                (RL, r"masked_mean|calculate_advantages|calculate_advantages_packed"),
                (FAST, r"PolicyTrainerRayProcess\.step"),
                (DATA, r"DataPreparationActor\._data_preparation_loop")),
-    not_run=(("compute_grpo_loss", "run inside PolicyTrainerRayProcess.step, whose rows run "
-                                   "it as the step calls it (dapo, cispo, KL estimators 1, 2 "
-                                   "and 3, no reference policy)"),
-             ("_rho_drop_masks", "reached through compute_rho_correction, which the mask rows "
+    not_run=(("_rho_drop_masks", "reached through compute_rho_correction, which the mask rows "
                                  "call"),
              ("_sequence_level_mean", "reached through compute_rho_correction's sequence-level "
                                       "and TV rows"),
@@ -483,7 +521,8 @@ TRAINER = Trainer(
              ("calculate_advantages_packed", "GAE over packed rows cut by `dones` and a query "
                                              "mask: no reference takes packed boundaries (only "
                                              "open-instruct's tests call it at this commit)")),
-    runs=("the step's loss block with dapo 0.2/0.272 and the KL estimators 2 (k3, default), 3 "
+    runs=("compute_grpo_loss (dapo) times compute_rho_correction's default weights, as the "
+          "step multiplies them", "the step's loss block with dapo 0.2/0.272 and the KL estimators 2 (k3, default), 3 "
           "(ratio·k1) and 1 (k2); cispo; a constant denominator 512; no reference policy",
           "estimate_kl's four estimators", "compute_rho_correction: truncation at 2 (the "
           "default), a token mask 0.5/5, a sequence mask 0.5/2, the TV filter 0.3/1.5, the "

@@ -33,6 +33,8 @@ PATCHES = [
     ("open-instruct", GU, "torch.clamp(ratio.detach(), max=1.0 + config.clip_higher)",
      "torch.clamp(ratio, max=1.0 + config.clip_higher)", 0,
      "PolicyTrainerRayProcess.step [cispo]"),
+    ("open-instruct", GU, "pg_loss *= rho_weights", "pg_loss *= rho_weights.clamp(max=1.0)", 0,
+     "compute_grpo_loss [dapo × ρ weights (the defaults)]"),
     ("open-instruct", FAST, "per_token_loss_BT = pg_loss_BT + self.args.beta * kl_BT",
      "per_token_loss_BT = pg_loss_BT - self.args.beta * kl_BT", 0, STEP),
     ("open-instruct", MU, "torch.expm1(-ref_logprobs_diff) + ref_logprobs_diff",
@@ -64,7 +66,8 @@ NAMES = sorted({p[0] for p in PATCHES})
 
 def _ascii_id(patch):
     raw = f"{patch[0]}:{patch[5]}:{patch[2][:30]}"
-    return raw.replace("·", ".").encode("ascii", "replace").decode()
+    return raw.replace("·", ".").replace("×", "x").replace("ρ", "rho").encode(
+        "ascii", "replace").decode()
 
 
 def _checkout(name):
