@@ -530,8 +530,9 @@ TRAINER = Trainer(
           "masked_mean with the token count and a constant denominator",
           "entropy_from_logits", "calculate_advantages (GAE, γ 0.99, λ 0.95)",
           "the group advantages, centered (the default) and standard"),
-    does_not_run=("the ρ correction inside the step (vLLM's log-probs equal the old ones "
-                  "there; its own rows judge it)", "mini-batches of one (old = new.detach(): "
+    does_not_run=("the ρ correction inside the step's block (vLLM's log-probs equal the old "
+                  "ones there; the compute_grpo_loss row multiplies its default weights in, "
+                  "its own rows judge the other modes)", "mini-batches of one (old = new.detach(): "
                   "ratio 1)", "gradient accumulation across micro-batches and ranks (the "
                   "denominator is the call's own count)", "sequence parallelism",
                   "the olmo-core training path (olmo_core_train_modules.py, the same "
@@ -541,7 +542,8 @@ TRAINER = Trainer(
            "ratio_kl_penalty (policy_objective's kl_weight 'ratio' with kl_kind 'k1')",
            "with rho_mask_tv_divergence the bounds are validated as bounds on ρ "
            "(rho_mask_upper_bound > 1, rho_mask_lower_bound in (0, 1), grpo_utils.py:325-337) "
-           "although they bound the mean |ρ − 1|: a TV threshold under 1 cannot be set above",
+           "although they bound the mean |ρ − 1|: an upper TV threshold of 1 or less cannot "
+           "be set",
            "judged under the verl profile with every convention the rows need set "
            "explicitly"),
 )
