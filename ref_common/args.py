@@ -539,6 +539,22 @@ def opsm(delta) -> float:
     return checks.number("delta", delta)
 
 
+def tv_filter(lower, upper) -> Tuple[Optional[float], Optional[float]]:
+    """tv_filter_mask's bounds on a sequence's mean |ρ − 1|: each None or a finite number ≥ 0,
+    lower ≤ upper when both are set (its arrays are a ratio loss's inputs)."""
+    lo = checks.non_negative("lower", lower, allow_none=True)
+    hi = checks.non_negative("upper", upper, allow_none=True)
+    if lo is not None and hi is not None and lo > hi:
+        raise ValueError(f"lower is {lo} but upper is {hi}; expected lower <= upper")
+    return lo, hi
+
+
+def ratio_kl(ops: Ops, logp, old_logp, mask_):
+    """ratio_kl_penalty's old_logp beside kl_penalty's inputs (validated by `kl_penalty`):
+    log-probs of logp's shape, finite at valid tokens; returns the validated mask."""
+    return pair_inputs(ops, logp, old_logp, mask_, ("logp", "old_logp")).mask
+
+
 def m2po(ops: Ops, logp, old_logp, mask_, threshold) -> Tuple[PairInputs, float]:
     """m2po_mask's inputs: two log-prob arrays of one shape, their mask, and τ > 0."""
     return pair_inputs(ops, logp, old_logp, mask_, ("logp", "old_logp")), \

@@ -10,7 +10,8 @@ from .fipo import fipo_influence_weights
 from .estimators import kl_estimator_gradient, kl_estimator_moments, kl_estimator_moments_vjp
 from .kl import (approx_kl, approx_kl_vjp, kl_penalty, kl_penalty_vjp, kl_rewards,
                  kl_rewards_vjp)
-from .objective import policy_objective, policy_objective_vjp
+from .objective import (policy_objective, policy_objective_vjp, ratio_kl_penalty,
+                        ratio_kl_penalty_vjp)
 from .policy_losses import (cispo_loss, cispo_loss_vjp, clip_fraction, gspo_loss, gspo_loss_vjp,
                             ppo_clip_loss, ppo_clip_loss_vjp, sapo_loss, sapo_loss_vjp,
                             value_loss, value_loss_vjp, vespo_loss, vespo_loss_vjp)
@@ -22,7 +23,8 @@ from .outcome import (gpg_advantages, gpg_advantages_vjp, opo_advantages, opo_ad
                       whitened_group_advantages_vjp)
 from .pg_losses import (decoupled_ppo_loss, decoupled_ppo_loss_vjp, dppo_loss, dppo_loss_vjp,
                         gmpo_loss, gmpo_loss_vjp, kl_cov_loss, kl_cov_loss_vjp, m2po_mask,
-                        opsm_mask, reinforce_loss, reinforce_loss_vjp, rollout_is_weights)
+                        opsm_mask, reinforce_loss, reinforce_loss_vjp, rollout_is_weights,
+                        tv_filter_mask)
 from .reduce import aggregate, aggregate_vjp
 
 __all__ = [
@@ -59,4 +61,6 @@ __all__ = [
     "optimal_token_baseline_advantages", "optimal_token_baseline_advantages_vjp",
     "vespo_loss", "vespo_loss_vjp",
     "fipo_influence_weights",  # stop-gradient weights: not differentiated, no VJP
+    "ratio_kl_penalty", "ratio_kl_penalty_vjp",
+    "tv_filter_mask",          # a mask: not differentiated, no VJP
 ]

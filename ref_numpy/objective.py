@@ -5,6 +5,7 @@ import numpy as np
 from ref_common import args
 
 from . import _arrays as ar
+from ._arrays import OPS
 from .kl import kl_penalty, kl_penalty_vjp, unclamped, weighted_slope
 from .pg_losses import dppo_loss, dppo_loss_vjp
 from .policy_losses import (cispo_loss, cispo_loss_vjp, gspo_loss, gspo_loss_vjp, ppo_clip_loss,
@@ -86,6 +87,63 @@ def kl_term_vjp(g, logp, old_logp, ref_logp, mask, kind, clamp, weight):
             d = np.where(live & moves, gm * r * weighted_slope(kind, x),
                          r * dk + gm * r * k * moves)
     return ar.zero_masked(d, m)
+
+
+def ratio_kl_penalty(logp, old_logp, ref_logp, mask=None, *, kind="k1", clamp=None):
+    """A per-token KL(π‖ref) estimator importance-weighted from the sampling policy: tokens
+    y ~ π_old, the estimator at y times the attached ratio r = π(y)/π_old(y):
+
+        x = ref_logp − logp = log(ref(y)/π(y)),   r = exp(logp − old_logp)
+        K = r·k(x)       with k one of kl_penalty's estimators (k1 = −x, k2, k3, |x|)
+
+    E_{π_old}[r·k1] = E_π[log(π/ref)] = KL(π‖ref) for every old policy, and since r carries
+    the gradient, E_{π_old}[∇(r·k1)] = E_π[(1 + log(π/ref))·∇log π] = ∇KL(π‖ref): the value and
+    the gradient are both unbiased off-policy, where k1 alone (no weight) has a zero-mean
+    gradient (E_π[∇log π] = 0).
+
+    Reference: open-instruct `model_utils.estimate_kl`, estimator 3 (`ratio * (new − ref)`
+    with the difference clamped to ±40: kind "k1", clamp (40, None)); TRL's
+    `use_bias_correction_kl` (k3 times the token ratio); Schulman (2020) for k1.
+    Note: the KL term of `policy_objective` with kl_weight="ratio" is this function
+    (`kl_term`). The clamp acts on x (and on k) as in kl_penalty; r is capped at the largest
+    float as every exp of a log-ratio is.
+
+    Worked example: logp = log 0.5, old = log 0.25, ref = log 0.4: r = 2,
+    k1 = log(0.5/0.4) = 0.2231, K = 0.4463.
+
+    Args:
+      logp: [B, T] float (or [T]). log π of the sampled tokens.
+      old_logp: [B, T] float. log π_old, the policy that sampled them.
+      ref_logp: [B, T] float. log π_ref of the same tokens.
+      mask: [B, T] bool or 0/1, or None.
+      kind: "k1" | "k2" | "k3" | "abs".  clamp: as kl_penalty's.
+
+    Returns:
+      [B, T] float64, 0 at masked positions.
+    """
+    m = args.ratio_kl(OPS, logp, old_logp, mask)
+    kl_penalty(logp, ref_logp, m, kind=kind, clamp=clamp)         # validates ref_logp, kind
+    return kl_term(logp, old_logp, ref_logp, m, kind, clamp, "ratio")
+
+
+def ratio_kl_penalty_vjp(g, logp, old_logp, ref_logp, mask=None, *, kind="k1", clamp=None):
+    """VJP of `ratio_kl_penalty` wrt logp (old_logp and ref_logp are constants).
+
+    Gradient:
+      K = r·k with ∂r/∂logp = r (r = exp(logp − old_logp)), so by the product rule
+          ∂K/∂logp = r·∂k/∂logp + r·k = r·(∂k/∂logp + k),
+      ∂k/∂logp being kl_penalty's (k1: +1, k2: logp − ref, k3: 1 − ref/π, abs: −sign(x)).
+      For k1 (x = ref − logp): r·(1 − x) = r·(1 + log(π/ref)). Where no clamp binds, ∂k + k is
+      taken in closed form (`kl.weighted_slope`: k3's terms cancel to −x); where a clamp binds
+      ∂k = 0 and the gradient is r·k. Past the exp cap of r, r is flat: r·∂k/∂logp alone.
+      Masked positions get 0. (`kl_term_vjp` with weight "ratio".)
+
+    Returns:
+      {"logp": [B, T]} float64.
+    """
+    m = args.ratio_kl(OPS, logp, old_logp, mask)
+    kl_penalty(logp, ref_logp, m, kind=kind, clamp=clamp)
+    return {"logp": kl_term_vjp(g, logp, old_logp, ref_logp, m, kind, clamp, "ratio")}
 
 
 def _finite_objective(per_token, logp, old_logp, advantages, mask, ref_logp):

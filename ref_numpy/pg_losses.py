@@ -200,6 +200,74 @@ def opsm_mask(logp, old_logp, advantages, mask=None, *, delta=1e-4):
     return np.where(m & ~drop, 1.0, 0.0)
 
 
+# ====================================================================== the TV sequence filter
+def tv_drift(logp, old_logp, mask, log_ratio_clamp=None):
+    """Each row's mean total-variation drift D_b = Σ_t m·|ρ_t − 1| / max(Σ_t m, 1), [B, 1],
+    with ρ_t = exp(logp_t − old_logp_t) (the log-ratio clipped to ±log_ratio_clamp first).
+    Padding is never read. The one place in ref_numpy D is written: `tv_filter_mask` and the
+    case generator's choice of bounds use it."""
+    m = np.asarray(mask, dtype=bool)
+    with np.errstate(invalid="ignore", over="ignore"):     # garbage at padding is never read
+        x = np.where(m, np.asarray(logp, dtype=np.float64) -
+                     np.asarray(old_logp, dtype=np.float64), 0.0)
+    if log_ratio_clamp is not None:
+        x = np.clip(x, -log_ratio_clamp, log_ratio_clamp)
+    tv = np.where(m, np.abs(ar.capped_exp(x) - 1.0), 0.0)
+    return tv.sum(axis=-1, keepdims=True) / np.maximum(m.sum(axis=-1, keepdims=True), 1)
+
+
+def tv_filter_mask(logp, old_logp, advantages, mask=None, *, lower=None, upper=None,
+                   log_ratio_clamp=None):
+    """The total-variation sequence filter: which tokens of a sequence whose sampling and
+    training engines disagree too much keep their loss, dropping only the tokens whose update
+    would widen the disagreement.
+
+        ρ_bt = exp(logp_bt − old_logp_bt)                      π_train / π_sampler per token
+        D_b  = Σ_t m_bt·|ρ_bt − 1| / max(Σ_t m_bt, 1)           the sequence's mean TV drift
+        out_b = (D_b > upper) or (D_b < lower)                  (a bound None: that side off)
+        keep_bt = m_bt · (1 − 1[out_b and sign(log ρ_bt)·A_bt > 0])
+
+    A token with sign(log ρ)·A > 0 is one the policy gradient pushes further from the sampler
+    (A > 0 raises π_train where it already exceeds π_sampler; A < 0 lowers it where it is
+    already below), so only those are dropped; the others, which pull ρ back toward 1, stay.
+
+    Reference: VACO, arXiv:2603.01365 (the TV-divergence masking as open-instruct cites it);
+    open-instruct `grpo_utils.compute_rho_correction` with `rho_mask_tv_divergence`
+    (old_logp there is vLLM's log-prob, logp the trainer's old log-prob; the log-ratio clipped
+    to ±10; rho_mask_lower_bound / rho_mask_upper_bound the bounds, 0 disabling each).
+    Note: a mask, not differentiated (comparisons): the trainer multiplies its loss by it.
+    |ρ − 1| is half the L1 distance between the two engines' distributions restricted to the
+    sampled token, so D_b is a per-token-averaged TV proxy. sign(0) = 0: a token with ρ = 1
+    is never dropped.
+
+    Worked example: one row, logp − old_logp = [log 3, log 0.5], A = +1: ρ = [3, 0.5],
+    D = (2 + 0.5)/2 = 1.25. With upper = 1.1 the row is out; sign(log ρ)·A = [+1, −1]:
+    keep = [0, 1]. With A = −1: keep = [1, 0]. With upper = 2: keep = [1, 1].
+
+    Args:
+      logp: [B, T] float (or [T]). log π_train of the sampled tokens.
+      old_logp: [B, T] float. log π of the engine that sampled them.
+      advantages: [B, T] or [B] float.
+      mask: [B, T] bool or 0/1, or None.
+      lower, upper: None or finite bounds ≥ 0 on D (lower ≤ upper when both are set).
+      log_ratio_clamp: None or c > 0: log ρ clipped to ±c before exp.
+
+    Returns:
+      [B, T] float64 of 0 and 1, 0 at masked positions.
+    """
+    lp, old, adv, m, clamp = loss_inputs(logp, old_logp, advantages, mask, log_ratio_clamp)
+    lower, upper = args.tv_filter(lower, upper)
+    x = lp - old                                              # 0 at padding
+    drift = tv_drift(lp, old, m, clamp)
+    out = np.zeros(drift.shape, bool)
+    if upper is not None:
+        out = out | (drift > upper)
+    if lower is not None:
+        out = out | (drift < lower)
+    drop = out & (np.sign(x) * adv > 0)
+    return np.where(m & ~drop, 1.0, 0.0)
+
+
 # ====================================================================== M2PO's second-moment mask
 def m2po_mask(logp, old_logp, mask=None, *, threshold=0.04):
     """M2PO's token mask: drop the tokens of largest squared log-ratio, fewest first, until the

@@ -8,13 +8,13 @@ from .entropy import entropy
 from .fipo import fipo_influence_weights
 from .estimators import kl_estimator_gradient, kl_estimator_moments
 from .kl import approx_kl, kl_penalty, kl_rewards
-from .objective import policy_objective
+from .objective import policy_objective, ratio_kl_penalty
 from .policy_losses import (cispo_loss, clip_fraction, gspo_loss, ppo_clip_loss, sapo_loss,
                             value_loss, vespo_loss)
 from .outcome import (gpg_advantages, opo_advantages, optimal_token_baseline_advantages,
                       passk_advantages, remax_advantages,
                       whitened_group_advantages)
-from .pg_losses import decoupled_ppo_loss, dppo_loss, gmpo_loss, kl_cov_loss, reinforce_loss, rollout_is_weights, opsm_mask, m2po_mask
+from .pg_losses import decoupled_ppo_loss, dppo_loss, gmpo_loss, kl_cov_loss, reinforce_loss, rollout_is_weights, opsm_mask, m2po_mask, tv_filter_mask
 from .reduce import aggregate
 
 __all__ = [
@@ -52,4 +52,6 @@ __all__ = [
     "optimal_token_baseline_advantages",
     "vespo_loss",
     "fipo_influence_weights",
+    "ratio_kl_penalty",
+    "tv_filter_mask",
 ]

@@ -69,6 +69,17 @@ def _weighted_kl(logp, old_logp, anchor, mask, kind, clamp, weight):
     return torch.where(m, est, zero)
 
 
+def ratio_kl_penalty(logp, old_logp, ref_logp, mask=None, *, kind="k1", clamp=None):
+    """r·k(x): kl_penalty's estimator at x = ref_logp − logp times the attached ratio
+    r = exp(logp − old_logp), an estimate of KL(π‖ref) from tokens sampled by π_old (open-
+    instruct's estimate_kl estimator 3 is kind "k1", clamp (40, None)); autograd differentiates
+    both factors. Written as `_weighted_kl` with the ratio weight.
+    Args/Returns: as ref_numpy.ratio_kl_penalty, with tensors.
+    """
+    a = args.pair_inputs(OPS, logp, old_logp, mask, ("logp", "old_logp"))
+    return _weighted_kl(a.first, a.second, ref_logp, a.mask, kind, clamp, "ratio")
+
+
 def policy_objective(logp, old_logp, advantages, mask, ref_logp=None, *, loss="ppo",
                      agg="seq-mean-token-mean", beta=0.0, kl_kind="k3", kl_clamp=None, norm=None,
                      empty_rows="exclude", kl_weight=None, kl_anchor="ref", group_size=None,

@@ -91,6 +91,29 @@ def opsm_mask(logp, old_logp, advantages, mask=None, *, delta=1e-4):
         return torch.where(m & ~dropped, torch.ones_like(lp0), zero)
 
 
+def tv_filter_mask(logp, old_logp, advantages, mask=None, *, lower=None, upper=None,
+                   log_ratio_clamp=None):
+    """The TV sequence filter (VACO, arXiv:2603.01365, as open-instruct implements it): with
+    ρ = exp(logp − old_logp), a sequence is out when its mean |ρ − 1| over its valid tokens is
+    above `upper` or below `lower`; in an out sequence a token is dropped (0) where
+    sign(log ρ)·A > 0, else kept (1); 0 at padding. Not differentiated.
+    Args/Returns: as ref_numpy.tv_filter_mask, with tensors.
+    """
+    with torch.no_grad():
+        lp0, old0, adv0, m, ratio, zero = _prepare(logp, old_logp, advantages, mask,
+                                                   log_ratio_clamp)
+        lower, upper = args.tv_filter(lower, upper)
+        count = m.sum(dim=-1, keepdim=True).clamp(min=1)
+        drift = torch.where(m, (ratio - 1).abs(), zero).sum(dim=-1, keepdim=True) / count
+        out = torch.zeros_like(drift, dtype=torch.bool)
+        if upper is not None:
+            out = out | (drift > upper)
+        if lower is not None:
+            out = out | (drift < lower)
+        widens = torch.sign(lp0 - old0) * adv0 > 0
+        return torch.where(m & ~(out & widens), torch.ones_like(lp0), zero)
+
+
 def m2po_mask(logp, old_logp, mask=None, *, threshold=0.04):
     """M2PO (arXiv:2510.01161): over the batch's valid tokens, mask those of largest
     (logp − old_logp)², one by one from the top, until the mean of the rest is under τ (all

@@ -463,6 +463,52 @@ def opsm_mask_case(rng, i):
     return Case(label, a, params, stages=("value",))
 
 
+def tv_filter_mask_case(rng, i):
+    """A ratio case with bounds on the mean |ρ − 1| between two rows' drifts (some rows out,
+    some in), or open-instruct's shape of configuration (an upper bound above 1, a lower bound
+    below the smallest drift), or none; log-ratios clipped to ±10 in a third of the cases;
+    values only (a mask is not differentiated)."""
+    clamp = _cycle(i // 2, [None, 10.0, None])
+    base = _token_case(rng, i, {}, [])
+    a = base.arrays
+    drift = np.sort(ref_numpy.pg_losses.tv_drift(a["logp"], a["old_logp"], a["mask"],
+                                                   clamp).ravel())
+    choice = _cycle(i, ["upper", "both", "lower", "none"])
+    lower = upper = None
+    if drift.size >= 2:
+        k = drift.size // 2
+        mid = float(0.5 * (drift[k - 1] + drift[k]))
+        if choice == "upper":
+            upper = mid
+        elif choice == "lower":
+            lower = mid
+        elif choice == "both":
+            lower, upper = 0.5 * float(drift[0]) if drift[0] > 0 else None, max(mid, 1.0 + 1e-3)
+    params = dict(lower=lower, upper=upper, log_ratio_clamp=clamp)
+    return Case(base.label.rstrip(", ") + ", " + ", ".join(f"{k}={v}" for k, v in
+                                                           params.items()),
+                a, params, stages=("value",))
+
+
+def ratio_kl_penalty_case(rng, i):
+    """kl_penalty's case (estimators, clamps kept off their edges) with the sampling policy's
+    log-probs: old_logp = logp − u, u ordinary (N(0, 0.3)) or, once every 6 cases, ±2..8."""
+    base = kl_penalty_case(rng, i)
+    a = dict(base.arrays)
+    m = a["mask"]
+    logp = np.where(m, a["logp"], 0.0)
+    u = rng.normal(0.0, 0.3, m.shape) if i % 6 != 4 else \
+        rng.choice([-1, 1], size=m.shape) * rng.uniform(2.0, 8.0, size=m.shape)
+    a["old_logp"] = _garbage(logp - u, m, rng)
+    # r·e^x = e^(ref − old) does not depend on logp, but at an extreme x its round-off swamps
+    # the small derivative r·(−x) of r·k3: finite differences cannot judge such a case, the
+    # hand VJP is checked against autograd there
+    stages = ("value", "vjp") if "extreme" in base.label else ALL_STAGES
+    return Case(base.label + (", large token ratios" if i % 6 == 4 else ""),
+                dict(logp=a["logp"], old_logp=a["old_logp"], ref_logp=a["ref_logp"], mask=m),
+                base.params, stages=stages)
+
+
 def m2po_mask_case(rng, i):
     """Log-ratios with a few large ones (stale tokens), τ of 0.04 (the paper's), 0.01 or one
     no mask reaches (every token but one dropped); values only."""

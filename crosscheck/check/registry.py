@@ -186,6 +186,25 @@ def _opsm_tie(args, params):
     return None
 
 
+def _tv_tie(args, params):
+    """The TV filter compares each row's mean |ρ − 1| with its bounds: where it equals one to
+    rounding (in the trainer's own arithmetic), keeping or dropping the row's tokens are both
+    right."""
+    import numpy as np
+    m = np.ones(np.shape(args["logp"]), bool) if args.get("mask") is None else \
+        np.asarray(args["mask"], dtype=bool)
+    lp = np.asarray(args["logp"], dtype=np.float64)
+    old = np.asarray(args["old_logp"], dtype=np.float64)
+    if lp.ndim == 1:
+        lp, old, m = lp[None], old[None], m[None]
+    drift = ref_numpy.pg_losses.tv_drift(lp, old, m, params.get("log_ratio_clamp")).ravel()
+    for bound in (params.get("lower"), params.get("upper")):
+        if bound is not None and np.any(np.abs(drift - bound) <= 1e-5 * max(bound, 1.0)):
+            return ("a sequence's mean |ρ − 1| equals a bound of the TV filter to rounding: "
+                    "keeping or dropping its tokens are both right, so the case is not judged")
+    return None
+
+
 def _m2po_tie(args, params):
     """M2PO drops the k largest squared log-ratios: where the k-th and (k+1)-th are equal to
     rounding, or the mean it compares with τ is τ to rounding, more than one mask is right."""
@@ -370,6 +389,10 @@ def build() -> Dict[str, Entry]:
                grid=dict(decay_rate=(32.0, 16.0), lower=(1.0, 0.8, None),
                          upper=(1.2, None), ratio_threshold=(None, 10.0),
                          safety_threshold=(4.0, None))),
+        _entry("ratio_kl_penalty", ("logp",), stack="rows",
+               grid=dict(kind=vocab.KL_KINDS, clamp=(None, (40.0, None), (20.0, 10.0)))),
+        _entry("tv_filter_mask", (), trainer_grad=False, ambiguous=_tv_tie,  # a mask: values
+               grid=dict(log_ratio_clamp=(None, 10.0))),
     ]
     return {e.name: e for e in entries}
 

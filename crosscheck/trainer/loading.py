@@ -150,7 +150,9 @@ def locate(package: str, dist: str, path: Optional[str] = None, version_file=Non
 class _StandInMeta(type):
     """The type of a stand-in: any attribute is another stand-in; calling it with one function
     returns that function (a decorator that does nothing); `X[...]` is X (annotations); adding
-    it to something gives that thing (a base class's list extended in a subclass)."""
+    it to something gives that thing (a base class's list extended in a subclass); other
+    arithmetic on it gives it back, and every order comparison with it holds (a class
+    constant derived from a stood-in library's: open-instruct's callback priorities)."""
 
     def __getattr__(cls, name):
         if name.startswith("__") and name.endswith("__"):
@@ -173,6 +175,16 @@ class _StandInMeta(type):
         return other
 
     __radd__ = __add__
+
+    def _arithmetic(cls, other=None):      # a class constant computed from a stood-in one
+        return cls                         # (`min(Callback.priority - 1, 0)`): a stand-in
+
+    __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __rtruediv__ = __neg__ = _arithmetic
+
+    def _compare(cls, other):              # and compared (min, max): every order holds
+        return True
+
+    __lt__ = __le__ = __gt__ = __ge__ = _compare
 
 
 class StandIn(metaclass=_StandInMeta):

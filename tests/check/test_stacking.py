@@ -94,12 +94,12 @@ def test_a_bug_only_in_the_many_point_path_fails_the_fd_stage(monkeypatch):
 
 @pytest.mark.skipif(UNDER_MUTMUT, reason="counted by a profiler, which mutmut's "
                     "trampolines hide the reference functions from")
-def test_the_default_run_makes_at_most_3000_reference_calls():
+def test_the_default_run_makes_at_most_3200_reference_calls():
     """Counted the way the benchmark counts them (a profiler over the default run): every call
     into ref_numpy from outside it, values and hand VJPs alike."""
     from benchmarks import run as bench
     counts = bench.reference_calls(lambda: stages.run(REGISTRY, seed=0, n_cases=12))
-    assert 0 < sum(counts.values()) <= 3000, counts.most_common(8)
+    assert 0 < sum(counts.values()) <= 3200, counts.most_common(8)
 
 
 def test_rows_stacking_is_declared_only_where_rows_are_independent():

@@ -129,3 +129,58 @@ class TestApproxKl:
         t = {k: torch.tensor(v) for k, v in dict(logp=logp, old=old, none=none, adv=adv).items()}
         assert float(ref_torch.clip_fraction(t["logp"], t["old"], t["adv"], t["none"])) == 0.0
         assert float(ref_torch.approx_kl(t["logp"], t["old"], t["none"])) == 0.0
+
+
+class TestRatioKlPenalty:
+    """ratio_kl_penalty: r·k, the KL(π‖ref) estimate importance-weighted from π_old."""
+
+    def test_ratio_k1_by_hand_value_and_gradient(self):
+        # π = 0.5, π_old = 0.25, ref = 0.4: r = 2, k1 = log(0.5/0.4); the gradient
+        # r·(1 + log(π/ref)) (product rule: ∂r/∂logp = r, ∂k1/∂logp = 1)
+        logp, old, ref = np.log([[0.5, 0.3]]), np.log([[0.25, 0.3]]), np.log([[0.4, 0.2]])
+        k1 = np.log([[0.5 / 0.4, 0.3 / 0.2]])
+        r = np.array([[2.0, 1.0]])
+        for v in both("ratio_kl_penalty", logp, old, ref):
+            close(v, r * k1)
+        hand, auto, _ = grads("ratio_kl_penalty", 0, np.ones((1, 2)), logp, old, ref)
+        close(hand["logp"], r * (1.0 + k1))
+        close(auto, r * (1.0 + k1))
+
+    def test_ratio_one_is_kl_penalty_and_the_value_is_unbiased_off_policy(self):
+        logp, ref = np.log([[0.5, 0.2]]), np.log([[0.4, 0.3]])
+        for kind in ("k1", "k2", "k3"):
+            close(ref_numpy.ratio_kl_penalty(logp, logp, ref, kind=kind),
+                  ref_numpy.kl_penalty(logp, ref, kind=kind))
+        # a three-token vocabulary, samples from π_old: Σ_y π_old(y)·r(y)·k1(y) = KL(π‖ref)
+        pi, old = np.array([0.5, 0.3, 0.2]), np.array([0.2, 0.2, 0.6])
+        rf = np.array([0.3, 0.3, 0.4])
+        est = ref_numpy.ratio_kl_penalty(np.log(pi)[None], np.log(old)[None], np.log(rf)[None])
+        close((old * est[0]).sum(), (pi * np.log(pi / rf)).sum())
+
+    def test_clamp_caps_the_log_ratio_at_40_before_the_weight(self):
+        # logp − ref = 50 clamped to 40 (open-instruct's ±40): r·40, gradient r·k1 = 40 (the
+        # clamp binds: ∂k1 = 0, only the ratio's term)
+        logp, old, ref = np.array([[-1.0]]), np.array([[-1.5]]), np.array([[-51.0]])
+        r = math.exp(0.5)
+        for v in both("ratio_kl_penalty", logp, old, ref, clamp=(40.0, None)):
+            close(v, [[r * 40.0]])
+        hand, auto, _ = grads("ratio_kl_penalty", 0, np.ones((1, 1)), logp, old, ref,
+                              clamp=(40.0, None))
+        close(hand["logp"], [[r * 40.0]])
+        close(auto, [[r * 40.0]])
+
+    def test_padding_is_never_read_and_a_wrong_old_logp_is_refused(self):
+        logp, old, ref = np.array([[-1.0, np.nan]]), np.array([[-1.0, np.inf]]), \
+            np.array([[-2.0, np.nan]])
+        m = np.array([[True, False]])
+        for v in both("ratio_kl_penalty", logp, old, ref, m):
+            close(v, [[1.0, 0.0]])
+        hand, auto, _ = grads("ratio_kl_penalty", 0, np.ones((1, 2)), logp, old, ref, m)
+        close(hand["logp"], [[2.0, 0.0]])
+        close(auto, [[2.0, 0.0]])
+        with pytest.raises(ValueError, match=r"old_logp has shape \(1, 3\)"):
+            ref_numpy.ratio_kl_penalty(logp, np.zeros((1, 3)), ref, m)
+        with pytest.raises(ValueError, match="old_logp"):
+            bad_old = torch.tensor([[np.nan, 0.0]], dtype=torch.float64)
+            ref_torch.ratio_kl_penalty(torch.tensor(logp), bad_old, torch.tensor(ref),
+                                       torch.tensor(m))

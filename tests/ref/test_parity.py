@@ -19,10 +19,10 @@ def test_registry_matches_both_all_lists():
     # not differentiated) go without a VJP
     assert [n for n, e in entries.items() if e.numpy_vjp is None] == \
         ["kl_estimator_gradient", "clip_fraction", "rollout_is_weights", "opsm_mask",
-         "m2po_mask", "fipo_influence_weights"]
+         "m2po_mask", "fipo_influence_weights", "tv_filter_mask"]
     assert entries["kl_estimator_gradient"].objectives is not None
     for name in ("clip_fraction", "rollout_is_weights", "opsm_mask", "m2po_mask",
-                 "fipo_influence_weights"):
+                 "fipo_influence_weights", "tv_filter_mask"):
         assert entries[name].diff == () and not entries[name].trainer_grad, name
 
 

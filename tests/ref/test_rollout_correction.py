@@ -267,3 +267,57 @@ def test_m2po_pools_the_batch_and_reads_no_padding():
     m = np.array([[True, True], [True, False]])
     for v in both("m2po_mask", lp, np.zeros((2, 2)), m, threshold=0.04):
         np.testing.assert_array_equal(v, [[0.0, 1.0], [1.0, 0.0]])
+
+
+# ------------------------------------------------------------------ the TV sequence filter
+_TV_LP = np.array([[math.log(3.0), math.log(0.5)]])     # ρ = [3, 0.5]: D = (2 + 0.5)/2 = 1.25
+_TV_OLD = np.zeros((1, 2))
+
+
+@pytest.mark.parametrize("adv, bounds, want", [
+    ([1.0], dict(upper=1.1), [[0.0, 1.0]]),     # out; sign(log ρ)·A = [+1, −1]: drop the first
+    ([-1.0], dict(upper=1.1), [[1.0, 0.0]]),    # out; A < 0 widens where ρ < 1: drop the second
+    ([1.0], dict(upper=2.0), [[1.0, 1.0]]),     # D = 1.25 ≤ 2: in, nothing dropped
+    ([1.0], dict(lower=1.5), [[0.0, 1.0]]),     # D < lower: out as well
+    ([1.0], dict(lower=1.0, upper=2.0), [[1.0, 1.0]]),
+    ([1.0], dict(), [[1.0, 1.0]]),              # no bound: the filter is off
+])
+def test_tv_filter_matches_hand_computed_masks_in_both_twins(adv, bounds, want):
+    for v in both("tv_filter_mask", _TV_LP, _TV_OLD, np.array(adv), **bounds):
+        np.testing.assert_array_equal(v, want)
+
+
+def test_tv_filter_averages_over_valid_tokens_and_reads_no_padding():
+    # row 0: ρ = [2, 1] over its two valid tokens, D = 0.5 (the NaN padding never read); the
+    # same tokens with a third valid one at ρ = 1 would give D = 1/3 < 0.4 and keep them
+    lp = np.array([[math.log(2.0), 0.0, np.nan]])
+    old = np.array([[0.0, 0.0, 7.0]])
+    m = np.array([[True, True, False]])
+    for v in both("tv_filter_mask", lp, old, np.array([1.0]), m, upper=0.4):
+        np.testing.assert_array_equal(v, [[0.0, 1.0, 0.0]])     # ρ = 1: sign 0, never dropped
+    lp3 = np.array([[math.log(2.0), 0.0, 0.0]])
+    for v in both("tv_filter_mask", lp3, np.zeros((1, 3)), np.array([1.0]), upper=0.4):
+        np.testing.assert_array_equal(v, [[1.0, 1.0, 1.0]])
+
+
+def test_tv_filter_clamps_the_log_ratio_before_the_drift():
+    # log ρ = 12: D = e^12 − 1 unclamped, e^10 − 1 with the ±10 clamp; an upper bound between
+    # the two tells them apart (A > 0 and log ρ > 0: the token widens the gap)
+    lp = np.array([[12.0]])
+    bound = math.exp(11.0)
+    for v in both("tv_filter_mask", lp, np.zeros((1, 1)), np.array([1.0]), upper=bound):
+        np.testing.assert_array_equal(v, [[0.0]])
+    for v in both("tv_filter_mask", lp, np.zeros((1, 1)), np.array([1.0]), upper=bound,
+                  log_ratio_clamp=10.0):
+        np.testing.assert_array_equal(v, [[1.0]])
+
+
+@pytest.mark.parametrize("fn", [ref_numpy.tv_filter_mask, ref_torch.tv_filter_mask])
+def test_tv_filter_refuses_crossed_or_negative_bounds(fn):
+    lp = np.zeros((1, 2)) if fn is ref_numpy.tv_filter_mask else torch.zeros(1, 2,
+                                                                              dtype=torch.float64)
+    adv = lp[:, 0]
+    with pytest.raises(ValueError, match="lower is 2.0 but upper is 1.0"):
+        fn(lp, lp, adv, lower=2.0, upper=1.0)
+    with pytest.raises(ValueError, match="upper is -1.0"):
+        fn(lp, lp, adv, upper=-1.0)

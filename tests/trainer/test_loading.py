@@ -123,6 +123,17 @@ def test_stand_ins_are_inert():
     assert cls[int] is cls and cls + [1] == [1]
 
 
+def test_a_class_constant_computed_from_a_stood_in_class_is_a_stand_in():
+    # open-instruct: priority: ClassVar[int] = min(CometCallback.priority - 1, ...) where the
+    # callbacks come from a library that is not installed
+    mod = loading.StandInModule("heavy")
+    derived = min(mod.Comet.priority - 1, mod.WandB.priority - 1)
+    assert issubclass(derived, loading.StandIn)
+    assert issubclass(1 - mod.X, loading.StandIn) and issubclass(mod.X * 2, loading.StandIn)
+    assert issubclass(-mod.X, loading.StandIn) and issubclass(mod.X / 2, loading.StandIn)
+    assert (mod.X < 0) is True and (mod.X >= 5) is True
+
+
 def test_a_guarded_import_takes_its_except_branch_and_unpacked_stand_ins_give_tuples(tmp_path):
     _write(tmp_path, {
         "oldtrainer/__init__.py": "",
