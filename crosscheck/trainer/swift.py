@@ -72,8 +72,13 @@ def _dynamic(estimator, scale):
 
 
 _ADV = ("one reward function of weight 1: rewards_per_func = rewards[:, None]",
-        "num_generations = group_size: groups are consecutive blocks of equal size, as "
+        "num_generations = group_size: groups are consecutive blocks of equal size (groups of one "
+        "included: their advantage is 0), as "
         "compute_advantages reshapes them (view(-1, K))")
+# groups of one are inputs ms-swift produces (num_generations 1; a prompt with one request on
+# the multi-turn path) and handles on purpose ("if K > 1"): the trl profile's domain, which
+# drops them, is overridden
+_SINGLETONS = dict(domain=())
 _DYN = ("one reward function of weight 1: rewards_per_func = rewards[:, None] in float32, as "
         "compute_rewards_per_func builds it (its group statistics live in float32 buffers, "
         "torch.zeros(n), so float64 rewards raise at the index put): judged at float32",
@@ -308,36 +313,37 @@ ROWS = (
         label="grpo, group", choices=_ADV + ("advantage_estimator 'grpo', scale_rewards "
                                              "'group'",),
         conventions=dict(ddof=1, eps=1e-4, scale="group", singleton="zero"),
-        params=("rewards_per_func", "reward_weights", "num_generations",
+        audit=_SINGLETONS, params=("rewards_per_func", "reward_weights", "num_generations",
                 "advantage_estimator", "scale_rewards")),
     Row(f"{ADV}:compute_advantages", "group_advantages", _advantages("grpo", "batch"),
         label="grpo, batch", choices=_ADV + ("scale_rewards 'batch': the std of every reward",),
         conventions=dict(ddof=1, eps=1e-4, scale="batch", singleton="zero"),
-        params=("rewards_per_func", "num_generations", "scale_rewards")),
+        audit=_SINGLETONS, params=("rewards_per_func", "num_generations", "scale_rewards")),
     Row(f"{ADV}:compute_advantages", "group_advantages", _advantages("grpo", "none"),
         label="grpo, none", choices=_ADV + ("scale_rewards 'none' (Dr. GRPO)",),
         conventions=dict(scale="none", singleton="zero"),
-        params=("rewards_per_func", "num_generations", "scale_rewards")),
+        audit=_SINGLETONS, params=("rewards_per_func", "num_generations", "scale_rewards")),
     Row(f"{ADV}:compute_advantages", "group_advantages", _advantages("rloo", "none"),
         label="rloo", choices=_ADV + ("advantage_estimator 'rloo', scale_rewards 'none' (its "
                                       "default for rloo)",),
         conventions=dict(baseline="leave_one_out", scale="none", singleton="zero"),
+        audit=_SINGLETONS,
         params=("rewards_per_func", "num_generations", "advantage_estimator")),
     Row(f"{ADV}:compute_advantages", "group_advantages",
         _advantages("reinforce_plus_plus", "group"), label="reinforce_plus_plus, group",
         choices=_ADV + ("advantage_estimator 'reinforce_plus_plus', scale_rewards 'group': the "
                         "std of the centred rewards, which is the group's",),
         conventions=dict(ddof=1, eps=1e-4, scale="group", singleton="zero"),
-        params=("rewards_per_func", "num_generations", "advantage_estimator")),
+        audit=_SINGLETONS, params=("rewards_per_func", "num_generations", "advantage_estimator")),
     Row(f"{ADV}:compute_advantages_dynamic", "group_advantages", _dynamic("grpo", "group"),
         label="grpo, group", choices=_DYN + ("scale_rewards 'group'",),
         conventions=dict(ddof=1, eps=1e-4, scale="group", singleton="zero"),
-        audit=dict(precision="float32"),
+        audit=dict(_SINGLETONS, precision="float32"),
         params=("rewards_per_func", "reward_weights", "prompt_ids", "request_ids")),
     Row(f"{ADV}:compute_advantages_dynamic", "group_advantages", _dynamic("rloo", "none"),
         label="rloo", choices=_DYN + ("advantage_estimator 'rloo', scale_rewards 'none'",),
         conventions=dict(baseline="leave_one_out", scale="none", singleton="zero"),
-        audit=dict(precision="float32"),
+        audit=dict(_SINGLETONS, precision="float32"),
         params=("rewards_per_func", "prompt_ids", "request_ids", "advantage_estimator")),
     # ---- HF backend
     Row(HF_LOSS, "policy_objective", _hf("dapo"), label="dapo", choices=_HF_SELF + _GLOBAL,
