@@ -159,7 +159,11 @@ ROWS = (
         conventions=dict(gamma=GAMMA), audit=dict(domain=("right_padded",)),
         params=("token_level_rewards", "response_mask", "gamma")),
     Row(f"{CA}:compute_remax_outcome_advantage", "remax_advantages", verl_card._remax,
-        choices=("token rewards 0 at padding; the advantages read at valid tokens",),
+        choices=("token rewards 0 at padding; the advantages read at valid tokens",
+                 "one outcome reward per response at its last valid token, as EasyR1's reward "
+                 "managers place it (ReMax's sum − baseline at every token is the "
+                 "reward-to-go − baseline only there)"),
+        audit=dict(domain=("outcome_rewards",)),
         params=("token_level_rewards", "reward_baselines", "response_mask")),
     Row(f"{CA}:compute_rewards", "kl_rewards", verl_card._rewards,
         choices=(f"kl_ratio = {verl_card.KL_RATIO}; a score per sequence placed at its last "

@@ -169,3 +169,218 @@ def test_ms_swift_4_5_3s_unscaled_window_loss_shows_on_the_trainers_path_row(cop
     (r,) = c.rows
     value = [f for f in r.findings if f["check"] == "value"]
     assert value and "×0.5" in value[0]["signature"], r.findings
+
+
+# EasyR1 (a checkout only): fixture files written here in the shape of EasyR1 at commit b44b311b
+# (its module paths, signatures and call conventions), not its code. GAE_MASK and REMAX_ADV are
+# the two places where the fixture can take the checkout's shape (see the test below).
+EASYR1_TF = '''
+import torch
+
+
+def masked_mean(values, mask, dim=None, eps=1e-8):
+    return (values * mask).sum(dim=dim) / (mask.sum(dim=dim) + eps)
+
+
+def masked_whiten(values, mask, eps=1e-8):
+    n = mask.sum()
+    mean = masked_mean(values, mask)
+    var = masked_mean((values - mean) ** 2, mask) * n / (n - 1)
+    return (values - mean) * torch.rsqrt(var + eps)
+'''
+EASYR1_CORE = '''
+from collections import defaultdict
+
+import numpy as np
+import torch
+
+from ..utils import torch_functional as VF
+
+
+def compute_gae_advantage_return(token_level_rewards, values, response_mask, gamma, lam,
+                                 **kwargs):
+    B, T = token_level_rewards.shape
+    carry_v = torch.zeros(B, dtype=values.dtype)
+    carry_a = torch.zeros(B, dtype=values.dtype)
+    out = [None] * T
+    for t in range(T - 1, -1, -1):
+        td = token_level_rewards[:, t] + gamma * carry_v - values[:, t]
+        a = td + gamma * lam * carry_a
+        keep = GAE_MASK
+        carry_v = torch.where(keep, values[:, t], carry_v)
+        carry_a = torch.where(keep, a, carry_a)
+        out[t] = carry_a
+    adv = torch.stack(out, dim=1)
+    return VF.masked_whiten(adv, response_mask), adv + values
+
+
+def _groups(index):
+    by = defaultdict(list)
+    for i, key in enumerate(index):
+        by[key].append(i)
+    return by
+
+
+def compute_grpo_outcome_advantage(token_level_rewards, response_mask, index, eps=1e-6,
+                                   **kwargs):
+    s = token_level_rewards.sum(-1)
+    out = torch.zeros_like(s)
+    for rows in _groups(index).values():
+        assert len(rows) > 1, "a group needs two responses"
+        g = s[rows]
+        out[rows] = (g - g.mean()) / (g.std() + eps)
+    return out[:, None] * response_mask, out[:, None] * response_mask
+
+
+def compute_rloo_outcome_advantage(token_level_rewards, response_mask, index, **kwargs):
+    s = token_level_rewards.sum(-1)
+    out = torch.zeros_like(s)
+    for rows in _groups(index).values():
+        assert len(rows) > 1, "a group needs two responses"
+        g = s[rows]
+        out[rows] = g - (g.sum() - g) / (len(rows) - 1)
+    return out[:, None] * response_mask, out[:, None] * response_mask
+
+
+def compute_reinforce_plus_plus_outcome_advantage(token_level_rewards, response_mask, gamma,
+                                                  **kwargs):
+    returns = torch.zeros_like(token_level_rewards)
+    acc = torch.zeros(token_level_rewards.shape[0], dtype=token_level_rewards.dtype)
+    for t in range(token_level_rewards.shape[1] - 1, -1, -1):
+        acc = token_level_rewards[:, t] + gamma * acc
+        returns[:, t] = acc
+        acc = acc * response_mask[:, t]
+    return VF.masked_whiten(returns, response_mask), returns
+
+
+def compute_remax_outcome_advantage(token_level_rewards, reward_baselines, response_mask,
+                                    **kwargs):
+    adv = REMAX_ADV
+    returns = (token_level_rewards * response_mask).flip(-1).cumsum(-1).flip(-1)
+    return adv, returns
+
+
+def compute_rewards(token_level_scores, log_probs, ref_log_probs, kl_ratio):
+    return token_level_scores - kl_ratio * (log_probs - ref_log_probs)
+
+
+def average_loss(values, mask, mode, eps=1e-8):
+    if mode == "token":
+        return VF.masked_mean(values, mask, eps=eps)
+    return ((values * mask).sum(-1) / (mask.sum(-1) + eps)).mean()
+
+
+def compute_policy_loss(old_log_probs, log_probs, advantages, response_mask, clip_ratio_low,
+                        clip_ratio_high, clip_ratio_dual, tau_positive, tau_negative, loss_type,
+                        loss_avg_mode, **kwargs):
+    log_r = log_probs - old_log_probs
+    r = torch.exp(log_r.clamp(-20.0, 20.0))
+    r_clip = torch.exp(log_r.clamp(np.log(1 - clip_ratio_low), np.log(1 + clip_ratio_high)))
+    if loss_type == "cispo":
+        per_token = -advantages * log_probs * r_clip.detach()
+    elif loss_type == "sapo":
+        tau = torch.where(advantages >= 0, torch.full_like(r, tau_positive),
+                          torch.full_like(r, tau_negative))
+        per_token = -advantages * 4.0 / tau * torch.sigmoid(tau * (r - 1.0))
+    else:
+        upper = torch.maximum(-advantages * r, -advantages * r_clip)
+        lower = torch.minimum(upper, -advantages * clip_ratio_dual)
+        per_token = torch.where(advantages < 0, lower, upper)
+    return average_loss(per_token, response_mask, mode=loss_avg_mode), {}
+
+
+def compute_value_loss(vpreds, returns, values, response_mask, cliprange_value, loss_avg_mode):
+    clipped = values + (vpreds - values).clamp(-cliprange_value, cliprange_value)
+    worst = torch.maximum((vpreds - returns) ** 2, (clipped - returns) ** 2)
+    return 0.5 * average_loss(worst, response_mask, mode=loss_avg_mode), {}
+
+
+def compute_kl(log_probs, ref_log_probs, kl_penalty):
+    d = log_probs.float() - ref_log_probs.float()
+    if kl_penalty == "kl":
+        return d
+    if kl_penalty == "abs":
+        return d.abs()
+    if kl_penalty == "mse":
+        return 0.5 * d * d
+    x = (-d).clamp(-20.0, 20.0)
+    return (torch.exp(x) - x - 1).clamp(-10.0, 10.0)
+'''
+EASYR1_ACTOR = '''
+import torch
+
+from ...trainer.core_algos import average_loss, compute_kl, compute_policy_loss
+
+
+class DataParallelPPOActor:
+    def update_policy(self, data):
+        metrics = {}
+        for micro_batch, total_response_tokens in data:
+            model_inputs = dict(micro_batch)
+            response_mask = model_inputs["response_mask"]
+            old_log_probs = model_inputs["old_log_probs"]
+            advantages = model_inputs["advantages"]
+            log_probs = model_inputs["log_probs"]
+            pg_loss, pg_metrics = compute_policy_loss(
+                old_log_probs=old_log_probs, log_probs=log_probs, advantages=advantages,
+                response_mask=response_mask, clip_ratio_low=self.config.clip_ratio_low,
+                clip_ratio_high=self.config.clip_ratio_high,
+                clip_ratio_dual=self.config.clip_ratio_dual,
+                tau_positive=self.config.tau_positive, tau_negative=self.config.tau_negative,
+                loss_type=self.config.loss_type, loss_avg_mode=self.config.loss_avg_mode)
+            if self.config.use_kl_loss:
+                kld = compute_kl(log_probs, model_inputs["ref_log_probs"], "low_var_kl")
+                loss = pg_loss + average_loss(kld, response_mask, "token") * self.config.kl_coef
+            else:
+                loss = pg_loss
+            loss = loss * torch.sum(response_mask) * self.world_size / total_response_tokens
+            loss.backward()
+        return metrics
+'''
+# the fixture's correct forms, and the shapes EasyR1 b44b311b ships (module docstring of
+# crosscheck/trainer/easyr1.py: GAE tests a [B] mask with `if`, ReMax multiplies a [B]
+# difference by the [B, T] mask)
+GAE_OK, GAE_AS_SHIPPED = "response_mask[:, t].bool()", "torch.tensor(bool(response_mask[:, t]))"
+REMAX_OK = "(token_level_rewards.sum(-1) - reward_baselines)[:, None] * response_mask"
+REMAX_AS_SHIPPED = "(token_level_rewards.sum(-1) - reward_baselines) * response_mask"
+
+
+def _easyr1_checkout(root, gae=GAE_OK, remax=REMAX_OK):
+    files = {"verl/__init__.py": "raise ImportError('the package __init__ is never run')\n",
+             "verl/trainer/__init__.py": "", "verl/utils/__init__.py": "",
+             "verl/workers/__init__.py": "", "verl/workers/actor/__init__.py": "",
+             "verl/utils/torch_functional.py": EASYR1_TF,
+             "verl/trainer/core_algos.py": EASYR1_CORE.replace("GAE_MASK", gae).replace(
+                 "REMAX_ADV", remax),
+             "verl/workers/actor/dp_actor.py": EASYR1_ACTOR}
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+
+
+def test_easyr1_cards_a_checkout_in_its_shape_and_every_row_runs(tmp_path):
+    _easyr1_checkout(tmp_path)
+    c = card.run(trainers.get("easyr1"), path=str(tmp_path), cases=24)
+    verdicts = {r.row.name: r.verdict for r in c.rows}
+    assert set(verdicts.values()) == {"CONFORMS"}, {k: v for k, v in verdicts.items()
+                                                    if v != "CONFORMS"}
+    ran, listed = c.functions()          # the fixture holds only functions that have rows
+    assert ran == listed == 12 and not c.not_covered and c.exit_code == 0
+
+
+@pytest.mark.parametrize("gae, remax, row", [
+    (GAE_AS_SHIPPED, REMAX_OK, "compute_gae_advantage_return"),
+    (GAE_OK, REMAX_AS_SHIPPED, "compute_remax_outcome_advantage")])
+def test_easyr1_cards_the_shipped_gae_mask_test_and_remax_broadcast_as_new_deviations(
+        tmp_path, gae, remax, row):
+    _easyr1_checkout(tmp_path, gae, remax)
+    c = card.run(trainers.get("easyr1"), path=str(tmp_path), cases=24, only=[row])
+    assert c.rows and all(r.verdict == "DOES NOT CONFORM" for r in c.rows), \
+        [(r.row.name, r.verdict, r.reason) for r in c.rows]
+    assert c.exit_code == 1
+
+
+def test_easyr1_needs_a_path():
+    from crosscheck.trainer import loading
+    with pytest.raises(loading.TrainerNotFound):
+        card.run(trainers.get("easyr1"))
