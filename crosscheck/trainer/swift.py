@@ -428,9 +428,9 @@ ROWS = (
 TRAINER = Trainer(
     name="ms-swift", package="swift", dist="ms-swift", profile="trl", pinned="4.6.0",
     modules=(ADV, HF, MG), rows=ROWS,
-    # trl: GRPOTrainer's base class, none of whose code runs here; datasets: imported by
-    # swift.utils, unused by the math (both, with transformers, cost seconds to import)
-    stand_in=("trl", "datasets"),
+    # trl: GRPOTrainer's base class, none of whose code runs here; datasets and pandas
+    # (swift.utils imports them): unused by the math, seconds to import
+    stand_in=("trl", "datasets", "pandas"),
     by_file=True,       # its package's normal import needs modelscope and costs seconds
     inventory=((ADV, r"compute_advantages(_dynamic)?|compute_teacher_\w+|"
                      r"expand_advantage_to_per_token|apply_rlsd_reweight|compute_sdar_loss|"

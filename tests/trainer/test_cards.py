@@ -31,6 +31,9 @@ EXPECTED = {
                  [("raises", "robustness")]},
     # (SAPO's float32 temperatures stay within the float64 row on one advantage per sequence)
     "trl": {"GRPOTrainer._compute_loss [bnpo]": [("microbatch", "documented choice")]},
+    # bnpo's local token count, TRL's documented choice, which ms-swift keeps
+    "ms-swift": {"GRPOTrainer._compute_loss_and_metrics [bnpo]":
+                 [("microbatch", "documented choice")]},
     # GAE and the 'reinforce' returns discount through a multi-turn row's masked steps: seen
     # only below γλ = 1 (at 1 a step of reward 0 changes nothing)
     "openrlhf": {"RemoteExperienceMaker.get_advantages_and_returns": [("value", "deviation")],
