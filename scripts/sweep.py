@@ -34,12 +34,23 @@ RELEASES = {
 TIMEOUT = 600
 
 
+def _declared(name):
+    """(the import name, the distribution) of a trainer's card: ms-swift installs `swift`."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if root not in sys.path:                  # this checkout's crosscheck, as `-m` runs it
+        sys.path.insert(0, root)
+    from crosscheck import trainer as trainers
+    t = trainers.get(name)
+    return t.package, t.dist
+
+
 def install(target, name, version):
-    if os.path.isdir(os.path.join(target, name)):
+    package, dist = _declared(name)
+    if os.path.isdir(os.path.join(target, package)):
         return None
     out = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-compile",
                           "--ignore-requires-python",      # SkyRL 0.4 declares Python >= 3.12
-                          "--quiet", "--target", target, f"{name}=={version}"],
+                          "--quiet", "--target", target, f"{dist}=={version}"],
                          capture_output=True, text=True)
     return None if out.returncode == 0 else out.stderr.strip().splitlines()[-1:]
 
@@ -104,7 +115,7 @@ def main(argv=None):
     for name, version in todo:
         target = os.path.join(os.path.abspath(os.path.expanduser(args.dir)), name, version)
         failed = install(target, name, version) if args.install else None
-        if failed or not os.path.isdir(os.path.join(target, name)):
+        if failed or not os.path.isdir(os.path.join(target, _declared(name)[0])):
             results.append(dict(trainer=name, version=version, exit="not installed",
                                 error="; ".join(failed or ["run with --install"])))
             continue
