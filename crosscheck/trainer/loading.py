@@ -184,8 +184,7 @@ class _StandInMeta(type):
 class StandIn(metaclass=_StandInMeta):
     """An inert object: it accepts any arguments, every attribute and every item is another
     stand-in, calling it returns itself (or, given a function, the function), it is falsy and
-    empty (iterating it yields nothing), and every
-    order comparison with it holds."""
+    empty, and every order comparison with it holds."""
 
     def __init__(self, *args, **kwargs):
         pass
