@@ -304,6 +304,84 @@ def _influence_rows(where):
                          ("decay 2, clip ±0.2, delta 10", FIPO_SYMMETRIC)))
 
 
+IS_THRESHOLD = 2.0       # rollout_importance_sampling_threshold
+OPSM_DELTA = 1e-3        # off_policy_sequence_mask_delta
+
+
+def _rollout_is(mode):
+    """_apply_rollout_importance_sampling in one of its four modes, given the train engine's
+    log-probs as old_per_token_logps and the sampler's as rollout_per_token_logps (its caller
+    passes their difference)."""
+    def make(fn):
+        cls = owner_class(fn)
+
+        def adapter(logp, rollout_logp, mask):
+            me = StandInSelf(rollout_importance_sampling_mode=mode,
+                             rollout_importance_sampling_threshold=IS_THRESHOLD)
+            if hasattr(cls, "_compute_sequence_level_ratios"):
+                me._compute_sequence_level_ratios = types.MethodType(
+                    cls._compute_sequence_level_ratios, me)
+            w = fn(me, logp - rollout_logp, mask.bool())
+            return torch.where(mask.bool(), w, w.new_zeros(()))
+        return adapter
+    return make
+
+
+def _opsm(fn):
+    def adapter(logp, old_logp, advantages, mask):
+        me = StandInSelf(off_policy_sequence_mask_delta=OPSM_DELTA)
+        keep = fn(me, logp, old_logp, mask.to(logp.dtype), advantages)
+        return (keep[:, None] & mask.bool()).to(logp.dtype)
+    return adapter
+
+
+def _token_clamped(data):
+    """The reference given each token's log-ratio clamped to ±20 (rollout_logp moved to
+    match), as ms-swift clamps before a sequence's geometric mean."""
+    x = np.clip(np.asarray(data["logp"]) - np.asarray(data["rollout_logp"]), -20.0, 20.0)
+    return dict(data, rollout_logp=np.asarray(data["logp"]) - x)
+
+
+_TOKEN_CLAMP = Known(
+    "value", "documented choice",
+    "_apply_rollout_importance_sampling clamps every token's log-ratio to ±20 before the "
+    "sequence's geometric mean, so a sequence holding a token whose engines disagree by more "
+    "than e^20 gets the mean of the clamped log-ratios, not the clamped mean; no token of an "
+    "ordinary rollout comes near it",
+    variant=dict(inputs=_token_clamped),
+    cite="grpo_trainer.py: 'Clamp log_ratio to prevent numerical overflow from padding values "
+         "(-1e10)' (SAFETY_BOUND = 20.0)")
+
+
+def _correction_rows(where, cls):
+    return tuple(
+        Row(f"{where}:{cls}._apply_rollout_importance_sampling", "rollout_is_weights",
+            _rollout_is(mode), label=mode,
+            choices=("called unbound with a stand-in self: rollout_importance_sampling_mode "
+                     f"{mode!r}, rollout_importance_sampling_threshold {IS_THRESHOLD:g}",
+                     "rollout_log_ratio = logp − rollout_logp (the train engine's log-probs "
+                     "against the sampler's, as _get_rollout_is_correction passes them); the "
+                     "weights read at valid tokens") +
+            (("a sequence's ratio is the geometric mean of its tokens' "
+              "(_compute_sequence_level_ratios)",) if mode.startswith("sequence") else ()),
+            conventions=dict(level=mode.split("_")[0], mode=mode.split("_")[1], lower=None,
+                             upper=IS_THRESHOLD, seq_stat="mean", log_ratio_clamp=20.0,
+                             kept="token" if mode == "sequence_mask" else "unit"),
+            audit=dict(profile=None), params=("self", "rollout_log_ratio", "completion_mask"),
+            known=(_TOKEN_CLAMP,) if mode.startswith("sequence") else ())
+        for mode in ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+    ) + (
+        Row(f"{where}:{cls}._compute_off_policy_sequence_mask", "opsm_mask", _opsm,
+            choices=(f"off_policy_sequence_mask_delta {OPSM_DELTA:g}; advantages one per "
+                     "sequence, as the loss passes them (seq_advantages)",
+                     "the [B] keep mask read at each valid token"),
+            conventions=dict(delta=OPSM_DELTA),
+            audit=dict(profile=None, domain=("per_sequence_advantages",)),
+            params=("self", "per_token_logps", "old_policy_per_token_logps", "completion_mask",
+                    "advantages")),
+    )
+
+
 HF_LOSS = f"{HF}:GRPOTrainer._compute_loss_and_metrics"
 MG_LOSS = f"{MG}:MegatronGRPOTrainer.loss_func"
 _PPO = dict(loss="ppo", beta=0.0, clip_high=0.2)
@@ -422,7 +500,8 @@ ROWS = (
                             "fipo_influence_weights)",),
         conventions=_PPO, compose=_fipo_composed(FIPO_DEFAULTS),
         params=_PARAMS_MG, fits=_fits_hf("fipo"), known=(_PADDING,)),
-) + _influence_rows(f"{HF}:GRPOTrainer") + _influence_rows(f"{MG}:MegatronGRPOTrainer")
+) + _influence_rows(f"{HF}:GRPOTrainer") + _influence_rows(f"{MG}:MegatronGRPOTrainer") + \
+    _correction_rows(HF, "GRPOTrainer") + _correction_rows(MG, "MegatronGRPOTrainer")
 
 
 TRAINER = Trainer(
@@ -442,7 +521,11 @@ TRAINER = Trainer(
                (MG, r"MegatronGRPOTrainer\.(loss_func|_compute_fipo_influence|"
                     r"_compute_sequence_level_ratios|_apply_rollout_importance_sampling|"
                     r"_compute_off_policy_sequence_mask)")),
-    not_run=(("_undo_gradient_accumulation_scaling",
+    not_run=tuple((f"{cls}._compute_sequence_level_ratios",
+                   "the geometric mean of a sequence's token ratios, run inside the "
+                   "_apply_rollout_importance_sampling rows [sequence_truncate, sequence_mask]")
+                  for cls in ("GRPOTrainer", "MegatronGRPOTrainer")) + (
+             ("GRPOTrainer._undo_gradient_accumulation_scaling",
               "a factor of the accumulation steps, run inside the compute_loss row [dapo, the "
               "trainer's path], whose loss it scales"),
              ("expand_advantage_to_per_token",
@@ -460,10 +543,12 @@ TRAINER = Trainer(
           "cispo, sapo, GSPO (sequence level) and fipo; compute_loss with gradient accumulation "
           f"{STEPS} as the Trainer calls it", "Megatron loss_func: dapo, grpo, dr_grpo, fipo",
           "FIPO's influence weight at GRPOConfig's defaults and with a symmetric clip, a decay "
-          "of 2 tokens and delta 10, on both backends"),
+          "of 2 tokens and delta 10, on both backends", "the rollout importance-sampling "
+          f"weights in their four modes (threshold {IS_THRESHOLD:g}) and the off-policy "
+          f"sequence mask (delta {OPSM_DELTA:g}), on both backends"),
     does_not_run=("scale_rewards 'gdpo' (several reward functions)", "kl_in_reward",
-                  "the rollout importance-sampling correction", "the off-policy sequence "
-                  "mask", "the entropy mask", "loss_type 'real'", "OPD-RL teachers, RLSD, SDAR",
+                  "the rollout importance-sampling weights and the off-policy sequence mask "
+                  "inside the loss (each runs as its own row)", "the entropy mask", "loss_type 'real'", "OPD-RL teachers, RLSD, SDAR",
                   "several processes or data-parallel ranks", "the liger loss path"),
     notes=("GRPOTrainer.compute_loss is also run whole (the trainer-path row): a loss whose "
            "accumulation is wrong for the Trainer's division by gradient_accumulation_steps "
