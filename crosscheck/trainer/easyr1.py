@@ -147,6 +147,10 @@ ROWS = (
         lambda fn: verl_card._outcome(fn, eps=1e-6), choices=_GROUPS + ("eps 1e-6",),
         conventions=dict(ddof=1, eps=1e-6, scale="group"), audit=dict(domain=("groups_of_two",)),
         params=("token_level_rewards", "response_mask", "index", "eps")),
+    Row(f"{CA}:compute_grpo_passk_outcome_advantage", "passk_advantages",
+        lambda fn: verl_card._outcome(fn, eps=1e-6), choices=_GROUPS + ("eps 1e-6",),
+        conventions=dict(eps=1e-6, scale="group"), audit=dict(domain=("groups_of_two",)),
+        params=("token_level_rewards", "response_mask", "index", "eps")),
     Row(f"{CA}:compute_rloo_outcome_advantage", "group_advantages", verl_card._outcome,
         choices=_GROUPS, conventions=dict(baseline="leave_one_out", scale="none"),
         audit=dict(domain=("groups_of_two",)),
@@ -231,10 +235,9 @@ TRAINER = Trainer(
     inventory=((CA, r"compute_.*|average_loss"), (TF, r"masked_whiten"),
                (ACTOR, r"DataParallelPPOActor\.update_policy")),
     not_run=(("compute_advantage_return", "dispatches to the estimators by name (each has a "
-              "row)"),
-             ("compute_grpo_passk_outcome_advantage", "Pass@k (only the best response: "
-              "r_max − r_second): no reference in this form yet")),
-    runs=(f"GAE at γ {GAMMA}, λ {LAM} and at 1, 1", "GRPO and RLOO on groups of any sizes ≥ 2",
+              "row)"),),
+    runs=(f"GAE at γ {GAMMA}, λ {LAM} and at 1, 1", "GRPO, pass@k and RLOO on groups of any "
+          "sizes ≥ 2",
           f"REINFORCE++'s returns at γ {GAMMA}", "PPO with dual clip 3, clip 0.2/0.2 and "
           "0.2/0.28, token and seq averaging; CISPO, SAPO", "the actor's rescaling "
           "of micro-batch losses to the mini-batch's token mean",

@@ -232,6 +232,18 @@ def compute_grpo_outcome_advantage(token_level_rewards, response_mask, index, ep
     return out[:, None] * response_mask, out[:, None] * response_mask
 
 
+def compute_grpo_passk_outcome_advantage(token_level_rewards, response_mask, index, eps=1e-6,
+                                         **kwargs):
+    s = token_level_rewards.sum(-1)
+    out = torch.zeros_like(s)
+    for rows in _groups(index).values():
+        assert len(rows) > 1, "a group needs two responses"
+        g = s[rows]
+        top, at = torch.topk(g, k=2)
+        out[rows[int(at[0])]] = (top[0] - top[1]) / (g.std() + eps)
+    return out[:, None] * response_mask, out[:, None] * response_mask
+
+
 def compute_rloo_outcome_advantage(token_level_rewards, response_mask, index, **kwargs):
     s = token_level_rewards.sum(-1)
     out = torch.zeros_like(s)
@@ -365,7 +377,7 @@ def test_easyr1_cards_a_checkout_in_its_shape_and_every_row_runs(tmp_path):
     assert set(verdicts.values()) == {"CONFORMS"}, {k: v for k, v in verdicts.items()
                                                     if v != "CONFORMS"}
     ran, listed = c.functions()          # the fixture holds only functions that have rows
-    assert ran == listed == 12 and not c.not_covered and c.exit_code == 0
+    assert ran == listed == 13 and not c.not_covered and c.exit_code == 0
 
 
 @pytest.mark.parametrize("gae, remax, row", [
