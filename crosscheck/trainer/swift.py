@@ -71,6 +71,36 @@ def _dynamic(estimator, scale):
     return make
 
 
+def _trainer_advantages(estimator, scale, dynamic=False):
+    """GRPOTrainer._compute_advantages (or MegatronGRPOTrainer's) as the trainer calls it after
+    scoring: one process, the trainer's settings on a stand-in self, no kl_in_reward."""
+    def make(fn):
+        megatron = "megatron" in owner_class(fn).__module__
+
+        def run(rewards, samples):
+            r = rewards.to(torch.float32)[:, None]      # compute_rewards_per_func's dtype
+            logs = collections.defaultdict(list)
+            logs["rewards"] = collections.defaultdict(list)
+            me = StandInSelf(
+                reward_weights=r.new_ones(1), advantage_estimator=estimator,
+                scale_rewards=scale, kl_in_reward=False, beta=0.0, reward_func_names=["r"],
+                dynamic_num_samples=dynamic, model=StandInSelf(training=True),
+                unwrapped_models=[StandInSelf(training=True)], process_index=0,
+                device=r.device, num_generations=samples[0].n if samples else 1,
+                _metrics=collections.defaultdict(lambda: collections.defaultdict(list)),
+                _logs=logs, _get_last_indices=lambda ids: list(range(len(ids))),
+                args=StandInSelf(report_to=[]))
+            if megatron:
+                return fn(me, samples, r)
+            return fn(me, samples, r, [])
+        def adapter(rewards, group_size):
+            K = int(group_size)
+            return run(rewards, [StandInSelf(n=K, prompt_id=str(i // K), request_id=str(i))
+                                 for i in range(rewards.shape[0])])
+        return adapter
+    return make
+
+
 _ADV = ("one reward function of weight 1: rewards_per_func = rewards[:, None]",
         "num_generations = group_size: groups are consecutive blocks of equal size (groups of one "
         "included: their advantage is 0), as "
@@ -423,6 +453,25 @@ ROWS = (
         conventions=dict(baseline="leave_one_out", scale="none", singleton="zero"),
         audit=dict(_SINGLETONS, precision="float32"),
         params=("rewards_per_func", "prompt_ids", "request_ids", "advantage_estimator")),
+    # ---- the trainers' advantage step (gathers, settings, then compute_advantages)
+    *(Row(f"{where}._compute_advantages", "group_advantages",
+          _trainer_advantages("grpo", "group", dynamic), label=label,
+          choices=("called unbound as the trainer calls it after scoring, on a stand-in self "
+                   "with GRPOConfig's defaults (advantage_estimator 'grpo', scale_rewards "
+                   "'group', kl_in_reward False, one reward function of weight 1); one "
+                   "process, so its gathers are the identity",
+                   "rewards_per_func in float32, as compute_rewards_per_func builds it") + (
+              ("dynamic_num_samples True: each prompt's num_generations requests, one sample "
+               "each (prompt_id = its group, distinct request_ids): its reward metrics "
+               "reshape the requests' rewards by num_generations, so groups are equal",)
+              if dynamic else
+              ("num_generations = group_size: consecutive groups of equal size",)),
+          conventions=dict(ddof=1, eps=1e-4, scale="group", singleton="zero"),
+          audit=dict(_SINGLETONS, precision="float32"), params=("self", "samples",
+                                                                 "rewards_per_func"))
+      for where, label, dynamic in ((f"{HF}:GRPOTrainer", "grpo, group", False),
+                                    (f"{HF}:GRPOTrainer", "grpo, group, dynamic", True),
+                                    (f"{MG}:MegatronGRPOTrainer", "grpo, group", False))),
     # ---- HF backend
     Row(HF_LOSS, "policy_objective", _hf("dapo"), label="dapo", choices=_HF_SELF + _GLOBAL,
         conventions=_PPO, params=_PARAMS_HF, fits=_fits_hf("dapo"), known=(_PADDING,)),
@@ -514,11 +563,13 @@ TRAINER = Trainer(
     inventory=((ADV, r"compute_advantages(_dynamic)?|compute_teacher_\w+|"
                      r"expand_advantage_to_per_token|apply_rlsd_reweight|compute_sdar_loss|"
                      r"_sdar_agg_loss"),
-               (HF, r"GRPOTrainer\.(compute_loss|_compute_loss_and_metrics|"
+               (HF, r"GRPOTrainer\.(compute_loss|_compute_loss_and_metrics|_compute_advantages|"
+                    r"compute_std|compute_liger_loss|_get_rollout_is_correction|"
                     r"_compute_fipo_influence|_undo_gradient_accumulation_scaling|"
                     r"_compute_sequence_level_ratios|_apply_rollout_importance_sampling|"
                     r"_compute_off_policy_sequence_mask)"),
-               (MG, r"MegatronGRPOTrainer\.(loss_func|_compute_fipo_influence|"
+               (MG, r"MegatronGRPOTrainer\.(loss_func|_compute_fipo_influence|_compute_advantages|"
+                    r"_compute_kl_from_batches|"
                     r"_compute_sequence_level_ratios|_apply_rollout_importance_sampling|"
                     r"_compute_off_policy_sequence_mask)")),
     not_run=tuple((f"{cls}._compute_sequence_level_ratios",
@@ -528,6 +579,18 @@ TRAINER = Trainer(
              ("GRPOTrainer._undo_gradient_accumulation_scaling",
               "a factor of the accumulation steps, run inside the compute_loss row [dapo, the "
               "trainer's path], whose loss it scales"),
+             ("GRPOTrainer.compute_std",
+              "the per-group reward std that dynamic sampling (DAPO's filter) thresholds: a "
+              "resampling criterion, not an advantage or a loss"),
+             ("GRPOTrainer.compute_liger_loss",
+              "the liger-kernel fused loss (use_liger_loss): Liger's own card audits "
+              "LigerFusedLinearGRPOLoss"),
+             ("GRPOTrainer._get_rollout_is_correction",
+              "old − rollout log-ratio passed to _apply_rollout_importance_sampling, whose rows "
+              "run"),
+             ("MegatronGRPOTrainer._compute_kl_from_batches",
+              "kl_in_reward's per-sequence KL gathered over Megatron's micro-batches: no row "
+              "runs kl_in_reward"),
              ("expand_advantage_to_per_token",
               "without a teacher a broadcast of [B] over [B, T], the HF loss rows' adapters' "
               "input; with a teacher (OPD-RL) no reference yet"),

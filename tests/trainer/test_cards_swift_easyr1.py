@@ -43,6 +43,10 @@ PATCHES = [
     ("ms-swift", MG, "(micro_batch_size * self.max_completion_length)",
      "(micro_batch_size + self.max_completion_length)", 0,
      "MegatronGRPOTrainer.loss_func [dr_grpo]"),
+    ("ms-swift", HF, "advantage_estimator=self.advantage_estimator,\n"     # a composition:
+     "                scale_rewards=self.scale_rewards,",                      # a setting lost
+     "advantage_estimator=self.advantage_estimator,\n                scale_rewards='none',", 0,
+     "GRPOTrainer._compute_advantages [grpo, group]"),
     ("ms-swift", ADV, "std = grouped.std(dim=1).repeat_interleave(K) if K > 1",
      "std = grouped.std(dim=1, correction=0).repeat_interleave(K) if K > 1", 0,
      "compute_advantages [grpo, group]"),
