@@ -232,7 +232,7 @@ ROWS = (
 TRAINER = Trainer(
     name="easyr1", package="verl", dist="EasyR1", profile="verl", pinned="b44b311b",
     installable=False, modules=(CA, TF, ACTOR), rows=ROWS,
-    inventory=((CA, r"compute_.*|average_loss"), (TF, r"masked_whiten"),
+    inventory=((CA, r"compute_.*|average_loss|\w+KLController\.update"), (TF, r"masked_whiten"),
                (ACTOR, r"DataParallelPPOActor\.update_policy")),
     not_run=(("compute_advantage_return", "dispatches to the estimators by name (each has a "
               "row)"),),
