@@ -17,7 +17,6 @@ card's adapters are reused where EasyR1 kept verl's signature):
 """
 import sys
 
-import numpy as np
 import torch
 
 from . import verl as verl_card

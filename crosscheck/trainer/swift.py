@@ -524,7 +524,8 @@ ROWS = (
         label="dapo, the trainer's path",
         choices=("compute_loss → _compute_loss → _compute_loss_single → "
                  "_compute_loss_and_metrics, called as Trainer.training_step calls it, with a "
-                 f"stand-in self (as for _compute_loss_and_metrics) and gradient_accumulation_steps "
+                 "stand-in self (as for _compute_loss_and_metrics) and "
+                 f"gradient_accumulation_steps "
                  f"= {STEPS}: the returned loss divided by {STEPS}, as training_step divides it "
                  "(model_accepts_loss_kwargs False)",) + _GLOBAL[:1],
         conventions=_PPO, params=("self", "model", "inputs"), fits=lambda fn: _PER_SEQUENCE,
@@ -611,7 +612,8 @@ TRAINER = Trainer(
           f"sequence mask (delta {OPSM_DELTA:g}), on both backends"),
     does_not_run=("scale_rewards 'gdpo' (several reward functions)", "kl_in_reward",
                   "the rollout importance-sampling weights and the off-policy sequence mask "
-                  "inside the loss (each runs as its own row)", "the entropy mask", "loss_type 'real'", "OPD-RL teachers, RLSD, SDAR",
+                  "inside the loss (each runs as its own row)", "the entropy mask",
+                  "loss_type 'real'", "OPD-RL teachers, RLSD, SDAR",
                   "several processes or data-parallel ranks", "the liger loss path"),
     notes=("GRPOTrainer.compute_loss is also run whole (the trainer-path row): a loss whose "
            "accumulation is wrong for the Trainer's division by gradient_accumulation_steps "

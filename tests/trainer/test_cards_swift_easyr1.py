@@ -60,14 +60,15 @@ PATCHES = [
     ("easyr1", CORE, "id2std[idx] = torch.std(torch.tensor(id2score[idx]))",
      "id2std[idx] = torch.std(torch.tensor(id2score[idx]), correction=0)", 0,
      "compute_grpo_outcome_advantage"),
-    ("easyr1", ACTOR, "loss = loss * torch.sum(response_mask) * self.world_size / total_response_tokens",
+    ("easyr1", ACTOR,
+     "loss = loss * torch.sum(response_mask) * self.world_size / total_response_tokens",
      "loss = loss * self.world_size", 0,
      "DataParallelPPOActor.update_policy [the actor's averaging, token]"),  # composition
     ("easyr1", CORE, "clipped_pg_loss_lower = torch.min(clipped_pg_loss_higher, pg_loss3)",
      "clipped_pg_loss_lower = torch.max(clipped_pg_loss_higher, pg_loss3)", 0,
      "compute_policy_loss [ppo, token]"),
-    ("easyr1", CORE, "kld = (kl.exp() - kl - 1).contiguous()", "kld = (kl.exp() + kl - 1).contiguous()",
-     0, "compute_kl [low_var_kl]"),
+    ("easyr1", CORE, "kld = (kl.exp() - kl - 1).contiguous()",
+     "kld = (kl.exp() + kl - 1).contiguous()", 0, "compute_kl [low_var_kl]"),
     ("easyr1", CORE, "vf_loss = 0.5 * average_loss(", "vf_loss = average_loss(", 0,
      "compute_value_loss"),
 ]
