@@ -19,7 +19,7 @@ import subprocess
 import sys
 
 # the releases swept: verl 0.4.0 to 0.9.1, TRL 0.19 to 1.16.0 (each minor's last patch),
-# OpenRLHF 0.8.5 to 0.11.2, SkyRL 0.1.0 to 0.4.0
+# OpenRLHF 0.8.5 to 0.11.2, SkyRL 0.1.0 to 0.4.0, ms-swift 4.4.0 to 4.6.0
 RELEASES = {
     "verl": "0.4.0 0.4.1 0.5.0 0.6.0 0.6.1 0.7.0 0.7.1 0.8.0 0.9.0 0.9.1",
     "trl": "0.19.1 0.20.0 0.21.0 0.22.2 0.23.1 0.24.0 0.25.1 0.26.2 0.27.2 0.28.0 0.29.1 1.0.0 "
@@ -29,16 +29,28 @@ RELEASES = {
                 "0.9.1.post1 0.9.2 0.9.3 0.9.4 0.9.5 0.9.6 0.9.7 0.9.8 0.9.9 0.9.10 0.10.0 "
                 "0.10.1 0.10.1.post1 0.10.1.post2 0.10.2 0.10.3 0.10.4 0.11.0 0.11.1 0.11.2",
     "skyrl": "0.1.0 0.2.0 0.3.0 0.4.0",
+    "ms-swift": "4.4.0 4.4.1 4.4.2 4.5.0 4.5.1 4.5.2 4.5.3 4.6.0",
 }
 TIMEOUT = 600
 
 
+def _declared(name):
+    """(the import name, the distribution) of a trainer's card: ms-swift installs `swift`."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if root not in sys.path:                  # this checkout's crosscheck, as `-m` runs it
+        sys.path.insert(0, root)
+    from crosscheck import trainer as trainers
+    t = trainers.get(name)
+    return t.package, t.dist
+
+
 def install(target, name, version):
-    if os.path.isdir(os.path.join(target, name)):
+    package, dist = _declared(name)
+    if os.path.isdir(os.path.join(target, package)):
         return None
     out = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-compile",
                           "--ignore-requires-python",      # SkyRL 0.4 declares Python >= 3.12
-                          "--quiet", "--target", target, f"{name}=={version}"],
+                          "--quiet", "--target", target, f"{dist}=={version}"],
                          capture_output=True, text=True)
     return None if out.returncode == 0 else out.stderr.strip().splitlines()[-1:]
 
@@ -103,7 +115,7 @@ def main(argv=None):
     for name, version in todo:
         target = os.path.join(os.path.abspath(os.path.expanduser(args.dir)), name, version)
         failed = install(target, name, version) if args.install else None
-        if failed or not os.path.isdir(os.path.join(target, name)):
+        if failed or not os.path.isdir(os.path.join(target, _declared(name)[0])):
             results.append(dict(trainer=name, version=version, exit="not installed",
                                 error="; ".join(failed or ["run with --install"])))
             continue

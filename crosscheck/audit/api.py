@@ -183,6 +183,14 @@ def into_domain(rule, case, unused=()):
             changed.append("advantages per token")
         if tag == "per_sequence_scores" and np.ndim(arrays.get("scores")) == 2:
             return None, profiles_mod.DOMAINS[tag]
+        if tag == "outcome_rewards" and m is not None and np.ndim(m) == 2 and \
+                np.shape(arrays.get("rewards")) == np.shape(m):
+            mm = np.asarray(m, dtype=bool)
+            last = mm & (np.cumsum(mm[:, ::-1], axis=1)[:, ::-1] == 1)   # the last valid token
+            r = np.asarray(arrays["rewards"], dtype=np.float64)
+            if (np.where(last, 0.0, r) != 0).any():
+                arrays["rewards"] = np.where(last, r, 0.0)
+                changed.append("rewards at each response's last valid token only")
         if tag == "nonempty_rows" and m is not None and np.ndim(m) == 2:
             keep = np.asarray(m, dtype=bool).any(axis=1)
             if not keep.all():
@@ -259,7 +267,7 @@ def audit(fn, ref, *, backend="torch", profile=None, cases=200, seed=0, rtol=Non
         audit as INCONCLUSIVE; the call itself is abandoned, still running.
       domain: the inputs your function ever sees, overriding the profile's: a tuple of
         "right_padded", "left_padded", "per_sequence_advantages", "per_token_advantages",
-        "groups_of_two", "per_sequence_scores", "nonempty_rows"
+        "groups_of_two", "per_sequence_scores", "nonempty_rows", "outcome_rewards"
         (crosscheck.audit.profiles DOMAINS); cases outside it are moved into it or skipped, and
         the report says so.
       progress: a stream for a one-line progress display (the command line passes stderr on

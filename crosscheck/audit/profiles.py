@@ -32,6 +32,8 @@ DOMAINS = {
     "groups_of_two": "a group of one (this trainer requires at least two per group)",
     "per_sequence_scores": "per-token scores (this trainer's code takes one per sequence)",
     "pass_rates": "a negative reward (this function's rewards are pass rates, ≥ 0: MaxRL)",
+    "outcome_rewards": "token rewards away from a response's last valid token (this trainer's "
+                       "token rewards are one outcome score per response, at its last token)",
     "nonempty_rows": "a response with no valid token (every response this trainer builds keeps "
                      "at least one: nothing masks a whole response)",
 }

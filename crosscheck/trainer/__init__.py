@@ -6,14 +6,18 @@ Importing this package imports neither torch nor any trainer.
 import importlib
 
 TRAINERS = ("verl", "trl", "openrlhf", "skyrl", "liger", "trinity", "torchrl", "areal",
-            "unsloth", "roll", "prime-rl", "slime", "rllm", "nemo-rl", "minimind", "open-instruct")
+            "unsloth", "roll", "prime-rl", "slime", "rllm", "nemo-rl", "minimind",
+            "open-instruct", "ms-swift", "easyr1")
+# a card's module where it is not the name without hyphens
+_MODULES = {"ms-swift": "swift"}
 
 
 def get(name: str):
     """The `Trainer` declaration of `name` (one of TRAINERS)."""
     if name not in TRAINERS:
         raise KeyError(f"unknown trainer {name!r}; known: {', '.join(TRAINERS)}")
-    return importlib.import_module(f"{__name__}.{name.replace('-', '')}").TRAINER
+    module = _MODULES.get(name, name.replace("-", ""))
+    return importlib.import_module(f"{__name__}.{module}").TRAINER
 
 
 def installed():

@@ -97,6 +97,10 @@ class Row:
     # the same block as earlier releases wrote it, tried in order where `block` is not found:
     # ((first, last, outputs[, nested]), the adapter's choice for those releases, in words), ...
     older_blocks: Tuple[Tuple[tuple, str], ...] = ()
+    # compose(data) -> data: the reference composition a composing function is judged against,
+    # as a transform of the reference's inputs by other references (ms-swift's FIPO loss: PPO's
+    # objective with each advantage times fipo_influence_weights); None: the reference itself
+    compose: Optional[Callable] = None
     fits: Optional[Callable] = None    # fits(function): raises DoesNotFit / NotInVersion when an
     # assumption of the adapter does not hold in this version (a mode the version lacks); or
     # returns what this version needs: {"conventions": {...} (a hard-coded aggregation),
@@ -139,6 +143,8 @@ class Trainer:
     # environment variables set while its card runs ((name, value), ...): "{tmp}" is a
     # temporary directory (ROLL writes log files at import, under ROLL_LOG_DIR)
     environ: Tuple[Tuple[str, str], ...] = ()
+    # its math modules loaded by file even when installed (loading.Loaded.by_file)
+    by_file: bool = False
     not_covered_why: str = "no reference function yet"
     # a function of the inventory not covered for its own reason: ((qualname, why), ...)
     not_run: Tuple[Tuple[str, str], ...] = ()
@@ -745,6 +751,10 @@ def run_row(row: Row, loaded: loading.Loaded, source: loading.Source, profile: s
         if adapt is not None:
             adapter = adapt(adapter)
         conventions = dict(base, **variant.pop("conventions", {}))
+        if row.compose is not None:        # the composition first, then a known variant's
+            known_inputs = variant.get("inputs")
+            variant["inputs"] = row.compose if known_inputs is None else \
+                (lambda data: known_inputs(row.compose(data)))
         keywords = dict(row.audit, **keywords_fit, **variant.pop("audit", {}))
         keywords.pop("profile", None)              # resolved above
         n = keywords.pop("cases", cases)           # a row whose every call is costly runs fewer
@@ -932,7 +942,8 @@ def _run_rows(trainer, source, rows, cases, seed, progress, shown=None):
     total = max(shown, default=0)
     domain = trainer.domain(source) if trainer.domain is not None else None
     with _environ(trainer.environ), \
-            loading.Loaded(source, trainer.modules, trainer.real, trainer.stand_in) as loaded, \
+            loading.Loaded(source, trainer.modules, trainer.real, trainer.stand_in,
+                           by_file=trainer.by_file) as loaded, \
             loading.quiet_warnings():
         results = []
         for i, row in zip(shown, rows):

@@ -171,6 +171,12 @@ class _StandInMeta(type):
     def __getitem__(cls, item):
         return cls
 
+    def __delattr__(cls, name):
+        """Deleting what the stand-in does not hold is a no-op: a subclass module's
+        `del Base.__init__` (ms-swift's, on TRL's GRPOTrainer) finds nothing to delete."""
+        if name in cls.__dict__:
+            super().__delattr__(name)
+
     def __add__(cls, other):               # Base._FIELDS + [...] in a subclass body
         return other
 
@@ -188,9 +194,9 @@ class _StandInMeta(type):
 
 
 class StandIn(metaclass=_StandInMeta):
-    """An inert object: it accepts any arguments, every attribute is another stand-in, calling
-    it returns itself (or, given a function, the function), it is falsy and empty, and every
-    order comparison with it holds."""
+    """An inert object: it accepts any arguments, every attribute and every item is another
+    stand-in, calling it returns itself (or, given a function, the function), it is falsy and
+    empty, and every order comparison with it holds."""
 
     def __init__(self, *args, **kwargs):
         pass
@@ -240,6 +246,11 @@ class StandIn(metaclass=_StandInMeta):
 
     def __len__(self):
         return 0
+
+    def __getitem__(self, item):
+        """Another stand-in: a stood-in library's object indexed at import
+        (`ms_logger.handlers[0].setFormatter(...)`, ms-swift's logger of modelscope)."""
+        return StandIn()
 
 
 StandIn._stand_in = True
@@ -539,6 +550,9 @@ class Loaded:
     real: Sequence[str] = ()
     # installed modules the math never uses, stood in to save their import (verl's tensordict)
     stand_in: Sequence[str] = ()
+    # load by file even when installed: its normal import would pull in a whole stack only
+    # to fail (ms-swift's package imports modelscope, transformers, trl and datasets)
+    by_file: bool = False
     how: str = ""                                        # "imported normally" | "loaded by file"
     stood_in: Dict[str, str] = field(default_factory=dict)
     failed: Dict[str, str] = field(default_factory=dict)  # module -> why it could not load
@@ -550,7 +564,7 @@ class Loaded:
         self._saved = {k: v for k, v in sys.modules.items() if k.partition(".")[0] in tops}
         self._before = set(sys.modules)
         self._loaded: Dict[str, types.ModuleType] = {}
-        if self.source.origin == "installed" and self._import_normally():
+        if self.source.origin == "installed" and not self.by_file and self._import_normally():
             self.how = "imported normally"
             return self
         self._forget()
@@ -598,8 +612,9 @@ class Loaded:
         a second time is not always possible (datasets registers its Arrow extension types
         once per process)."""
         new = set(sys.modules) - self._before
+        stood = set(ALWAYS_STAND_IN) | set(self.stand_in)    # the trainer's stand-ins too
         for k in [k for k in sys.modules if k.partition(".")[0] == self.source.package or
-                  k in new and k.partition(".")[0] in ALWAYS_STAND_IN]:
+                  k in new and k.partition(".")[0] in stood]:
             del sys.modules[k]
 
     def __exit__(self, *exc):

@@ -31,6 +31,14 @@ EXPECTED = {
                  [("raises", "robustness")]},
     # (SAPO's float32 temperatures stay within the float64 row on one advantage per sequence)
     "trl": {"GRPOTrainer._compute_loss [bnpo]": [("microbatch", "documented choice")]},
+    # bnpo's local token count, TRL's documented choice, which ms-swift keeps; the rollout
+    # weights' ±20 clamp of each token's log-ratio before a sequence's geometric mean
+    "ms-swift": {"GRPOTrainer._compute_loss_and_metrics [bnpo]":
+                 [("microbatch", "documented choice")],
+                 **{f"{cls}._apply_rollout_importance_sampling [sequence_{mode}]":
+                    [("value", "documented choice")]
+                    for cls in ("GRPOTrainer", "MegatronGRPOTrainer")
+                    for mode in ("truncate", "mask")}},
     # GAE and the 'reinforce' returns discount through a multi-turn row's masked steps: seen
     # only below γλ = 1 (at 1 a step of reward 0 changes nothing)
     "openrlhf": {"RemoteExperienceMaker.get_advantages_and_returns": [("value", "deviation")],

@@ -418,3 +418,59 @@ def test_an_import_time_version_gate_on_a_stood_in_library_passes():
     version = loading.StandInModule("packaging.version").Version
     assert version("0+stand.in") < version("5.12.0")
     assert version("1") >= version("2") and version("1") <= version("2")
+
+
+def test_a_stood_in_object_indexed_at_import_and_a_base_method_deleted_load(tmp_path):
+    # ms-swift's logger does `ms_logger.handlers[0].setFormatter(...)` on modelscope's logger,
+    # and its GRPOTrainer module `del HFGRPOTrainer.__init__` on TRL's class, both at import
+    _write(tmp_path, {"indexing_xyz/__init__.py": "", "indexing_xyz/math.py": """
+        from missing_logger_pkg import get_logger
+        from missing_base_pkg import Base
+
+        get_logger().handlers[0].setFormatter("fmt")
+        del Base.__init__
+
+        class Mine(Base):
+            def double(self, x):
+                return 2 * x
+        """})
+    source = loading.locate("indexing_xyz", "indexing_xyz", str(tmp_path))
+    with loading.Loaded(source, ["indexing_xyz.math"]) as loaded:
+        assert not loaded.failed
+        assert loaded.module("indexing_xyz.math").Mine().double(3) == 6
+
+
+def test_a_trainer_loaded_by_file_never_tries_its_normal_import(tmp_path, monkeypatch):
+    """Trainer.by_file (ms-swift): an installed package whose normal import would pull in a
+    whole stack only to fail is loaded by file at once, its package __init__ not run."""
+    _write(tmp_path, {"byfile_xyz/__init__.py": "raise RuntimeError('the init ran')\n",
+                      "byfile_xyz/math.py": "def f(x):\n    return x + 1\n"})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    source = loading.locate("byfile_xyz", "byfile_xyz", str(tmp_path))
+    source.origin = "installed"              # as find_spec reports an installed package
+    tried = []
+    monkeypatch.setattr(loading.Loaded, "_import_normally",
+                        lambda self: tried.append(True) or False)
+    with loading.Loaded(source, ["byfile_xyz.math"], by_file=True) as loaded:
+        assert loaded.how.startswith("loaded by file") and not tried
+        assert loaded.module("byfile_xyz.math").f(1) == 2
+    with loading.Loaded(source, ["byfile_xyz.math"]) as loaded:
+        assert tried == [True]                # without by_file it tries the normal import first
+
+
+def test_a_failed_normal_import_leaves_no_real_copy_of_a_module_the_trainer_stands_in(
+        tmp_path, monkeypatch):
+    """The normal import of an installed trainer imports a library the card stands in, then
+    fails: the by-file load must meet the stand-in, not the real module left behind (ms-swift's
+    trl, whose real GRPOTrainer would fail under stood-in transformers)."""
+    _write(tmp_path, {"realdep_xyz/__init__.py": "VALUE = 'real'\n",
+                      "partial_xyz/__init__.py": "import realdep_xyz\nimport missing_pkg_xyz\n",
+                      "partial_xyz/math.py": "import realdep_xyz\n\ndef f():\n"
+                                             "    return realdep_xyz.VALUE\n"})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "realdep_xyz", raising=False)
+    source = loading.locate("partial_xyz", "partial_xyz", str(tmp_path))
+    source.origin = "installed"
+    with loading.Loaded(source, ["partial_xyz.math"], stand_in=("realdep_xyz",)) as loaded:
+        assert loaded.how.startswith("loaded by file")
+        assert isinstance(loaded.module("partial_xyz.math").realdep_xyz, loading.StandInModule)
