@@ -98,11 +98,11 @@ def _grpo(leave_one_out):
     def make(fn):
         cls = owner_class(fn)
 
-        def adapter(rewards, group_size):
+        def adapter(rewards, group_ids):
             B = rewards.shape[0]
             estimator = cls(SimpleNamespace(use_leave_one_out_baseline=leave_one_out,
                                             normalize_rewards=True), None)
-            prompts = (torch.arange(B) // int(group_size))[:, None]
+            prompts = torch.as_tensor(group_ids).reshape(B, 1)
             out = fn(estimator, prompts, rewards.to(torch.float32),
                      torch.ones((B, 1), dtype=torch.float32))
             return out[:, 0]
@@ -128,8 +128,9 @@ _SETUP = ("the config as a namespace of ClippedPGLossConfig's keys: no KL penalt
           "loss reads them [:, 1:]; sample_mask 1; generation_logprobs = prev_logprobs",
           "the global counts the call's own (global_valid_toks its valid tokens, "
           "global_valid_seqs its rows): judged on whole batches")
-_GROUPS = ("each group a prompt of one token (its index): calculate_baseline_and_std_per_"
-           "prompt groups rows by their prompt's tokens; the rewards as float32 (NeMo-RL's; its "
+_GROUPS = ("each group a prompt of one token (its group id): calculate_baseline_and_std_per_"
+           "prompt groups rows by their prompt's tokens, in any order and of any size (a group "
+           "of one gets baseline = its reward, advantage 0); the rewards as float32 (NeMo-RL's; its "
            "group statistics build float32 matrices); the advantage read from a one-token mask",)
 _PPO = dict(loss="ppo", beta=0.0, agg="token-mean", clip_low=0.2, clip_high=0.2, clip_c=None,
             log_ratio_clamp=None)
@@ -189,12 +190,12 @@ ROWS = (
                            "defaults)",),
         conventions=dict(baseline="leave_one_out", scale="leave_one_out", ddof=1, eps=1e-6,
                          singleton="zero"),
-        audit=dict(domain=("groups_of_two",)), params=("prompt_ids", "rewards", "mask")),
+        params=("prompt_ids", "rewards", "mask")),
     Row(f"{ADV}:GRPOAdvantageEstimator.compute_advantage", "group_advantages", _grpo(False),
         label="group mean",
         choices=_GROUPS + ("normalize_rewards without the leave-one-out baseline",),
         conventions=dict(baseline="mean", scale="group", ddof=1, eps=1e-6, singleton="zero"),
-        audit=dict(domain=("groups_of_two",)), params=("prompt_ids", "rewards", "mask")),
+        params=("prompt_ids", "rewards", "mask")),
     Row(f"{LOSS}:MseValueLossFn.__call__", "value_loss", _value,
         choices=("scale 1, cliprange 0.2; evaluated one valid token at a time (a [1, 1] batch "
                  "whose global count is 1)",),
