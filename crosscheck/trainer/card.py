@@ -212,9 +212,16 @@ class Card:
     def against(self, baseline_cards: Mapping[str, dict], source: str) -> "Card":
         """This card compared with the baseline's card of its trainer (none: every deviation is
         new since it); the exit code then gates only on new deviations new since it."""
-        from .baseline import compare
+        from .. import tolerances
+        from .baseline import changed, compare
+        results = {r.row.name: r for r in self.rows}
+        tol = tolerances.get("audit", self.trainer.precision)
+
+        def replayed(name, saved):
+            r = results.get(name)
+            return changed(getattr(r.report, "replay", None) if r else None, saved, tol)
         self.comparison = compare([(r.row.name, f) for r, f in self.graded()["deviation"]],
-                                  baseline_cards.get(self.trainer.name), source)
+                                  baseline_cards.get(self.trainer.name), source, replayed)
         return self
 
     @property
@@ -343,8 +350,8 @@ class Card:
         """" [new since the baseline]" or " [in the baseline]" for a deviation, against one."""
         if self.comparison is None or f["grade"] != "deviation":
             return ""
-        held = {g["signature"] for _, g in self.comparison.held}
-        return " [in the baseline]" if f["signature"] in held else " [new since the baseline]"
+        held = {id(g) for _, g in self.comparison.held}
+        return " [in the baseline]" if id(f) in held else " [new since the baseline]"
 
     def _baseline_lines(self) -> List[str]:
         b = self.comparison
@@ -354,7 +361,9 @@ class Card:
                                                        if b.version else
                                                        f" (it holds no {self.trainer.name} card)")
                  + f": {self._baseline_tally()}"]
-        for title, items in (("new since the baseline", [(r, f["signature"]) for r, f in b.new]),
+        for title, items in (("new since the baseline",
+                              [(r, f["signature"] + (f" ({f['since']})" if f.get("since")
+                                                     else "")) for r, f in b.new]),
                              ("in the baseline", [(r, f["signature"]) for r, f in b.held]),
                              ("fixed (in the baseline, no longer found)",
                               [(g["row"], g["signature"]) for g in b.gone])):

@@ -22,10 +22,18 @@ CASES = 24
 ENV = {"roll": "CROSSCHECK_ROLL", "prime-rl": "CROSSCHECK_PRIME_RL", "slime": "CROSSCHECK_SLIME",
        "rllm": "CROSSCHECK_RLLM", "nemo-rl": "CROSSCHECK_NEMO_RL",
        "minimind": "CROSSCHECK_MINIMIND"}
-# what a copy leaves out: no card reads them
-SKIP = shutil.ignore_patterns(".git", "__pycache__", "*.pdf", "*.png", "*.gif", "*.jpg",
-                              "docs", "docs_roll", "assets", "images", "examples", "tests",
-                              "dataset", "data", "third_party", "docker")
+# what a copy leaves out: caches and binaries anywhere, and the checkout's top-level folders
+# that hold no package code (a package's own folders of these names are kept: nemo_rl/data)
+TOP = {".git", "docs", "docs_roll", "assets", "images", "examples", "tests", "dataset", "data",
+       "third_party", "docker"}
+ANYWHERE = shutil.ignore_patterns("__pycache__", "*.pdf", "*.png", "*.gif", "*.jpg")
+
+
+def _skip(root):
+    def ignore(folder, names):
+        top = TOP.intersection(names) if os.path.samefile(folder, root) else set()
+        return top | set(ANYWHERE(folder, names))
+    return ignore
 
 ROLL = "roll/utils/functionals.py"
 PRIME_LOSS = "src/prime_rl/trainer/rl/loss.py"
@@ -201,7 +209,7 @@ def copies(tmp_path_factory):
         if name not in made:
             src = _checkout(name)
             root = tmp_path_factory.mktemp(name.replace("-", "_")) / "checkout"
-            shutil.copytree(src, root, ignore=SKIP)
+            shutil.copytree(src, root, ignore=_skip(src))
             made[name] = root
         return made[name]
     return get
