@@ -417,6 +417,16 @@ def compute_gae_advantage_return(token_level_rewards, values, gamma, lambd):
     return adv, adv + values
 
 
+def compute_reinforce_return(token_level_rewards, gamma, lambd):
+    with torch.no_grad():
+        running, out = 0.0, []
+        for t in range(token_level_rewards.shape[-1] - 1, -1, -1):
+            running = token_level_rewards[:, t] + gamma * running
+            out.append(running)
+        returns = torch.stack(out[::-1], dim=1)
+    return returns, returns
+
+
 def reward_norm(response_level_rewards, n_sample=-1, running_ctrl={}, norm_mean_type=None,
                 norm_std_type=None):
     g = response_level_rewards.reshape(-1, n_sample)
@@ -458,7 +468,9 @@ def test_roll_cards_a_checkout_and_finds_an_unmasked_token_mean_and_a_mask_free_
     verdicts = {r.row.name: r.verdict for r in c.rows}
     assert verdicts.pop("agg_loss [token-mean]") == token_mean
     # no mask: the critic's value at the first padding position is bootstrapped from
-    assert verdicts.pop("compute_gae_advantage_return") == "DOES NOT CONFORM"
+    for gae in ("compute_gae_advantage_return [γ 1, λ 0.95]",
+                "compute_gae_advantage_return [γ 0.99, λ 0.95]"):
+        assert verdicts.pop(gae) == "DOES NOT CONFORM"
     assert set(verdicts.values()) == {"CONFORMS"}, verdicts
     assert c.exit_code == 1
     assert capsys.readouterr().out == ""                  # its import-time print is dropped
@@ -563,6 +575,23 @@ class GRPOAlgorithm(Algorithm):
         for trace, advantage in zip(traces, advantages.tolist(), strict=True):
             assign_advantages(trace, advantage)
 '''
+PRIMERL_MAXRL = '''
+import torch
+import verifiers.v1 as vf
+
+from prime_rl.orchestrator.algo.base import Algorithm, iter_trainable_traces
+from prime_rl.orchestrator.algo.routing import assign_advantages
+
+
+class MaxRLAlgorithm(Algorithm):
+    async def score_group(self, episodes: list[vf.Episode]) -> None:
+        traces = [trace for _, trace in iter_trainable_traces(episodes)]
+        rewards = torch.tensor([t.reward for t in traces], dtype=torch.float32)
+        mean = rewards.mean()
+        advantages = torch.zeros_like(rewards) if mean <= 0 else (rewards - mean) / mean
+        for trace, advantage in zip(traces, advantages.tolist(), strict=True):
+            assign_advantages(trace, advantage)
+'''
 PRIMERL_PACKAGE = {
     "packages/prime-rl-configs/src/prime_rl/configs/__init__.py": "",
     "packages/prime-rl-configs/src/prime_rl/configs/trainer.py": (
@@ -605,6 +634,7 @@ def _primerl_checkout(root, kl_mask, shape):
     (root / "src/prime_rl/trainer/rl/loss.py").write_text(PRIMERL_LOSS.replace("KL_MASK", kl_mask))
     (root / "src/prime_rl/orchestrator/algo/grpo.py").write_text(
         PRIMERL_GRPO.replace("SHAPE", shape))
+    (root / "src/prime_rl/orchestrator/algo/max_rl.py").write_text(PRIMERL_MAXRL)
 
 
 @pytest.mark.parametrize("kl_mask, shape, loss, grpo", [
@@ -617,7 +647,8 @@ def test_primerl_cards_a_checkout_of_two_source_roots(tmp_path, kl_mask, shape, 
     c = card.run(trainers.get("prime-rl"), path=str(tmp_path), cases=24)
     verdicts = {r.row.name: r.verdict for r in c.rows}
     assert verdicts == {"compute_loss [default loss]": loss,
-                        "GRPOAlgorithm.score_group": grpo}, [r.reason for r in c.rows]
+                        "GRPOAlgorithm.score_group": grpo,
+                        "MaxRLAlgorithm.score_group": "CONFORMS"}, [r.reason for r in c.rows]
     assert c.exit_code == (0 if loss == "CONFORMS" else 1)
     # the --json card says how it loaded the code and what it stood in
     loaded = " ".join(c.to_dict()["loaded"])
@@ -687,7 +718,8 @@ def vanilla_gae(rewards, values, gamma, lambd):
     return adv, adv + values
 
 
-chunked_gae = vanilla_gae
+def chunked_gae(rewards, values, gamma, lambd, chunk_size=128):
+    return vanilla_gae(rewards, values, gamma, lambd)
 
 
 def chunked_discounted_returns(rewards, discount, chunk_size=128):
@@ -863,6 +895,9 @@ def calculate_baseline_and_std_per_prompt(prompts, rewards, valid_mask,
     for p in torch.unique(prompts, dim=0):
         idx = torch.nonzero((prompts == p).all(1))[:, 0]
         r, n = rewards[idx], len(idx)
+        if n <= 1:                                   # a group of one: its own baseline
+            baseline[idx] = r
+            continue
         others = (1 - torch.eye(n)) if leave_one_out_baseline else torch.ones((n, n))
         k = torch.tensor(float(n - int(leave_one_out_baseline)))   # a tensor: 1/0 is inf
         mean = others @ r / k
