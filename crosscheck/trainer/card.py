@@ -149,6 +149,10 @@ class Trainer:
     # the branches and conventions the rows run, and those they do not, in words
     runs: Tuple[str, ...] = ()
     does_not_run: Tuple[str, ...] = ()
+    # modules holding the trainer's registries as dict literals, name -> what the configuration
+    # selects: a dotted path as a string (Trinity's Registry(default_mapping={...})) or a class
+    # the module imports (prime-rl's ALGORITHM_CLASSES); each entry needs a row or a reason
+    registries: Tuple[str, ...] = ()
     # domain(source): DOMAINS tags (crosscheck.audit.profiles) that every row's inputs lie in
     # for this release, with the reason in words: ((tag, ...), why), or None
     domain: Optional[Callable] = None
@@ -560,6 +564,43 @@ def _parsed_registered(path: str, stamp: int) -> Tuple[Tuple[str, Tuple[int, str
     return tuple(out.items())
 
 
+def _registry_entries(path: str, module: str, package: str) -> List[Tuple[str, str, str]]:
+    """(key, module, name) for each entry of the dict literals in a registry module whose keys
+    are strings and whose values name something of the trainer's package: a dotted path
+    "package.mod.Name", or a name the module imports from the package."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            tree = ast.parse(fh.read(), path)
+    except (OSError, SyntaxError):
+        return []
+    here = module.split(".")
+    imported = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:               # relative to the registry's package (an __init__)
+                base = ".".join(here[:len(here) - node.level + 1] + ([base] if base else []))
+            for alias in node.names:
+                imported[alias.asname or alias.name] = base
+    out = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Dict):
+            continue
+        for k, v in zip(node.keys, node.values):
+            if not (isinstance(k, ast.Constant) and isinstance(k.value, str)):
+                continue
+            if isinstance(v, ast.Constant) and isinstance(v.value, str) and \
+                    v.value.startswith(package + ".") and "." in v.value[len(package) + 1:]:
+                target, _, name = v.value.rpartition(".")
+                out.append((k.value, target, name))
+            elif isinstance(v, ast.Name) and imported.get(v.id, "").startswith(package + "."):
+                out.append((k.value, imported[v.id], v.id))
+    return out
+
+
+NEW_IN_REGISTRY = ("new in this release: registered as {key!r} in {registry} (what the "
+                   "trainer's configuration can select) and unknown to this card: no row, no "
+                   "reason")
 NEW_IN_RELEASE = ("new in this release: registered with @{deco} (a function the trainer's "
                   "configuration can select) and unknown to this card: no row, no reason")
 
@@ -1012,6 +1053,20 @@ def run(trainer: Trainer, path: Optional[str] = None, cases: int = CASES, seed: 
             why[q] = NEW_IN_RELEASE.format(deco=deco)
             if (source.relative(path_), q) not in listed:
                 not_covered.append((source.relative(path_), q, line))
+    # the registries read as data: an entry whose class or function has no row and no reason
+    for registry in trainer.registries:
+        path_ = source.file(registry)
+        for key, module, name in _registry_entries(path_, registry, trainer.package):
+            if any(m == module and (q == name or q.startswith(name + ".")) for m, q in ran) \
+                    or any(r.startswith(name + ".") for r in reasons):
+                continue             # a row of it (or of one of its methods), or its reason
+            target = source.file(module)
+            if name not in reasons:                  # listed with its own reason, or new
+                why[name] = NEW_IN_REGISTRY.format(key=key, registry=source.relative(path_))
+            if (source.relative(target), name) not in listed:
+                listed.add((source.relative(target), name))
+                not_covered.append((source.relative(target), name,
+                                    _definitions(target).get(name, 0)))
     return Card(trainer, source, described, results, not_covered, cases, seed,
                 time.perf_counter() - t0, failed, why=why)
 
