@@ -33,7 +33,8 @@ LOSS = "prime_rl.trainer.rl.loss"
 ALGO = "prime_rl.orchestrator.algo"
 GRPO = f"{ALGO}.grpo"
 MAXRL = f"{ALGO}.max_rl"
-# the algorithms ALGORITHM_CLASSES (algo/__init__.py) dispatches on, one module each
+# the algorithms ALGORITHM_CLASSES (algo/__init__.py, read as the card's registry) dispatches
+# on, one module each
 ALGORITHMS = ("grpo", "echo", "max_rl", "rae", "hierarchical_grpo", "opd", "opsd", "sft")
 
 # DefaultLossConfig's defaults at 559b44772 (packages/prime-rl-configs/.../configs/trainer.py)
@@ -135,7 +136,10 @@ TRAINER = Trainer(
                       r"compute_importance_ratio_and_mismatch_kl|compute_entropy"),) + tuple(
         (f"{ALGO}.{name}", r"\w+Algorithm\.(score_group|score_episode)")
         for name in ALGORITHMS),
-    not_run=(("default_loss_fn", "reached through compute_loss, which the default-loss row "
+    registries=(ALGO,),
+    not_run=(("SFTDistillAlgorithm", "assigns no advantage: the ce loss on a teacher's tokens "
+                                     "(SFT)"),
+             ("default_loss_fn", "reached through compute_loss, which the default-loss row "
                                  "calls"),
              ("compute_importance_ratio_and_mismatch_kl",
               "reached through default_loss_fn, which the default-loss row runs; its "
