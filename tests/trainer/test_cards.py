@@ -656,6 +656,48 @@ def test_primerl_cards_a_checkout_of_two_source_roots(tmp_path, kl_mask, shape, 
     assert re.search(r"stand-ins: (\w+ \([^)]*\), )*msgspec \(not installed\)", loaded), loaded
 
 
+REGISTRY = '''
+from prime_rl.orchestrator.algo.grpo import GRPOAlgorithm
+from .max_rl import MaxRLAlgorithm
+from .planted import PlantedAlgorithm
+
+ALGORITHM_CLASSES = {"grpo": GRPOAlgorithm, "max_rl": MaxRLAlgorithm,
+                     "planted": PlantedAlgorithm, "sft": SFTDistillAlgorithm}
+LOADERS = {"by_path": "prime_rl.orchestrator.algo.planted.PathAlgorithm", "other": "json.dumps",
+           "short": "prime_rl.x"}
+'''
+
+
+def test_registry_entries_are_read_as_data_dotted_paths_and_imported_names(tmp_path):
+    path = tmp_path / "registry.py"
+    path.write_text(REGISTRY)
+    got = card._registry_entries(str(path), "prime_rl.orchestrator.algo", "prime_rl")
+    assert got == [("grpo", "prime_rl.orchestrator.algo.grpo", "GRPOAlgorithm"),
+                   ("max_rl", "prime_rl.orchestrator.algo.max_rl", "MaxRLAlgorithm"),
+                   ("planted", "prime_rl.orchestrator.algo.planted", "PlantedAlgorithm"),
+                   ("by_path", "prime_rl.orchestrator.algo.planted", "PathAlgorithm")]
+
+
+def test_a_registry_entry_with_no_row_and_no_reason_is_new_in_this_release(tmp_path):
+    _primerl_checkout(tmp_path, "inputs.loss_mask", "rewards - rewards.mean()")
+    algo = tmp_path / "src/prime_rl/orchestrator/algo"
+    (algo / "planted.py").write_text(
+        "from prime_rl.orchestrator.algo.base import Algorithm\n\n\n"
+        "class PlantedAlgorithm(Algorithm):\n    async def score_group(self, episodes):\n"
+        "        pass\n")
+    (algo / "__init__.py").write_text(
+        "from .grpo import GRPOAlgorithm\nfrom .max_rl import MaxRLAlgorithm\n"
+        "from .planted import PlantedAlgorithm\n\nALGORITHM_CLASSES = {'grpo': GRPOAlgorithm, "
+        "'max_rl': MaxRLAlgorithm, 'planted': PlantedAlgorithm}\n")
+    c = card.run(trainers.get("prime-rl"), path=str(tmp_path), cases=4,
+                 only=["GRPOAlgorithm.score_group"])
+    said = c.reason("PlantedAlgorithm")
+    assert said.startswith("new in this release") and "'planted'" in said, said
+    assert ("prime_rl/orchestrator/algo/planted.py", "PlantedAlgorithm", 4) in c.not_covered
+    # the registered classes with a row (GRPO, MaxRL) are not listed
+    assert not {q for _, q, _ in c.not_covered} & {"GRPOAlgorithm", "MaxRLAlgorithm"}
+
+
 def test_primerl_needs_a_path():
     with pytest.raises(loading.TrainerNotFound):
         card.run(trainers.get("prime-rl"))
