@@ -1031,6 +1031,25 @@ class GRPOAdvantageEstimator:
             spread = std > 0
             adv[spread] = adv[spread] / (std.unsqueeze(-1)[spread] + 1e-6)
         return adv.expand(mask.shape)
+
+
+class GeneralizedAdvantageEstimator:
+    def __init__(self, estimator_config, loss_config):
+        self.gae_gamma = estimator_config["gae_gamma"]
+        self.gae_lambda = estimator_config["gae_lambda"]
+
+    def _compute_gae(self, token_level_rewards, values, mask, gae_lambda=None):
+        lam = self.gae_lambda if gae_lambda is None else gae_lambda
+        after, running, out = torch.zeros_like(values[:, 0]), torch.zeros_like(values[:, 0]), []
+        for t in range(values.shape[1] - 1, -1, -1):       # masked steps carry both forward
+            m = mask[:, t]
+            step = token_level_rewards[:, t] + self.gae_gamma * after - values[:, t] + \\
+                self.gae_gamma * lam * running
+            running = torch.where(m > 0, step, running)
+            after = torch.where(m > 0, values[:, t], after)
+            out.append(running)
+        adv = torch.stack(out[::-1], dim=1)
+        return adv, adv + values
 '''
 TWO_PASS = "(others * (r[None, :] - mean[:, None]).square()).sum(1) / k"   # Σ (r_j − m_i)²
 ONE_PASS = "(others @ r.square() / k - mean.square())"                       # E[r²] − E[r]²

@@ -44,6 +44,7 @@ SLIME_ROLLOUT = "slime/ray/rollout.py"
 RLLM = "rllm/trainer/algorithms/rl_algo.py"
 NEMO_LOSS = "nemo_rl/algorithms/loss/loss_functions.py"
 NEMO_UTILS = "nemo_rl/algorithms/utils.py"
+NEMO_ADV = "nemo_rl/algorithms/advantage_estimator.py"
 GRPO_MM = "trainer/train_grpo.py"
 PPO_MM = "trainer/train_ppo.py"
 NEMO_GRPO = "GRPOAdvantageEstimator.compute_advantage [leave-one-out (the default)]"
@@ -141,6 +142,12 @@ PATCHES = [
      "ClippedPGLossFn.__call__ [ppo, k3 KL 0.04]"),      # the KL's score weight
     ("nemo-rl", NEMO_UTILS, "kl = torch.square(logr) / 2", "kl = torch.square(logr)", 0,
      "calculate_kl [k2]"),
+    ("nemo-rl", NEMO_ADV, "new_gae_lam = delta + self.gae_gamma * lam * last_gae_lam",
+     "new_gae_lam = delta + self.gae_gamma * last_gae_lam", 0,
+     "GeneralizedAdvantageEstimator._compute_gae [γ 0.99, λ 0.95]"),   # λ: seen only below 1
+    ("nemo-rl", NEMO_ADV, "next_values = values[:, t] * m + (1 - m) * next_values",
+     "next_values = values[:, t]", 0,
+     "GeneralizedAdvantageEstimator._compute_gae [γ 1, λ 1]"),   # a multi-turn row's holes
     # MiniMind at d65ef2c
     ("minimind", GRPO_MM, "grouped_rewards.std(dim=1, unbiased=False)",
      "grouped_rewards.std(dim=1, unbiased=True)", 0, "grpo_train_epoch [advantages]"),
