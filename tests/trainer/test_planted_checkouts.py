@@ -9,6 +9,7 @@ Each bug is caught at its row by a new, unexplained deviation; a bug at a row th
 fails at the pinned commit (ROLL's GAE, NeMo-RL's GRPO advantages) is caught through a
 baseline, where the row's old finding is held and the planted one is new; and the unpatched
 copies raise no alarm at the patched rows."""
+import glob
 import os
 import shutil
 import subprocess
@@ -22,18 +23,22 @@ CASES = 24
 ENV = {"roll": "CROSSCHECK_ROLL", "prime-rl": "CROSSCHECK_PRIME_RL", "slime": "CROSSCHECK_SLIME",
        "rllm": "CROSSCHECK_RLLM", "nemo-rl": "CROSSCHECK_NEMO_RL",
        "minimind": "CROSSCHECK_MINIMIND"}
-# what a copy leaves out: caches and binaries anywhere, and the checkout's top-level folders
-# that hold no package code (a package's own folders of these names are kept: nemo_rl/data)
-TOP = {".git", "docs", "docs_roll", "assets", "images", "examples", "tests", "dataset", "data",
-       "third_party", "docker"}
-ANYWHERE = shutil.ignore_patterns("__pycache__", "*.pdf", "*.png", "*.gif", "*.jpg")
+SKIP = shutil.ignore_patterns("__pycache__", "*.pdf", "*.png", "*.gif", "*.jpg")
 
 
-def _skip(root):
-    def ignore(folder, names):
-        top = TOP.intersection(names) if os.path.samefile(folder, root) else set()
-        return top | set(ANYWHERE(folder, names))
-    return ignore
+def _copy(name, src, dst):
+    """The trainer's package folder from each source root of the checkout (the top, src/ and
+    packages/*/src/, where the loader looks), into dst at the same relative places."""
+    package = trainers.get(name).package
+    roots = [src, os.path.join(src, "src")] + sorted(
+        glob.glob(os.path.join(src, "packages", "*", "src")))
+    copied = 0
+    for root in roots:
+        folder = os.path.join(root, package)
+        if os.path.isdir(folder):
+            shutil.copytree(folder, os.path.join(dst, os.path.relpath(folder, src)), ignore=SKIP)
+            copied += 1
+    assert copied, f"{src} holds no {package}/ folder"
 
 ROLL = "roll/utils/functionals.py"
 PRIME_LOSS = "src/prime_rl/trainer/rl/loss.py"
@@ -216,7 +221,7 @@ def copies(tmp_path_factory):
         if name not in made:
             src = _checkout(name)
             root = tmp_path_factory.mktemp(name.replace("-", "_")) / "checkout"
-            shutil.copytree(src, root, ignore=_skip(src))
+            _copy(name, src, root)
             made[name] = root
         return made[name]
     return get
