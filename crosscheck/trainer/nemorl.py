@@ -147,8 +147,9 @@ _SETUP = ("the config as a namespace of ClippedPGLossConfig's keys: no KL penalt
           "global_valid_seqs its rows): judged on whole batches")
 _GROUPS = ("each group a prompt of one token (its group id): calculate_baseline_and_std_per_"
            "prompt groups rows by their prompt's tokens, in any order and of any size (a group "
-           "of one gets baseline = its reward, advantage 0); the rewards as float32 (NeMo-RL's; its "
-           "group statistics build float32 matrices); the advantage read from a one-token mask",)
+           "of one gets baseline = its reward, advantage 0); the rewards as float32 "
+           "(NeMo-RL's; its group statistics build float32 matrices); the advantage read from "
+           "a one-token mask",)
 _PPO = dict(loss="ppo", beta=0.0, agg="token-mean", clip_low=0.2, clip_high=0.2, clip_c=None,
             log_ratio_clamp=None)
 _PARAMS = ("next_token_logprobs", "data", "global_valid_seqs", "global_valid_toks")

@@ -259,8 +259,9 @@ TRAINER = Trainer(
                                   "expert data (the MIX algorithm)"),
              ("DummyEntropyLossFn", "the 'none' entropy term: zero")),
     runs=("the PPO loss (0.2/0.2 and 0.2/0.28, dual clip 3.0), GSPO, CISPO and SAPO at their "
-          "defaults", "GRPOGroupedAdvantage ('grpo', the default advantage) and OPMDGroupAdvantage "
-          "(its mean baseline) on groups of any size, one included", "calculate_kl k1, k2, k3, abs and low_var_kl",
+          "defaults", "GRPOGroupedAdvantage ('grpo', the default advantage) and "
+          "OPMDGroupAdvantage (its mean baseline) on groups of any size, one included",
+          "calculate_kl k1, k2, k3, abs and low_var_kl",
           "aggregate_loss token-mean, seq-mean-token-mean, seq-mean-token-sum",
           "masked_whiten"),
     does_not_run=("aggregate_loss seq-mean-token-sum-norm (the whole batch's sum over the "

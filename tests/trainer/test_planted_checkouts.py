@@ -105,8 +105,10 @@ PATCHES = [
     ("slime", SLIME, "clip_pg_losses2 = torch.min(pg_losses3, clip_pg_losses1)",
      "clip_pg_losses2 = torch.max(pg_losses3, clip_pg_losses1)", 0,
      "compute_policy_loss [dual clip 3]"),
-    ("slime", SLIME, "((old_logprob - log_prob) * loss_mask).sum() / torch.clamp_min(loss_mask.sum(), 1)",
-     "((old_logprob - log_prob) * loss_mask).sum()", 0, "compute_gspo_kl [GSPO]"),
+    ("slime", SLIME,
+     "((old_logprob - log_prob) * loss_mask).sum() / torch.clamp_min(loss_mask.sum(), 1)",
+     "((old_logprob - log_prob) * loss_mask).sum()", 0,
+     "compute_gspo_kl [GSPO]"),           # the composition: a sum, not a mean, into the PPO loss
     ("slime", SLIME, "pg_losses = -ratio_truncated.detach() * advantages * log_probs",
      "pg_losses = -ratio_truncated * advantages * log_probs", 0, "compute_cispo_loss [ε 0.2/0.28]"),
     ("slime", SLIME_ROLLOUT, "std = rewards.std(dim=-1, keepdim=True)",
