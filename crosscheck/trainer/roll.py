@@ -21,6 +21,9 @@ Facts read at commit 8eb27cc2:
 from .card import Row, Trainer, zero_padding
 
 F = "roll.utils.functionals"
+AGENTIC = "roll.pipeline.agentic.utils"
+PG = "roll.pipeline.rlvr.actor_pg_worker"
+BASE = "roll.pipeline.base_worker"
 
 
 def _agg(mode):
@@ -127,8 +130,58 @@ TRAINER = Trainer(
     environ=(("ROLL_LOG_DIR", "{tmp}"),),
     inventory=((F, r"agg_loss|masked_whiten|compute_approx_kl|compute_gae_advantage_return|"
                    r"reward_norm|compute_reinforce_return|masked_normalize|"
-                   r"response_level_masked_whiten|group_reward_norm"),),
-    not_run=(("masked_normalize", "not called anywhere in roll/ at this commit"),
+                   r"response_level_masked_whiten|group_reward_norm|masked_mean|masked_sum|"
+                   r"masked_var|compute_clip_fraction|entropy_from_logits|compute_token_reward|"
+                   r"apply_kl_penalty|compute_advantage|reward_postprocess|difficulty_mask|"
+                   r"get_sample_level_mask"),
+               # read from the files only (not loaded): the agentic pipeline's estimators and
+               # the workers' losses, whose modules import the distributed stack
+               (AGENTIC, r"compute_discounted_returns|agentic_reward_norm|"
+                         r"compute_agentic_reinforce_return|agentic_compute_advantage|"
+                         r"compute_segment_masked_mean"),
+               (PG, r"ActorPGWorker\.(loss_func|_compute_\w+_loss)"),
+               (BASE, r"(ActorWorker|CriticWorker)\.loss_func")),
+    not_run=(("masked_mean", "reached through agg_loss and masked_whiten, which rows run"),
+             ("masked_sum", "reached through agg_loss, which rows run"),
+             ("masked_var", "reached through masked_whiten, which a row runs"),
+             ("compute_clip_fraction", "a logged metric (the fraction of clipped values)"),
+             ("entropy_from_logits", "the entropy of the full logits, computed by the "
+                                     "strategies (strategy.py): no row yet"),
+             ("compute_token_reward", "token_level_rewards − β·compute_approx_kl (a row) with "
+                                      "an adaptive β, on a DataProto: no adapter yet"),
+             ("apply_kl_penalty", "the KL in the reward on a DataProto, as "
+                                  "compute_token_reward: no adapter yet"),
+             ("compute_advantage", "dispatches over a DataProto to compute_gae_advantage_return "
+                                   "and compute_reinforce_return (rows), with optional "
+                                   "whitening and clipping"),
+             ("reward_postprocess", "reward_norm (a row) and reward clipping on a DataProto"),
+             ("difficulty_mask", "a 0/1 sample filter on the group's mean score, not a loss or "
+                                 "an estimator"),
+             ("get_sample_level_mask", "0/1 sample filters, not a loss or an estimator"),
+             ("compute_discounted_returns", "the agentic pipeline's step-level returns over a "
+                                            "DataProto's trajectories: no adapter yet"),
+             ("agentic_reward_norm", "the agentic pipeline's score normalisation grouped by a "
+                                     "configured key, on a DataProto: no adapter yet"),
+             ("compute_agentic_reinforce_return", "a return discounted per segment of the mask "
+                                                  "(each segment's tokens share its value): no "
+                                                  "reference yet"),
+             ("agentic_compute_advantage", "the agentic pipeline's dispatch over a DataProto"),
+             ("compute_segment_masked_mean", "a per-segment masked mean (a helper)"),
+             ("ActorPGWorker.loss_func", "the RLVR actor's loss (PPO, vanilla PG, TIS, TOPR, "
+                                         "CISPO, Kimi k1.5 and the KL loss), a worker method "
+                                         "whose module imports the distributed stack: no row "
+                                         "yet"),
+             ("ActorPGWorker._compute_ppo_loss", "reached through ActorPGWorker.loss_func"),
+             ("ActorPGWorker._compute_vanilla_pg_loss", "reached through ActorPGWorker.loss_func"),
+             ("ActorPGWorker._compute_tis_loss", "reached through ActorPGWorker.loss_func"),
+             ("ActorPGWorker._compute_topr_loss", "reached through ActorPGWorker.loss_func"),
+             ("ActorPGWorker._compute_cispo_loss", "reached through ActorPGWorker.loss_func"),
+             ("ActorPGWorker._compute_kimi15_loss", "reached through ActorPGWorker.loss_func"),
+             ("ActorWorker.loss_func", "the base actor's PPO loss, a worker method whose module "
+                                       "imports ray: no row yet"),
+             ("CriticWorker.loss_func", "the critic's value loss, a worker method whose module "
+                                        "imports ray: no row yet"),
+             ("masked_normalize", "not called anywhere in roll/ at this commit"),
              ("response_level_masked_whiten", "not called anywhere in roll/ at this commit"),
              ("group_reward_norm", "the agentic pipeline's copy of reward_norm's group mode")),
     runs=("agg_loss in its four modes", "masked_whiten", "compute_approx_kl kl, abs, mse, k3",
