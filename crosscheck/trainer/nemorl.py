@@ -244,14 +244,29 @@ TRAINER = Trainer(
     name="nemo-rl", package="nemo_rl", dist="nemo-rl", profile="verl",
     pinned="commit 7ea279abf", installable=False, modules=(LOSS, UTILS, ADV), rows=ROWS,
     stand_in=("torch.utils.tensorboard",),
-    inventory=((LOSS, r"ClippedPGLossFn\.__call__|MseValueLossFn\.__call__"),
-               (UTILS, r"calculate_kl|calculate_baseline_and_std_per_prompt|masked_mean"),
+    inventory=((LOSS, r"\w+LossFn\.__call__"),
+               (UTILS, r"calculate_kl|calculate_baseline_and_std_per_prompt|masked_mean|"
+                       r"masked_var"),
                (ADV, r"\w+AdvantageEstimator\.compute_advantage|"
                      r"GeneralizedAdvantageEstimator\.(_compute_gae|_reward_whiten|"
                      r"_build_token_level_rewards)")),
     not_run=(("calculate_baseline_and_std_per_prompt",
               "reached through GRPOAdvantageEstimator.compute_advantage, which two rows call"),
              ("masked_mean", "reached through the loss functions, which the rows call"),
+             ("masked_var", "the variance of GAE's optional whitening (_reward_whiten, not "
+                            "run)"),
+             ("NLLLossFn.__call__", "a masked negative log-likelihood (SFT), not an RL "
+                                    "function"),
+             ("DraftCrossEntropyLossFn.__call__", "a draft model's soft-target cross-entropy, not "
+                                                  "an RL function"),
+             ("PreferenceLossFn.__call__", "a pairwise preference (reward-model) loss, not an "
+                                           "RL policy-gradient function"),
+             ("DPOLossFn.__call__", "DPO's pairwise preference loss, not an RL policy-gradient "
+                                    "function"),
+             ("DistillationLossFn.__call__", "a forward, reverse or mixed KL to a teacher's "
+                                             "top-k logits (distillation): no reference yet"),
+             ("CrossTokenizerDistillationLossFn.__call__", "distillation across tokenizers: "
+                                                           "no reference yet"),
              ("GDPOAdvantageEstimator.compute_advantage",
               "per-component GRPO advantages summed, then divided by the batch's std over "
               "samples: no reference yet"),

@@ -764,6 +764,15 @@ def chunked_gae(rewards, values, gamma, lambd, chunk_size=128):
     return vanilla_gae(rewards, values, gamma, lambd)
 
 
+def get_advantages_and_returns_batch(total_lengths, response_lengths, values_list,
+                                     rewards_list, gamma, lambd, chunked=True):
+    T = max(response_lengths)
+    pad = lambda xs: torch.stack([torch.cat([x, x.new_zeros(T - len(x))]) for x in xs])  # noqa
+    adv, ret = chunked_gae(pad(rewards_list), pad(values_list), gamma, lambd)
+    return ([a[:n] for a, n in zip(adv, response_lengths)],
+            [r[:n] for r, n in zip(ret, response_lengths)])
+
+
 def chunked_discounted_returns(rewards, discount, chunk_size=128):
     out, g = [], torch.zeros_like(rewards[:, 0])
     for t in reversed(range(rewards.shape[1])):

@@ -115,6 +115,8 @@ PATCHES = [
      "std = rewards.std(dim=-1, keepdim=True, unbiased=False)", 0,
      "RolloutManager._post_process_rewards"),
     ("slime", SLIME, "kl = log_ratio**2 / 2.0", "kl = log_ratio**2", 0, "compute_approx_kl [k2]"),
+    ("slime", SLIME, "                gamma=gamma,\n", "                gamma=lambd,\n", 1,
+     "get_advantages_and_returns_batch [γ 0.99, λ 0.95]"),   # the composition's arguments
     # rLLM at 9beb6e0f
     ("rllm", RLLM, "    if len(rewards) <= 1:\n        group_mean, group_std = 0.0, 1.0",
      "    if len(rewards) < 1:\n        group_mean, group_std = 0.0, 1.0", 0,
