@@ -202,6 +202,8 @@ def changed(replay, finding: Mapping, tol) -> str:
         return ""
     try:
         now = _numbers(replay(ce))
+    except ImportError:                  # a lazy import outside the card's loading: no replay
+        return ""
     except Exception as exc:                       # noqa: BLE001 (the trainer's code raising)
         return (f"on the baseline's counterexample it now raises {type(exc).__name__}: "
                 f"{str(exc)[:120]}")

@@ -207,6 +207,7 @@ class Card:
     # a not-covered function's reason found by the card itself (a registered function new in
     # this release), over the trainer's `not_run`
     why: Dict[str, str] = field(default_factory=dict)
+    path: Optional[str] = None              # the checkout it was run on (None: installed)
 
     def reason(self, qualname: str) -> Optional[str]:
         """Why a not-covered function has no row, where it has its own reason (else the
@@ -217,9 +218,19 @@ class Card:
         """This card compared with the baseline's card of its trainer (none: every deviation is
         new since it); the exit code then gates only on new deviations new since it."""
         from .. import tolerances
-        from .baseline import changed, compare
+        from .baseline import card_signatures, changed, compare
         results = {r.row.name: r for r in self.rows}
         tol = tolerances.get("audit", self.trainer.precision)
+        held = set(card_signatures(baseline_cards.get(self.trainer.name) or {}))
+        # rows whose deviations the baseline holds, run in a forked child (their replay hook
+        # stayed there): run again here, so that their counterexamples can be replayed
+        again = sorted({r.row.name for r, f in self.graded()["deviation"]
+                        if f["signature"] in held and r.report is not None and
+                        getattr(r.report, "replay", None) is None})
+        if again:
+            rerun = run(self.trainer, path=self.path, cases=self.cases, seed=self.seed,
+                        only=again)
+            results.update({r.row.name: r for r in rerun.rows})
 
         def replayed(name, saved):
             r = results.get(name)
@@ -1003,6 +1014,8 @@ def _run_rows_forked(trainer, source, rows, cases, seed, progress):
         done = _run_rows(trainer, source, theirs, cases, seed, None)[0]
         for r in done:
             r.row = None
+            if r.report is not None:       # a closure over the child's auditor
+                r.report.replay = None
         return done
     (here, described, failed), there_ = in_two_processes(
         lambda: _run_rows(trainer, source, mine, cases, seed, progress,
@@ -1068,6 +1081,6 @@ def run(trainer: Trainer, path: Optional[str] = None, cases: int = CASES, seed: 
                 not_covered.append((source.relative(target), name,
                                     _definitions(target).get(name, 0)))
     return Card(trainer, source, described, results, not_covered, cases, seed,
-                time.perf_counter() - t0, failed, why=why)
+                time.perf_counter() - t0, failed, why=why, path=path)
 
 
