@@ -549,7 +549,51 @@ def _run_audit(aud, profile, rule, n_cases, seed, progress=None) -> AuditReport:
         if aud.tolerance_warning:
             report.tolerance["warning"] = aud.tolerance_warning
     report.inconclusive = _inconclusive(aud, tally, skipped)
+    report.replay = lambda inputs: replay(aud, inputs)
     return report
+
+
+# a counterexample's entries that are not inputs
+NOT_INPUTS = ("reference output", "your output", "inputs after your call", "gradient of",
+              "your gradient", "reference gradient")
+
+
+def _from_json(v):
+    """A counterexample's JSON value as the audit passed it: lists of booleans a bool array,
+    of integers an int64 array, of numbers (non-finite ones as "nan", "inf", "-inf") a float64
+    array; a number or a string as it is."""
+    import numpy as np
+    if not isinstance(v, list):
+        return v
+    flat = list(_leaves(v))
+    if flat and all(isinstance(x, bool) for x in flat):
+        return np.asarray(v, dtype=bool)
+    if flat and all(isinstance(x, int) and not isinstance(x, bool) for x in flat):
+        return np.asarray(v, dtype=np.int64)
+    return np.asarray(_floats(v), dtype=np.float64)
+
+
+def _leaves(v):
+    for x in v:
+        if isinstance(x, list):
+            yield from _leaves(x)
+        else:
+            yield x
+
+
+def _floats(v):
+    if isinstance(v, list):
+        return [_floats(x) for x in v]
+    return float(v)                      # float("nan"), float("inf") read the strings
+
+
+def replay(aud, inputs):
+    """The audited function's outputs (a counterexample's "your output") on a counterexample's
+    inputs; raises what the function or the inputs raise."""
+    from .shrink import _labelled
+    data = {k: _from_json(v) for k, v in inputs.items() if k not in NOT_INPUTS}
+    raw, _ = aud.call(data)
+    return _labelled(aud, aud.to_numpy(raw))
 
 
 FLOAT32_HINT = ("every difference lies within the float32 row of the tolerance table, or "

@@ -149,7 +149,9 @@ def diagnose(aud, case, check, profile=None) -> Tuple[str, bool]:
             known, convention = next(
                 ((bug.label, label) for bug in aud.entry.known_bugs if bug.value is not None
                  for label, params in _variants(aud)
-                 if _all_match(aud, user, lambda d, f=bug.value, q=params: f(d, q))),
+                 if _all_match(aud, user, lambda d, f=bug.value, q=params: f(d, q))
+                 and not _all_match(aud, _applies(user, bug.value, params),
+                                    reference(params))),
                 (None, None))
         if known and convention:
             return (f"matches a known bug: {known} (it computes "
@@ -211,6 +213,19 @@ def _full_derivative(aud, data, g, wrt, h=1e-6):
         grad[j] = sum(float(np.sum(np.asarray(gi) * (a - b))) for gi, a, b in
                       zip(gs, value(up), value(down))) / (2 * step)
     return grad
+
+
+def _applies(user, variant, params):
+    """The probes (data, yours) a variant applies to: a known bug that the convention change
+    alone reproduces on all of them explains nothing (a regrouping of one group)."""
+    out = []
+    for data, yours in user:
+        try:
+            variant(data, params)
+        except (ValueError, TypeError):
+            continue
+        out.append((data, yours))
+    return out
 
 
 def _all_match(aud, user, fn, at_least=2, need=None):

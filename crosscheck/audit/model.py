@@ -84,6 +84,9 @@ class AuditReport:
     notes: List[str] = dataclasses.field(default_factory=list)
     inconclusive: List[str] = dataclasses.field(default_factory=list)
     moved: Dict[str, int] = dataclasses.field(default_factory=dict)   # into the profile's domain
+    # replay(inputs): the function's outputs, as a counterexample shows them, on inputs as a
+    # counterexample states them (JSON values): a saved finding re-run on today's code
+    replay: Optional[object] = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def failures(self) -> List[Finding]:

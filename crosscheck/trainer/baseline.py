@@ -11,7 +11,10 @@ or the gradient wrt which input) and how the trainer's output relates to the ref
 minimal counterexample: a common factor (rounded to two significant digits), zero, or not a
 scaling. No raw digits enter it, so that a baseline written on another machine, whose kernels
 round the last digits otherwise, still matches; a second bug at a row that already fails
-changes the relation, the place or the diagnosis, and is new.
+changes the relation, the place or the diagnosis, and is new. Where it changes none of them
+(two bugs whose outputs are both "not a scaling" of the reference's), the finding is new all the
+same when the row's code, replayed on the baseline finding's minimal counterexample, no longer
+gives the output saved with it (beyond the trainer's precision row of the tolerance table).
 """
 import json
 import math
@@ -167,21 +170,80 @@ class Comparison:
     def to_dict(self):
         return dict(file=self.source, version=self.version,
                     new=[dict(row=r, check=f["check"], known=f["known"],
-                              signature=f["signature"]) for r, f in self.new],
+                              signature=f["signature"],
+                              **({"since": f["since"]} if f.get("since") else {}))
+                         for r, f in self.new],
                     in_baseline=[dict(row=r, check=f["check"], signature=f["signature"])
                                  for r, f in self.held],
                     fixed=self.gone)
 
 
-def compare(rows, baseline: Optional[Mapping], source: str) -> Comparison:
+def _numbers(v) -> Optional[List[float]]:
+    """The numbers of a counterexample's output, a dict of outputs in its order, or None."""
+    if isinstance(v, dict):
+        out = []
+        for x in v.values():
+            got = _flat(x)
+            if got is None:
+                return None
+            out += got
+        return out
+    return _flat(v)
+
+
+def changed(replay, finding: Mapping, tol) -> str:
+    """What the trainer's code computes now on a saved finding's minimal counterexample, where
+    that is no longer the output saved with it (beyond `tol`, a Tolerance: another machine's
+    last digits stay within it), or "" (the same, or nothing to replay). `replay(inputs)`: the
+    row's outputs on a counterexample's inputs."""
+    ce = finding.get("counterexample") or {}
+    saved = _numbers(ce.get("your output"))
+    if replay is None or saved is None:
+        return ""
+    try:
+        now = _numbers(replay(ce))
+    except ImportError:                  # a lazy import outside the card's loading: no replay
+        return ""
+    except Exception as exc:                       # noqa: BLE001 (the trainer's code raising)
+        return (f"on the baseline's counterexample it now raises {type(exc).__name__}: "
+                f"{str(exc)[:120]}")
+    if now is None or len(now) != len(saved):
+        return "on the baseline's counterexample its output now has another shape"
+    for i, (a, b) in enumerate(zip(now, saved)):
+        if math.isnan(a) and math.isnan(b) or a == b:
+            continue
+        if not (math.isfinite(a) and math.isfinite(b)) or \
+                abs(a - b) > tol.atol + tol.rtol * abs(b):
+            return (f"on the baseline's counterexample its output[{i}] is now {a:.10g}, where "
+                    f"the baseline's code gave {b:.10g}")
+    return ""
+
+
+def compare(rows, baseline: Optional[Mapping], source: str, replayed=None) -> Comparison:
     """`rows`: (row name, finding) of a card's deviations, each finding with its "signature";
     `baseline`: the baseline's card of the same trainer (JSON), or None (none saved: every
-    deviation is new)."""
+    deviation is new). `replayed(row name, saved finding)`: what the row's code now computes
+    otherwise on the saved finding's counterexample, or "": a finding whose signature the
+    baseline holds is new all the same where it does (a second bug at a row that already
+    failed the same check, in the same place, with the same relation)."""
     before = card_signatures(baseline) if baseline else {}
+    saved = {}
+    for row in (baseline or {}).get("rows", []):
+        for f in row.get("findings", []):
+            if f.get("grade") == "deviation":
+                saved.setdefault(signature(row_name(row), f), f)
     out = Comparison(source, baseline.get("version") if baseline else None)
     seen = set()
     for name, f in rows:
         seen.add(f["signature"])
-        (out.held if f["signature"] in before else out.new).append((name, f))
+        if f["signature"] not in before:
+            out.new.append((name, f))
+            continue
+        why = replayed(name, saved[f["signature"]]) if replayed is not None else ""
+        if why:
+            out.new.append((name, dict(f, since=why)))
+            seen.discard(f["signature"])            # the baseline's finding is not found
+        else:
+            out.held.append((name, f))
     out.gone = [dict(v, signature=s) for s, v in before.items() if s not in seen]
     return out

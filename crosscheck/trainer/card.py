@@ -155,6 +155,10 @@ class Trainer:
     # the branches and conventions the rows run, and those they do not, in words
     runs: Tuple[str, ...] = ()
     does_not_run: Tuple[str, ...] = ()
+    # modules holding the trainer's registries as dict literals, name -> what the configuration
+    # selects: a dotted path as a string (Trinity's Registry(default_mapping={...})) or a class
+    # the module imports (prime-rl's ALGORITHM_CLASSES); each entry needs a row or a reason
+    registries: Tuple[str, ...] = ()
     # domain(source): DOMAINS tags (crosscheck.audit.profiles) that every row's inputs lie in
     # for this release, with the reason in words: ((tag, ...), why), or None
     domain: Optional[Callable] = None
@@ -209,6 +213,7 @@ class Card:
     # a not-covered function's reason found by the card itself (a registered function new in
     # this release), over the trainer's `not_run`
     why: Dict[str, str] = field(default_factory=dict)
+    path: Optional[str] = None              # the checkout it was run on (None: installed)
 
     def reason(self, qualname: str) -> Optional[str]:
         """Why a not-covered function has no row, where it has its own reason (else the
@@ -218,9 +223,26 @@ class Card:
     def against(self, baseline_cards: Mapping[str, dict], source: str) -> "Card":
         """This card compared with the baseline's card of its trainer (none: every deviation is
         new since it); the exit code then gates only on new deviations new since it."""
-        from .baseline import compare
+        from .. import tolerances
+        from .baseline import card_signatures, changed, compare
+        results = {r.row.name: r for r in self.rows}
+        tol = tolerances.get("audit", self.trainer.precision)
+        held = set(card_signatures(baseline_cards.get(self.trainer.name) or {}))
+        # rows whose deviations the baseline holds, run in a forked child (their replay hook
+        # stayed there): run again here, so that their counterexamples can be replayed
+        again = sorted({r.row.name for r, f in self.graded()["deviation"]
+                        if f["signature"] in held and r.report is not None and
+                        getattr(r.report, "replay", None) is None})
+        if again:
+            rerun = run(self.trainer, path=self.path, cases=self.cases, seed=self.seed,
+                        only=again)
+            results.update({r.row.name: r for r in rerun.rows})
+
+        def replayed(name, saved):
+            r = results.get(name)
+            return changed(getattr(r.report, "replay", None) if r else None, saved, tol)
         self.comparison = compare([(r.row.name, f) for r, f in self.graded()["deviation"]],
-                                  baseline_cards.get(self.trainer.name), source)
+                                  baseline_cards.get(self.trainer.name), source, replayed)
         return self
 
     @property
@@ -349,8 +371,8 @@ class Card:
         """" [new since the baseline]" or " [in the baseline]" for a deviation, against one."""
         if self.comparison is None or f["grade"] != "deviation":
             return ""
-        held = {g["signature"] for _, g in self.comparison.held}
-        return " [in the baseline]" if f["signature"] in held else " [new since the baseline]"
+        held = {id(g) for _, g in self.comparison.held}
+        return " [in the baseline]" if id(f) in held else " [new since the baseline]"
 
     def _baseline_lines(self) -> List[str]:
         b = self.comparison
@@ -360,7 +382,9 @@ class Card:
                                                        if b.version else
                                                        f" (it holds no {self.trainer.name} card)")
                  + f": {self._baseline_tally()}"]
-        for title, items in (("new since the baseline", [(r, f["signature"]) for r, f in b.new]),
+        for title, items in (("new since the baseline",
+                              [(r, f["signature"] + (f" ({f['since']})" if f.get("since")
+                                                     else "")) for r, f in b.new]),
                              ("in the baseline", [(r, f["signature"]) for r, f in b.held]),
                              ("fixed (in the baseline, no longer found)",
                               [(g["row"], g["signature"]) for g in b.gone])):
@@ -557,6 +581,43 @@ def _parsed_registered(path: str, stamp: int) -> Tuple[Tuple[str, Tuple[int, str
     return tuple(out.items())
 
 
+def _registry_entries(path: str, module: str, package: str) -> List[Tuple[str, str, str]]:
+    """(key, module, name) for each entry of the dict literals in a registry module whose keys
+    are strings and whose values name something of the trainer's package: a dotted path
+    "package.mod.Name", or a name the module imports from the package."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            tree = ast.parse(fh.read(), path)
+    except (OSError, SyntaxError):
+        return []
+    here = module.split(".")
+    imported = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:               # relative to the registry's package (an __init__)
+                base = ".".join(here[:len(here) - node.level + 1] + ([base] if base else []))
+            for alias in node.names:
+                imported[alias.asname or alias.name] = base
+    out = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Dict):
+            continue
+        for k, v in zip(node.keys, node.values):
+            if not (isinstance(k, ast.Constant) and isinstance(k.value, str)):
+                continue
+            if isinstance(v, ast.Constant) and isinstance(v.value, str) and \
+                    v.value.startswith(package + ".") and "." in v.value[len(package) + 1:]:
+                target, _, name = v.value.rpartition(".")
+                out.append((k.value, target, name))
+            elif isinstance(v, ast.Name) and imported.get(v.id, "").startswith(package + "."):
+                out.append((k.value, imported[v.id], v.id))
+    return out
+
+
+NEW_IN_REGISTRY = ("new in this release: registered as {key!r} in {registry} (what the "
+                   "trainer's configuration can select) and unknown to this card: no row, no "
+                   "reason")
 NEW_IN_RELEASE = ("new in this release: registered with @{deco} (a function the trainer's "
                   "configuration can select) and unknown to this card: no row, no reason")
 
@@ -964,6 +1025,8 @@ def _run_rows_forked(trainer, source, rows, cases, seed, progress):
         done = _run_rows(trainer, source, theirs, cases, seed, None)[0]
         for r in done:
             r.row = None
+            if r.report is not None:       # a closure over the child's auditor
+                r.report.replay = None
         return done
     (here, described, failed), there_ = in_two_processes(
         lambda: _run_rows(trainer, source, mine, cases, seed, progress,
@@ -1014,7 +1077,21 @@ def run(trainer: Trainer, path: Optional[str] = None, cases: int = CASES, seed: 
             why[q] = NEW_IN_RELEASE.format(deco=deco)
             if (source.relative(path_), q) not in listed:
                 not_covered.append((source.relative(path_), q, line))
+    # the registries read as data: an entry whose class or function has no row and no reason
+    for registry in trainer.registries:
+        path_ = source.file(registry)
+        for key, module, name in _registry_entries(path_, registry, trainer.package):
+            if any(m == module and (q == name or q.startswith(name + ".")) for m, q in ran) \
+                    or any(r.startswith(name + ".") for r in reasons):
+                continue             # a row of it (or of one of its methods), or its reason
+            target = source.file(module)
+            if name not in reasons:                  # listed with its own reason, or new
+                why[name] = NEW_IN_REGISTRY.format(key=key, registry=source.relative(path_))
+            if (source.relative(target), name) not in listed:
+                listed.add((source.relative(target), name))
+                not_covered.append((source.relative(target), name,
+                                    _definitions(target).get(name, 0)))
     return Card(trainer, source, described, results, not_covered, cases, seed,
-                time.perf_counter() - t0, failed, why=why)
+                time.perf_counter() - t0, failed, why=why, path=path)
 
 

@@ -33,12 +33,14 @@ def _loss(loss_type, **hyper):
     return make
 
 
-def _gae(fn):
-    def adapter(rewards, values, mask):
-        m = mask.to(values.dtype)
-        return fn(args=dict(gamma=GAMMA, lam=LAM, device="cpu"), B=values.shape[0],
-                  old_resp_values=values * m, token_rewards=rewards * m)
-    return adapter
+def _gae(gamma, lam):
+    def make(fn):
+        def adapter(rewards, values, mask):
+            m = mask.to(values.dtype)
+            return fn(args=dict(gamma=gamma, lam=lam, device="cpu"), B=values.shape[0],
+                      old_resp_values=values * m, token_rewards=rewards * m)
+        return adapter
+    return make
 
 
 def _whiten(fn):
@@ -76,13 +78,17 @@ ROWS = (
         conventions=dict(loss="ppo", agg="seq-mean-token-mean", empty_rows="include",
                          beta=0.1, kl_kind="k3", clip_low=0.2, clip_high=0.2),
         audit=dict(_PER_SEQUENCE, accumulation="none"), known=(_PADDING,)),
-    Row(f"{PPO_FILE}:ppo_train_epoch", "gae", _gae, label="GAE",
+) + tuple(
+    Row(f"{PPO_FILE}:ppo_train_epoch", "gae", _gae(gamma, lam), label=label,
         block=("gen_len", "returns", ("advantages", "returns")),
         choices=("the block from gen_len = ... to returns = ... (the loop has no mask)",
                  "values and rewards multiplied by the mask, as the statements before the "
                  "block build old_resp_values and token_rewards",
-                 f"γ = {GAMMA}, λ = {LAM}"),
-        conventions=dict(gamma=GAMMA, lam=LAM)),
+                 f"γ = {gamma}, λ = {lam}" + note),
+        conventions=dict(gamma=gamma, lam=lam))
+    for gamma, lam, label, note in ((GAMMA, LAM, "GAE", ""),
+                                    (1.0, LAM, "GAE, γ 1", " (train_ppo.py's defaults)"))
+) + (
     Row(f"{PPO_FILE}:ppo_train_epoch", "whiten", _whiten, label="whitening",
         block=("adv_mean", "advantages", ("advantages",)),
         choices=("the block from adv_mean = ... to advantages = ...",

@@ -98,14 +98,31 @@ def _grpo(leave_one_out):
     def make(fn):
         cls = owner_class(fn)
 
-        def adapter(rewards, group_size):
+        def adapter(rewards, group_ids):
             B = rewards.shape[0]
             estimator = cls(SimpleNamespace(use_leave_one_out_baseline=leave_one_out,
                                             normalize_rewards=True), None)
-            prompts = (torch.arange(B) // int(group_size))[:, None]
+            prompts = torch.as_tensor(group_ids).reshape(B, 1)
             out = fn(estimator, prompts, rewards.to(torch.float32),
                      torch.ones((B, 1), dtype=torch.float32))
             return out[:, 0]
+        return adapter
+    return make
+
+
+def _gae(gamma, lam):
+    """_compute_gae on an estimator holding γ and λ (its __init__ reads a whole config), the
+    mask as the values' dtype; the outputs read at the valid tokens (compute_advantage zeroes
+    the advantages at masked positions)."""
+    def make(fn):
+        cls = owner_class(fn)
+
+        def adapter(rewards, values, mask):
+            estimator = cls.__new__(cls)
+            estimator.gae_gamma, estimator.gae_lambda = gamma, lam
+            m = mask.to(values.dtype)
+            adv, ret = fn(estimator, rewards * m, values, m)
+            return zero_padding(mask, adv), zero_padding(mask, ret)
         return adapter
     return make
 
@@ -128,9 +145,11 @@ _SETUP = ("the config as a namespace of ClippedPGLossConfig's keys: no KL penalt
           "loss reads them [:, 1:]; sample_mask 1; generation_logprobs = prev_logprobs",
           "the global counts the call's own (global_valid_toks its valid tokens, "
           "global_valid_seqs its rows): judged on whole batches")
-_GROUPS = ("each group a prompt of one token (its index): calculate_baseline_and_std_per_"
-           "prompt groups rows by their prompt's tokens; the rewards as float32 (NeMo-RL's; its "
-           "group statistics build float32 matrices); the advantage read from a one-token mask",)
+_GROUPS = ("each group a prompt of one token (its group id): calculate_baseline_and_std_per_"
+           "prompt groups rows by their prompt's tokens, in any order and of any size (a group "
+           "of one gets baseline = its reward, advantage 0); the rewards as float32 "
+           "(NeMo-RL's; its group statistics build float32 matrices); the advantage read from "
+           "a one-token mask",)
 _PPO = dict(loss="ppo", beta=0.0, agg="token-mean", clip_low=0.2, clip_high=0.2, clip_c=None,
             log_ratio_clamp=None)
 _PARAMS = ("next_token_logprobs", "data", "global_valid_seqs", "global_valid_toks")
@@ -189,12 +208,25 @@ ROWS = (
                            "defaults)",),
         conventions=dict(baseline="leave_one_out", scale="leave_one_out", ddof=1, eps=1e-6,
                          singleton="zero"),
-        audit=dict(domain=("groups_of_two",)), params=("prompt_ids", "rewards", "mask")),
+        params=("prompt_ids", "rewards", "mask")),
     Row(f"{ADV}:GRPOAdvantageEstimator.compute_advantage", "group_advantages", _grpo(False),
         label="group mean",
         choices=_GROUPS + ("normalize_rewards without the leave-one-out baseline",),
         conventions=dict(baseline="mean", scale="group", ddof=1, eps=1e-6, singleton="zero"),
-        audit=dict(domain=("groups_of_two",)), params=("prompt_ids", "rewards", "mask")),
+        params=("prompt_ids", "rewards", "mask")),
+) + tuple(
+    Row(f"{ADV}:GeneralizedAdvantageEstimator._compute_gae", "gae", _gae(gamma, lam),
+        label=label,
+        choices=("the estimator's gae_gamma and gae_lambda set on a bare instance (__init__ "
+                 "reads the whole estimator and loss config); token rewards 0 at masked "
+                 "positions, as _build_token_level_rewards multiplies them by the mask; the "
+                 "mask as the values' dtype, holes included (its carry-forward masking skips "
+                 "a multi-turn row's non-response tokens); read at the valid tokens, as "
+                 f"compute_advantage zeroes the rest; γ {gamma}, λ {lam}",),
+        conventions=dict(gamma=gamma, lam=lam),
+        params=("token_level_rewards", "values", "mask", "gae_lambda"))
+    for gamma, lam, label in ((1.0, 1.0, "γ 1, λ 1"), (0.99, 0.95, "γ 0.99, λ 0.95"))
+) + (
     Row(f"{LOSS}:MseValueLossFn.__call__", "value_loss", _value,
         choices=("scale 1, cliprange 0.2; evaluated one valid token at a time (a [1, 1] batch "
                  "whose global count is 1)",),
@@ -212,12 +244,29 @@ TRAINER = Trainer(
     name="nemo-rl", package="nemo_rl", dist="nemo-rl", profile="verl",
     pinned="commit 7ea279abf", installable=False, modules=(LOSS, UTILS, ADV), rows=ROWS,
     stand_in=("torch.utils.tensorboard",),
-    inventory=((LOSS, r"ClippedPGLossFn\.__call__|MseValueLossFn\.__call__"),
-               (UTILS, r"calculate_kl|calculate_baseline_and_std_per_prompt|masked_mean"),
-               (ADV, r"\w+AdvantageEstimator\.compute_advantage")),
+    inventory=((LOSS, r"\w+LossFn\.__call__"),
+               (UTILS, r"calculate_kl|calculate_baseline_and_std_per_prompt|masked_mean|"
+                       r"masked_var"),
+               (ADV, r"\w+AdvantageEstimator\.compute_advantage|"
+                     r"GeneralizedAdvantageEstimator\.(_compute_gae|_reward_whiten|"
+                     r"_build_token_level_rewards)")),
     not_run=(("calculate_baseline_and_std_per_prompt",
               "reached through GRPOAdvantageEstimator.compute_advantage, which two rows call"),
              ("masked_mean", "reached through the loss functions, which the rows call"),
+             ("masked_var", "the variance of GAE's optional whitening (_reward_whiten, not "
+                            "run)"),
+             ("NLLLossFn.__call__", "a masked negative log-likelihood (SFT), not an RL "
+                                    "function"),
+             ("DraftCrossEntropyLossFn.__call__", "a draft model's soft-target cross-entropy, not "
+                                                  "an RL function"),
+             ("PreferenceLossFn.__call__", "a pairwise preference (reward-model) loss, not an "
+                                           "RL policy-gradient function"),
+             ("DPOLossFn.__call__", "DPO's pairwise preference loss, not an RL policy-gradient "
+                                    "function"),
+             ("DistillationLossFn.__call__", "a forward, reverse or mixed KL to a teacher's "
+                                             "top-k logits (distillation): no reference yet"),
+             ("CrossTokenizerDistillationLossFn.__call__", "distillation across tokenizers: "
+                                                           "no reference yet"),
              ("GDPOAdvantageEstimator.compute_advantage",
               "per-component GRPO advantages summed, then divided by the batch's std over "
               "samples: no reference yet"),
@@ -226,14 +275,23 @@ TRAINER = Trainer(
               "variance clamped at 1e-8: no reference takes that combination"),
              ("RawRewardAdvantageEstimator.compute_advantage", "the reward itself"),
              ("GeneralizedAdvantageEstimator.compute_advantage",
-              "needs the value worker's right-shifted values and a policy λ apart from the "
-              "value λ: no adapter yet"),
+              "the terminal reward placed on the last mask token (plus the optional KL in the "
+              "reward) around _compute_gae, which two rows run; its VAPO options (a policy λ "
+              "apart from the value λ, a length-adaptive λ) have no reference"),
+             ("GeneralizedAdvantageEstimator._reward_whiten",
+              "the optional advantage whitening (normalize_advantages): no row yet"),
+             ("GeneralizedAdvantageEstimator._build_token_level_rewards",
+              "the terminal reward on the last mask token minus the optional per-token KL: no "
+              "reference yet"),
              ("OPDAdvantageEstimator.compute_advantage",
               "on-policy distillation's teacher log-probs: no reference yet")),
     runs=("ClippedPGLossFn: PPO 0.2/0.2; 0.2/0.28 with dual clip 3; CISPO; GSPO at sequence "
           "level; the k3 KL penalty in the loss (its score weight) with PPO per token and with GSPO "
           "per sequence", "MseValueLossFn with cliprange 0.2", "calculate_kl k1, k2, k3",
-          "GRPOAdvantageEstimator with and without the leave-one-out baseline"),
+          "GRPOAdvantageEstimator with and without the leave-one-out baseline, on prompt ids "
+          "of any group size, one included",
+          "GeneralizedAdvantageEstimator._compute_gae at γ, λ 1 and 0.99, 0.95, on masks with "
+          "holes"),
     does_not_run=("use_on_policy_kl_approximation (the KL weight exp(logp − generation_logp), "
                   "multiplied before the output clamp)",
                   "importance-sampling correction (tis, icepop, seq-mask-tis)",

@@ -30,7 +30,12 @@ import torch
 from .card import Known, Row, Trainer, owner_class, per_sequence
 
 LOSS = "prime_rl.trainer.rl.loss"
-GRPO = "prime_rl.orchestrator.algo.grpo"
+ALGO = "prime_rl.orchestrator.algo"
+GRPO = f"{ALGO}.grpo"
+MAXRL = f"{ALGO}.max_rl"
+# the algorithms ALGORITHM_CLASSES (algo/__init__.py, read as the card's registry) dispatches
+# on, one module each
+ALGORITHMS = ("grpo", "echo", "max_rl", "rae", "hierarchical_grpo", "opd", "opsd", "sft")
 
 # DefaultLossConfig's defaults at 559b44772 (packages/prime-rl-configs/.../configs/trainer.py)
 DEFAULTS = dict(dppo_mask_low=0.2, dppo_mask_high=0.2, adv_tau=1.0, kl_tau=1e-3)
@@ -57,25 +62,34 @@ class _Trace(SimpleNamespace):
 
 
 def _score_group(fn):
-    """score_group on each group (consecutive rows of group_size), one trace per episode, each
-    with one sampled token; the advantage read back from that token."""
+    """score_group on each group (the rows sharing a group id: groups of any size, one
+    included), one trace per episode, each with one sampled token; the advantage read back
+    from that token."""
     cls = owner_class(fn)
 
-    def adapter(rewards, group_size):
+    def adapter(rewards, group_ids):
         algorithm = cls.__new__(cls)                   # __init__ only stores the config and pool
         algorithm.length_penalty = None
-        out = []
-        for start in range(0, rewards.shape[0], int(group_size)):
-            traces = [_Trace(reward=float(r), has_error=False,
+        ids = [int(i) for i in torch.as_tensor(group_ids).reshape(-1)]
+        out = torch.zeros(rewards.shape[0], dtype=torch.float32)
+        for group in dict.fromkeys(ids):
+            rows = [b for b, i in enumerate(ids) if i == group]
+            traces = [_Trace(reward=float(rewards[b]), has_error=False,
                              agent=SimpleNamespace(trainable=True),
                              nodes=[SimpleNamespace(mask=[True], token_ids=[0], advantages=None)])
-                      for r in rewards[start:start + int(group_size)]]
+                      for b in rows]
             asyncio.run(fn(algorithm, [SimpleNamespace(traces=[t]) for t in traces]))
-            out += [t.nodes[0].advantages[0] for t in traces]
-        return torch.tensor(out, dtype=torch.float32)   # the dtype score_group computes in
+            for b, t in zip(rows, traces):
+                out[b] = t.nodes[0].advantages[0]
+        return out                                     # the dtype score_group computes in
     return adapter
 
 
+_GROUP = ("one trace per episode, each with one sampled token, whose advantage is read back "
+          "as float32 (score_group computes in float32); a group is the rows sharing a group "
+          "id, in any order and of any size: score_group gets one example's episodes, and "
+          "iter_trainable_traces drops errored and untrainable traces, so groups differ in "
+          "size and a group of one (its advantage 0) occurs",)
 _PADDING = Known(
     "garbage", "robustness",
     "default_loss_fn masks by multiplying (keep_mask * advantages * importance_ratio and "
@@ -105,28 +119,53 @@ ROWS = (
                 "rl_loss_fn", "rl_scale"),
         known=(_PADDING,)),
     Row(f"{GRPO}:GRPOAlgorithm.score_group", "group_advantages", _score_group,
-        choices=("one trace per episode, each with one sampled token, whose advantage is read "
-                 "back as float32 (score_group computes in float32); groups are consecutive "
-                 "rows; length_penalty None (the default)",),
-        conventions=dict(ddof=0, eps=0.0, scale="none", baseline="mean", singleton="keep"),
-        audit=dict(domain=("groups_of_two",)),
+        choices=_GROUP + ("length_penalty None (the default)",),
+        conventions=dict(ddof=0, eps=0.0, scale="none", baseline="mean", singleton="zero"),
         params=("episodes",)),
+    Row(f"{MAXRL}:MaxRLAlgorithm.score_group", "group_advantages", _score_group,
+        choices=_GROUP + ("rewards ≥ 0, as MaxRL assumes (its docstring: non-negative, "
+                          "canonically binary rewards)",),
+        conventions=dict(ddof=0, eps=0.0, scale="mean", baseline="mean", singleton="zero"),
+        audit=dict(domain=("pass_rates",)), params=("episodes",)),
 )
 
 TRAINER = Trainer(
     name="prime-rl", package="prime_rl", dist="prime-rl", profile="verl",
-    pinned="commit 559b44772", installable=False, modules=(LOSS, GRPO), rows=ROWS,
-    inventory=((LOSS, r"compute_loss|default_loss_fn|ipo_loss_fn|ref_kl_loss_fn|ce_loss_fn"),
-               (GRPO, r"GRPOAlgorithm\.score_group")),
-    not_run=(("default_loss_fn", "reached through compute_loss, which the default-loss row "
+    pinned="commit 559b44772", installable=False, modules=(LOSS, GRPO, MAXRL), rows=ROWS,
+    inventory=((LOSS, r"compute_loss|default_loss_fn|ipo_loss_fn|ref_kl_loss_fn|ce_loss_fn|"
+                      r"compute_importance_ratio_and_mismatch_kl|compute_entropy"),) + tuple(
+        (f"{ALGO}.{name}", r"\w+Algorithm\.(score_group|score_episode)")
+        for name in ALGORITHMS),
+    registries=(ALGO,),
+    not_run=(("SFTDistillAlgorithm", "assigns no advantage: the ce loss on a teacher's tokens "
+                                     "(SFT)"),
+             ("default_loss_fn", "reached through compute_loss, which the default-loss row "
                                  "calls"),
+             ("compute_importance_ratio_and_mismatch_kl",
+              "reached through default_loss_fn, which the default-loss row runs; its "
+              "mismatch_kl (k3 to the inference policy) is a logged metric"),
+             ("compute_entropy", "a logged metric, computed under torch.no_grad (train.py:443)"),
+             ("EchoAlgorithm.score_episode", "writes ce weights (a role's alpha) on the "
+                                             "observation tokens: SFT weights, not RL math; its "
+                                             "advantages are GRPOAlgorithm.score_group's"),
+             ("HierarchicalGRPOAlgorithm.score_group",
+              "reward − the mean of the trace's peers, peers keyed by (agent, episode) for the "
+              "episode_agents roles and by agent otherwise: GRPOAlgorithm.score_group's "
+              "baseline over a grouping that needs multi-agent traces; no adapter yet"),
+             ("RAEAlgorithm.score_group", "reward − a per-agent EMA baseline kept across "
+                                          "calls (SPIRAL): no reference yet"),
+             ("OPDAlgorithm.score_episode", "scores each branch under a teacher model: no "
+                                            "math of its own"),
+             ("OPSDAlgorithm.score_episode", "scores each branch under the policy with a "
+                                             "demonstration prepended: no math of its own"),
              ("ipo_loss_fn", "a symmetric trust region |p − q| ≤ ipo_threshold whatever the "
                              "advantage's sign, which no reference takes"),
              ("ref_kl_loss_fn", "on-policy distillation (sg(ref − logp)·r with a one-sided "
                                 "mask at −0.2): no reference yet"),
              ("ce_loss_fn", "a masked negative log-likelihood (SFT), not an RL function")),
     runs=("compute_loss with default_loss_fn (DPPO binary TV 0.2/0.2 + 1e-3·(log r)²)",
-          "GRPOAlgorithm.score_group without a length penalty"),
+          "GRPOAlgorithm.score_group without a length penalty and MaxRLAlgorithm.score_group, "
+          "on groups of unequal sizes and of one"),
     does_not_run=("rl, ce and ref_kl weight streams", "the IPO and custom losses",
                   "score_group's length penalty (shaped by mean(reward)·a length fraction, "
                   "which no reference takes)", "several traces of one episode"),

@@ -11,7 +11,9 @@ Facts read at commit 9beb6e0f:
   np.std the population std (ddof 0), or r − mean with norm_adv_by_std_in_grpo off; a group of
   one has mean 0 and std 1;
 - `rloo` is `calculate_rloo_advantages_per_group`: n/(n − 1)·(r − mean) = r − the others' mean;
-  a group of one keeps its reward.
+  a group of one keeps its reward;
+- groups are whatever TrajectoryGroups the workflow builds: of unequal sizes, and of one (the
+  per-group functions handle a group of one explicitly).
 """
 from types import SimpleNamespace
 
@@ -26,35 +28,39 @@ ALGO = "rllm.trainer.algorithms.rl_algo"
 
 def _estimator(**config):
     def make(fn):
-        def adapter(rewards, group_size):
+        def adapter(rewards, group_ids):
             r = rewards.detach().numpy().astype(np.float64)
-            n = int(group_size)
-            groups = [r[i:i + n] for i in range(0, len(r), n)]
-            advantages, _ = fn(groups, SimpleNamespace(**config))
-            return torch.as_tensor(np.concatenate(advantages))
+            ids = np.asarray(group_ids).reshape(-1)
+            members = [np.flatnonzero(ids == g) for g in dict.fromkeys(ids.tolist())]
+            advantages, _ = fn([r[m] for m in members], SimpleNamespace(**config))
+            out = np.zeros_like(r)
+            for m, a in zip(members, advantages):
+                out[m] = a
+            return torch.as_tensor(out)
         return adapter
     return make
 
 
-_CHOICES = ("one TrajectoryGroup per group of group_size consecutive trajectories, its rewards "
-            "as the 1-D array rLLM builds; the advantages read back per trajectory",)
+_CHOICES = ("one TrajectoryGroup per group id, its rewards as the 1-D array rLLM builds (groups "
+            "of any size, one included: a TrajectoryGroup holds the trajectories of one role "
+            "for one task, however many there are); the advantages read back per trajectory",)
 
 ROWS = (
     Row(f"{ADV}:calculate_grpo_advantages", "group_advantages",
         _estimator(norm_adv_by_std_in_grpo=True), label="std-normalised",
         choices=_CHOICES + ("norm_adv_by_std_in_grpo True (the default)",),
         conventions=dict(ddof=0, eps=1e-6, scale="group", baseline="mean", singleton="keep"),
-        audit=dict(domain=("groups_of_two",)), params=("rewards", "algorithm_config")),
+        params=("rewards", "algorithm_config")),
     Row(f"{ADV}:calculate_grpo_advantages", "group_advantages",
         _estimator(norm_adv_by_std_in_grpo=False), label="Dr. GRPO",
         choices=_CHOICES + ("norm_adv_by_std_in_grpo False",),
         conventions=dict(ddof=0, eps=0.0, scale="none", baseline="mean", singleton="keep"),
-        audit=dict(domain=("groups_of_two",)), params=("rewards", "algorithm_config")),
+        params=("rewards", "algorithm_config")),
     Row(f"{ADV}:calculate_rloo_advantages", "group_advantages", _estimator(), label="RLOO",
         choices=_CHOICES,
         conventions=dict(ddof=0, eps=0.0, scale="none", baseline="leave_one_out",
                          singleton="keep"),
-        audit=dict(domain=("groups_of_two",)), params=("rewards", "algorithm_config")),
+        params=("rewards", "algorithm_config")),
 )
 
 TRAINER = Trainer(

@@ -81,18 +81,46 @@ def _gspo(fn):
     return adapter
 
 
-def _gae(fn):
-    def adapter(rewards, values, mask):
-        adv, ret = fn(zero_padding(mask, rewards), zero_padding(mask, values), gamma=1.0,
-                      lambd=0.95)
-        return zero_padding(mask, adv), zero_padding(mask, ret)
-    return adapter
+# the chunk size the chunked rows pass: the cases' rows are shorter than slime's default 128,
+# so at that size every row is one chunk and the carry between chunks never runs
+CHUNK = 3
 
 
-def _returns(fn):
-    def adapter(rewards, mask):
-        return zero_padding(mask, fn(zero_padding(mask, rewards), 0.99))
-    return adapter
+def _gae(gamma, lam, **chunking):
+    def make(fn):
+        def adapter(rewards, values, mask):
+            adv, ret = fn(zero_padding(mask, rewards), zero_padding(mask, values), gamma=gamma,
+                          lambd=lam, **chunking)
+            return zero_padding(mask, adv), zero_padding(mask, ret)
+        return adapter
+    return make
+
+
+def _batch_gae(gamma, lam):
+    """get_advantages_and_returns_batch on one sample per row, each the row's valid tokens (the
+    right-padded domain: a prefix), as the actor passes its per-sample values and rewards; the
+    per-sample outputs written back into [B, T], 0 at padding."""
+    def make(fn):
+        def adapter(rewards, values, mask):
+            lengths = [int(n) for n in mask.sum(dim=1)]
+            adv, ret = values.new_zeros(values.shape), values.new_zeros(values.shape)
+            if not lengths:
+                return adv, ret
+            a, r = fn(lengths, lengths, [values[b, :n] for b, n in enumerate(lengths)],
+                      [rewards[b, :n] for b, n in enumerate(lengths)], gamma=gamma, lambd=lam)
+            for b, n in enumerate(lengths):
+                adv[b, :n], ret[b, :n] = a[b], r[b]
+            return adv, ret
+        return adapter
+    return make
+
+
+def _returns(gamma):
+    def make(fn):
+        def adapter(rewards, mask):
+            return zero_padding(mask, fn(zero_padding(mask, rewards), gamma, chunk_size=CHUNK))
+        return adapter
+    return make
 
 
 def _sample_mean(fn):
@@ -199,17 +227,37 @@ ROWS = tuple(
         params=("full_log_probs", "full_old_log_probs", "local_log_probs", "loss_masks"),
         known=(_NO_PADDING,)),
 ) + tuple(
-    Row(f"{PPO}:{name}", "gae", _gae,
+    Row(f"{PPO}:{name}", "gae", _gae(gamma, lam, **chunking), label=label,
         choices=("rewards and values 0 at padding, as get_advantages_and_returns_batch pads "
-                 "them; γ 1, λ 0.95; read at the valid tokens",),
-        conventions=dict(gamma=1.0, lam=0.95), audit=dict(domain=("right_padded",)),
-        params=("rewards", "values", "gamma", "lambd"))
-    for name in ("vanilla_gae", "chunked_gae")
+                 f"them; γ {gamma}, λ {lam}{note}; read at the valid tokens",) + (
+                     (f"chunk_size {CHUNK}: the cases' rows span several chunks (at the "
+                      "default 128 every row is one chunk), so the carry between chunks and "
+                      "a last chunk shorter than the others are run",) if chunking else ()),
+        conventions=dict(gamma=gamma, lam=lam), audit=dict(domain=("right_padded",)),
+        params=("rewards", "values", "gamma", "lambd") + (("chunk_size",) if chunking else ()))
+    for name, chunking in (("vanilla_gae", {}), ("chunked_gae", dict(chunk_size=CHUNK)))
+    for gamma, lam, label, note in ((1.0, 1.0, "γ 1, λ 1", " (slime's defaults)"),
+                                    (0.99, 0.95, "γ 0.99, λ 0.95", ""))
 ) + (
-    Row(f"{PPO}:chunked_discounted_returns", "discounted_returns", _returns,
-        choices=("rewards 0 at padding; discount 0.99; read at the valid tokens",),
-        conventions=dict(gamma=0.99), audit=dict(domain=("right_padded",)),
-        params=("rewards", "discount")),
+    Row(f"{PPO}:get_advantages_and_returns_batch", "gae", _batch_gae(0.99, 0.95),
+        label="γ 0.99, λ 0.95",
+        choices=("as the actor calls it: one sample per row, its response the row's valid "
+                 "tokens (right-padded rows: a prefix), total_lengths = response_lengths (no "
+                 "context parallelism); it pads the samples to the longest and runs chunked_gae "
+                 "(its default); the per-sample outputs written back, 0 at padding; γ 0.99, "
+                 "λ 0.95",),
+        conventions=dict(gamma=0.99, lam=0.95), audit=dict(domain=("right_padded",)),
+        params=("total_lengths", "response_lengths", "values_list", "rewards_list", "gamma",
+                "lambd")),
+) + tuple(
+    Row(f"{PPO}:chunked_discounted_returns", "discounted_returns", _returns(gamma),
+        label=f"γ {gamma:g}",
+        choices=(f"rewards 0 at padding; discount {gamma:g}; chunk_size {CHUNK} (the carry "
+                 "between chunks run); read at the valid tokens",),
+        conventions=dict(gamma=gamma), audit=dict(domain=("right_padded",)),
+        params=("rewards", "discount", "chunk_size"))
+    for gamma in (1.0, 0.99)
+) + (
     Row(f"{CP}:get_sum_of_sample_mean", "aggregate", _sample_mean,
         choices=("one sample per row, the whole row its response; the reducer's sum over "
                  "samples divided by the sample count, the scaling loss_function and Megatron "
@@ -251,12 +299,15 @@ TRAINER = Trainer(
                      r"compute_gspo_kl|compute_opsm_mask|get_grpo_returns|"
                      r"get_reinforce_plus_plus_returns|"
                      r"get_reinforce_plus_plus_baseline_advantages|vanilla_gae|chunked_gae|"
-                     r"chunked_discounted_returns"),
+                     r"chunked_discounted_returns|get_advantages_and_returns_batch|"
+                     r"calculate_log_probs_and_entropy"),
                (CP, r"get_sum_of_sample_mean"),
                (LOSS, r"compute_advantages_and_returns|vanilla_tis_function|icepop_function|"
                       r"policy_loss_function|value_loss_function"),
                (ROLLOUT, r"RolloutManager\._post_process_rewards")),
     not_run=(("get_grpo_returns", "copies each sample's reward to its tokens"),
+             ("calculate_log_probs_and_entropy", "log-probs and entropy from Megatron's "
+                                                 "vocab-parallel logits: no row yet"),
              ("get_reinforce_plus_plus_returns", "reads a rollout batch's KL and rewards lists "
                                                  "and Megatron's context-parallel slicing: its "
                                                  "return is chunked_discounted_returns, which "
@@ -272,7 +323,10 @@ TRAINER = Trainer(
     runs=("compute_approx_kl k1, k2, k3, low_var_kl", "compute_opsm_mask (δ 1e-4)",
           "compute_policy_loss (0.2/0.28; dual "
           "clip 3)", "compute_cispo_loss", "GSPO (compute_gspo_kl into compute_policy_loss)",
-          "vanilla_gae and chunked_gae", "chunked_discounted_returns",
+          "vanilla_gae and chunked_gae (γ 1, λ 1 and γ 0.99, λ 0.95; chunked at chunk_size 3)",
+          "chunked_discounted_returns (γ 1 and 0.99, chunk_size 3)",
+          "get_advantages_and_returns_batch (the per-sample GAE the actor runs, padded into a "
+          "batch and sliced back) at γ 0.99, λ 0.95",
           "get_sum_of_sample_mean at context-parallel size 1",
           "_post_process_rewards for GRPO", "vanilla_tis_function", "icepop_function"),
     does_not_run=("torch.compile (the eager functions run)", "context parallelism",

@@ -91,6 +91,56 @@ def test_a_signature_carries_no_digits_beyond_a_rounded_factor():
     assert baseline.signature("f [x]", nudged) == sig
 
 
+def _saved(output):
+    return dict(check="value", grade="deviation", known=False, message="output[0]: yours 1",
+                counterexample={"rewards": [[1.0, "nan"]], "mask": [[True, False]],
+                                "reference output": [0.0, 0.0], "your output": output})
+
+
+def test_a_replayed_counterexample_is_the_same_within_tolerance_and_new_beyond_it():
+    from crosscheck import tolerances
+    tol = tolerances.get("audit", "float32")
+    seen = []
+
+    def replay(value):
+        def run(inputs):
+            seen.append(inputs)
+            return value
+        return run
+    saved = _saved({"advantages": [0.5, 0.0], "returns": [1.5, "nan"]})
+    # another machine's last digits: the same
+    assert baseline.changed(replay({"advantages": [0.5 * (1 + 1e-7), 0.0],
+                                    "returns": [1.5, "nan"]}), saved, tol) == ""
+    # the inputs as the counterexample states them, its outputs included (replay drops them)
+    assert seen[-1]["rewards"] == [[1.0, "nan"]]
+    said = baseline.changed(replay({"advantages": [0.25, 0.0], "returns": [1.5, "nan"]}),
+                            saved, tol)
+    assert "output[0] is now 0.25" in said and "gave 0.5" in said
+    assert "now" in baseline.changed(replay({"advantages": [0.5, 0.0], "returns": [1.5, 2.0]}),
+                                     saved, tol)
+
+    def raising(inputs):
+        raise ZeroDivisionError("division by zero")
+    assert "raises ZeroDivisionError" in baseline.changed(raising, saved, tol)
+    # nothing to replay: no hook, or a saved output that is not numbers
+    assert baseline.changed(None, saved, tol) == ""
+    assert baseline.changed(replay([0.0]), _saved("raised ValueError: x"), tol) == ""
+
+
+def test_a_held_signature_is_new_when_the_replay_says_the_output_changed():
+    row = "f [x]"
+    finding = dict(_saved([1.0, 0.0]), signature=baseline.signature(row, _saved([1.0, 0.0])))
+    base = {"trainer": "t", "rows": [{"function": "f", "label": "x", "findings": [finding]}]}
+    same = baseline.compare([(row, finding)], base, "b.json", lambda name, f: "")
+    assert [n for n, _ in same.held] == [row] and not same.new and not same.gone
+    moved = baseline.compare([(row, finding)], base, "b.json",
+                             lambda name, f: "its output[0] is now 2" if name == row else "")
+    (name, new), = moved.new
+    assert name == row and new["since"] == "its output[0] is now 2" and moved.gates
+    assert [g["row"] for g in moved.gone] == [row] and not moved.held
+    assert moved.to_dict()["new"][0]["since"] == "its output[0] is now 2"
+
+
 def test_a_baseline_that_cannot_be_read_is_a_usage_error(tmp_path, capsys):
     bad = tmp_path / "bad.json"
     bad.write_text("[1, 2]", encoding="utf-8")

@@ -425,6 +425,16 @@ def compute_gae_advantage_return(token_level_rewards, values, gamma, lambd):
     return adv, adv + values
 
 
+def compute_reinforce_return(token_level_rewards, gamma, lambd):
+    with torch.no_grad():
+        running, out = 0.0, []
+        for t in range(token_level_rewards.shape[-1] - 1, -1, -1):
+            running = token_level_rewards[:, t] + gamma * running
+            out.append(running)
+        returns = torch.stack(out[::-1], dim=1)
+    return returns, returns
+
+
 def reward_norm(response_level_rewards, n_sample=-1, running_ctrl={}, norm_mean_type=None,
                 norm_std_type=None):
     g = response_level_rewards.reshape(-1, n_sample)
@@ -466,7 +476,9 @@ def test_roll_cards_a_checkout_and_finds_an_unmasked_token_mean_and_a_mask_free_
     verdicts = {r.row.name: r.verdict for r in c.rows}
     assert verdicts.pop("agg_loss [token-mean]") == token_mean
     # no mask: the critic's value at the first padding position is bootstrapped from
-    assert verdicts.pop("compute_gae_advantage_return") == "DOES NOT CONFORM"
+    for gae in ("compute_gae_advantage_return [γ 1, λ 0.95]",
+                "compute_gae_advantage_return [γ 0.99, λ 0.95]"):
+        assert verdicts.pop(gae) == "DOES NOT CONFORM"
     assert set(verdicts.values()) == {"CONFORMS"}, verdicts
     assert c.exit_code == 1
     assert capsys.readouterr().out == ""                  # its import-time print is dropped
@@ -571,6 +583,23 @@ class GRPOAlgorithm(Algorithm):
         for trace, advantage in zip(traces, advantages.tolist(), strict=True):
             assign_advantages(trace, advantage)
 '''
+PRIMERL_MAXRL = '''
+import torch
+import verifiers.v1 as vf
+
+from prime_rl.orchestrator.algo.base import Algorithm, iter_trainable_traces
+from prime_rl.orchestrator.algo.routing import assign_advantages
+
+
+class MaxRLAlgorithm(Algorithm):
+    async def score_group(self, episodes: list[vf.Episode]) -> None:
+        traces = [trace for _, trace in iter_trainable_traces(episodes)]
+        rewards = torch.tensor([t.reward for t in traces], dtype=torch.float32)
+        mean = rewards.mean()
+        advantages = torch.zeros_like(rewards) if mean <= 0 else (rewards - mean) / mean
+        for trace, advantage in zip(traces, advantages.tolist(), strict=True):
+            assign_advantages(trace, advantage)
+'''
 PRIMERL_PACKAGE = {
     "packages/prime-rl-configs/src/prime_rl/configs/__init__.py": "",
     "packages/prime-rl-configs/src/prime_rl/configs/trainer.py": (
@@ -613,6 +642,7 @@ def _primerl_checkout(root, kl_mask, shape):
     (root / "src/prime_rl/trainer/rl/loss.py").write_text(PRIMERL_LOSS.replace("KL_MASK", kl_mask))
     (root / "src/prime_rl/orchestrator/algo/grpo.py").write_text(
         PRIMERL_GRPO.replace("SHAPE", shape))
+    (root / "src/prime_rl/orchestrator/algo/max_rl.py").write_text(PRIMERL_MAXRL)
 
 
 @pytest.mark.parametrize("kl_mask, shape, loss, grpo", [
@@ -625,12 +655,55 @@ def test_primerl_cards_a_checkout_of_two_source_roots(tmp_path, kl_mask, shape, 
     c = card.run(trainers.get("prime-rl"), path=str(tmp_path), cases=24)
     verdicts = {r.row.name: r.verdict for r in c.rows}
     assert verdicts == {"compute_loss [default loss]": loss,
-                        "GRPOAlgorithm.score_group": grpo}, [r.reason for r in c.rows]
+                        "GRPOAlgorithm.score_group": grpo,
+                        "MaxRLAlgorithm.score_group": "CONFORMS"}, [r.reason for r in c.rows]
     assert c.exit_code == (0 if loss == "CONFORMS" else 1)
     # the --json card says how it loaded the code and what it stood in
     loaded = " ".join(c.to_dict()["loaded"])
     assert "loaded by file" in loaded
     assert re.search(r"stand-ins: (\w+ \([^)]*\), )*msgspec \(not installed\)", loaded), loaded
+
+
+REGISTRY = '''
+from prime_rl.orchestrator.algo.grpo import GRPOAlgorithm
+from .max_rl import MaxRLAlgorithm
+from .planted import PlantedAlgorithm
+
+ALGORITHM_CLASSES = {"grpo": GRPOAlgorithm, "max_rl": MaxRLAlgorithm,
+                     "planted": PlantedAlgorithm, "sft": SFTDistillAlgorithm}
+LOADERS = {"by_path": "prime_rl.orchestrator.algo.planted.PathAlgorithm", "other": "json.dumps",
+           "short": "prime_rl.x"}
+'''
+
+
+def test_registry_entries_are_read_as_data_dotted_paths_and_imported_names(tmp_path):
+    path = tmp_path / "registry.py"
+    path.write_text(REGISTRY)
+    got = card._registry_entries(str(path), "prime_rl.orchestrator.algo", "prime_rl")
+    assert got == [("grpo", "prime_rl.orchestrator.algo.grpo", "GRPOAlgorithm"),
+                   ("max_rl", "prime_rl.orchestrator.algo.max_rl", "MaxRLAlgorithm"),
+                   ("planted", "prime_rl.orchestrator.algo.planted", "PlantedAlgorithm"),
+                   ("by_path", "prime_rl.orchestrator.algo.planted", "PathAlgorithm")]
+
+
+def test_a_registry_entry_with_no_row_and_no_reason_is_new_in_this_release(tmp_path):
+    _primerl_checkout(tmp_path, "inputs.loss_mask", "rewards - rewards.mean()")
+    algo = tmp_path / "src/prime_rl/orchestrator/algo"
+    (algo / "planted.py").write_text(
+        "from prime_rl.orchestrator.algo.base import Algorithm\n\n\n"
+        "class PlantedAlgorithm(Algorithm):\n    async def score_group(self, episodes):\n"
+        "        pass\n")
+    (algo / "__init__.py").write_text(
+        "from .grpo import GRPOAlgorithm\nfrom .max_rl import MaxRLAlgorithm\n"
+        "from .planted import PlantedAlgorithm\n\nALGORITHM_CLASSES = {'grpo': GRPOAlgorithm, "
+        "'max_rl': MaxRLAlgorithm, 'planted': PlantedAlgorithm}\n")
+    c = card.run(trainers.get("prime-rl"), path=str(tmp_path), cases=4,
+                 only=["GRPOAlgorithm.score_group"])
+    said = c.reason("PlantedAlgorithm")
+    assert said.startswith("new in this release") and "'planted'" in said, said
+    assert ("prime_rl/orchestrator/algo/planted.py", "PlantedAlgorithm", 4) in c.not_covered
+    # the registered classes with a row (GRPO, MaxRL) are not listed
+    assert not {q for _, q, _ in c.not_covered} & {"GRPOAlgorithm", "MaxRLAlgorithm"}
 
 
 def test_primerl_needs_a_path():
@@ -695,7 +768,17 @@ def vanilla_gae(rewards, values, gamma, lambd):
     return adv, adv + values
 
 
-chunked_gae = vanilla_gae
+def chunked_gae(rewards, values, gamma, lambd, chunk_size=128):
+    return vanilla_gae(rewards, values, gamma, lambd)
+
+
+def get_advantages_and_returns_batch(total_lengths, response_lengths, values_list,
+                                     rewards_list, gamma, lambd, chunked=True):
+    T = max(response_lengths)
+    pad = lambda xs: torch.stack([torch.cat([x, x.new_zeros(T - len(x))]) for x in xs])  # noqa
+    adv, ret = chunked_gae(pad(rewards_list), pad(values_list), gamma, lambd)
+    return ([a[:n] for a, n in zip(adv, response_lengths)],
+            [r[:n] for r, n in zip(ret, response_lengths)])
 
 
 def chunked_discounted_returns(rewards, discount, chunk_size=128):
@@ -871,6 +954,9 @@ def calculate_baseline_and_std_per_prompt(prompts, rewards, valid_mask,
     for p in torch.unique(prompts, dim=0):
         idx = torch.nonzero((prompts == p).all(1))[:, 0]
         r, n = rewards[idx], len(idx)
+        if n <= 1:                                   # a group of one: its own baseline
+            baseline[idx] = r
+            continue
         others = (1 - torch.eye(n)) if leave_one_out_baseline else torch.ones((n, n))
         k = torch.tensor(float(n - int(leave_one_out_baseline)))   # a tensor: 1/0 is inf
         mean = others @ r / k
@@ -962,6 +1048,25 @@ class GRPOAdvantageEstimator:
             spread = std > 0
             adv[spread] = adv[spread] / (std.unsqueeze(-1)[spread] + 1e-6)
         return adv.expand(mask.shape)
+
+
+class GeneralizedAdvantageEstimator:
+    def __init__(self, estimator_config, loss_config):
+        self.gae_gamma = estimator_config["gae_gamma"]
+        self.gae_lambda = estimator_config["gae_lambda"]
+
+    def _compute_gae(self, token_level_rewards, values, mask, gae_lambda=None):
+        lam = self.gae_lambda if gae_lambda is None else gae_lambda
+        after, running, out = torch.zeros_like(values[:, 0]), torch.zeros_like(values[:, 0]), []
+        for t in range(values.shape[1] - 1, -1, -1):       # masked steps carry both forward
+            m = mask[:, t]
+            step = token_level_rewards[:, t] + self.gae_gamma * after - values[:, t] + \\
+                self.gae_gamma * lam * running
+            running = torch.where(m > 0, step, running)
+            after = torch.where(m > 0, values[:, t], after)
+            out.append(running)
+        adv = torch.stack(out[::-1], dim=1)
+        return adv, adv + values
 '''
 TWO_PASS = "(others * (r[None, :] - mean[:, None]).square()).sum(1) / k"   # Σ (r_j − m_i)²
 ONE_PASS = "(others @ r.square() / k - mean.square())"                       # E[r²] − E[r]²
