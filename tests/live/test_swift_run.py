@@ -46,13 +46,36 @@ def runs(tmp, configs, old=False):
     return reports
 
 
+# each loss type and importance-sampling level, and the settings that change which tensors the
+# loss receives; num_iterations 2 makes step 2 reuse step 1's generation, where the ratio, the
+# clip and the FIPO weight are away from 1
 CLEAN = [
     dict(loss_type="dapo", gradient_accumulation_steps=2),
-    dict(loss_type="grpo", gradient_accumulation_steps=2, beta=0.04),
+    dict(loss_type="grpo", gradient_accumulation_steps=2, beta=0.04, steps_per_generation=4),
     dict(loss_type="bnpo", gradient_accumulation_steps=2),
     dict(loss_type="dr_grpo", gradient_accumulation_steps=2),
-    dict(loss_type="cispo", gradient_accumulation_steps=2, epsilon_high=5.0),
+    dict(loss_type="cispo", gradient_accumulation_steps=2, epsilon_high=5.0, num_iterations=2),
+    dict(loss_type="sapo", gradient_accumulation_steps=2, num_iterations=2),
+    dict(loss_type="sapo", gradient_accumulation_steps=2, num_iterations=2,
+         importance_sampling_level="sequence"),
+    dict(loss_type="grpo", gradient_accumulation_steps=2, num_iterations=2,
+         importance_sampling_level="sequence"),
+    dict(loss_type="grpo", gradient_accumulation_steps=2, num_iterations=2,
+         importance_sampling_level="sequence_token"),
+    dict(loss_type="fipo", gradient_accumulation_steps=2, num_iterations=2,
+         lift_fipo_guard=True),
+    dict(loss_type="dapo", gradient_accumulation_steps=2, num_iterations=2, beta=0.04,
+         epsilon_high=0.28),
+    dict(loss_type="bnpo", gradient_accumulation_steps=2, overlong_filter=True,
+         max_completion_length=6),
+    dict(loss_type="dapo", gradient_accumulation_steps=2, dynamic_sample=True,
+         reward_funcs=["crosscheck_has_a"]),
 ]
+
+
+def _name(c):
+    return "-".join(str(v) for k, v in c.items() if k not in ("gradient_accumulation_steps",
+                                                              "reward_funcs"))
 
 
 @pytest.fixture(scope="module")
@@ -60,18 +83,121 @@ def clean(tmp_path_factory):
     return runs(tmp_path_factory.mktemp("swift-clean"), CLEAN)
 
 
-@pytest.mark.parametrize("i", range(len(CLEAN)),
-                         ids=[c["loss_type"] for c in CLEAN])
+@pytest.mark.parametrize("i", range(len(CLEAN)), ids=[_name(c) for c in CLEAN])
 def test_an_unmodified_ms_swift_4_6_run_conforms_at_every_checked_step(clean, i):
-    report = clean[i]
+    report, conf = clean[i], CLEAN[i]
     assert report["trainer"] == "ms-swift 4.6.0", report["text"]
     assert report["ok"] is True, report["text"]
+    assert not report["errors"], report["errors"]
     assert len(report["steps"]) == 2
     for s in report["steps"]:
         assert s["counts"]["gradient"]["checked"] > 0, report["text"]
         assert s["counts"]["gradient"]["failed"] == 0
         assert s["counts"]["micro-batch loss"] == {"checked": 2, "failed": 0}
         assert s["counts"]["settings"]["failed"] == 0
+        # provenance: every micro-step's rows, every row's advantage, the global count
+        assert s["counts"]["rows"] == {"checked": 8, "failed": 0}, report["text"]
+        assert s["counts"]["row advantages"] == {"checked": 8, "failed": 0}
+        assert s["counts"]["global counts"] == {"checked": 2, "failed": 0}
+        assert s["counts"]["temperature"]["failed"] == 0
+        assert s["counts"]["temperature"]["checked"] > 1      # the sampler's and one row's
+    first, second = report["steps"]
+    # the advantages of each generation, from its rewards (step 2 regenerates unless the
+    # generation is reused: steps_per_generation or num_iterations above 1 window)
+    reused = conf.get("num_iterations", 1) > 1 or conf.get("steps_per_generation", 2) > 2
+    assert first["counts"]["advantages"] == {"checked": 16, "failed": 0}, report["text"]
+    assert ("advantages" in second["counts"]) is not reused
+    # old log-probs: ratio 1 where no optimizer step separates them from the generation
+    assert first["counts"]["old log-probs"]["failed"] == 0
+    assert first["counts"]["old log-probs"]["checked"] > 0
+    assert ("old log-probs" in second["counts"]) is not reused
+    if conf.get("beta"):
+        assert first["counts"]["reference log-probs"]["checked"] > 1
+        assert all(s["counts"]["reference log-probs"]["failed"] == 0 for s in report["steps"])
+    if conf.get("dynamic_sample"):
+        dyn = [s["counts"].get("dynamic sampling") for s in report["steps"]]
+        assert {"checked": 4, "failed": 0} in dyn, report["text"]
+
+
+# dapo (cispo and fipo alike) where ms-swift's normaliser is not the documented token count:
+# each micro-batch is divided by num_items_in_batch, the completion tokens of the whole
+# generation batch before the overlong filter (_prepare_batch_inputs), and one window's
+# accumulation division is undone (_undo_gradient_accumulation_scaling)
+REPORTED = [
+    # 4 micro-batches per generation, 2 per window: each window's gradient is its share of
+    # the generation's tokens times the documented token mean, the two shares summing to 1
+    dict(loss_type="dapo", gradient_accumulation_steps=2, steps_per_generation=4),
+    # the truncated rows leave the loss but not the count: the kept tokens' share
+    dict(loss_type="dapo", gradient_accumulation_steps=2, overlong_filter=True,
+         max_completion_length=6),
+]
+
+
+@pytest.fixture(scope="module")
+def reported(tmp_path_factory):
+    return runs(tmp_path_factory.mktemp("swift-reported"), REPORTED)
+
+
+def _factors(report):
+    """Each step's gradient factor against the documented objective: one per step."""
+    out = []
+    for s in report["steps"]:
+        grad = [f for f in s["findings"] if f["check"] == "gradient"]
+        assert grad and all(f["grade"] == "deviation" for f in grad), report["text"]
+        assert all("a normalisation or scaling factor" in f["message"] for f in grad)
+        ratios = [f["got"] / f["expected"] for f in grad]
+        assert max(ratios) == pytest.approx(min(ratios), rel=1e-4)
+        assert s["counts"]["micro-batch loss"]["failed"] == 0   # the formula is ms-swift's
+        assert s["counts"]["global counts"]["failed"] == 0      # and so is its count
+        out.append(ratios[0])
+    return out
+
+
+def test_dapo_with_more_generation_steps_than_accumulation_steps_is_reported_per_window(
+        reported):
+    report = reported[0]
+    assert report["ok"] is False
+    factors = _factors(report)
+    assert 0 < min(factors) and max(factors) < 1
+    assert sum(factors) == pytest.approx(1.0, rel=1e-4)
+
+
+def test_dapo_with_the_overlong_filter_is_reported_as_the_kept_tokens_share(reported):
+    report = reported[1]
+    assert report["ok"] is False
+    assert all(0 < f < 1 for f in _factors(report))
+
+
+# a bug planted in ms-swift's loss (tests/live/tiny_swift.py PLANTS), and the configuration
+# where it shows: (plant, configuration, check, words of the finding)
+PLANTED = [
+    ("doubled-beta", dict(loss_type="grpo", gradient_accumulation_steps=2, beta=0.04,
+                          num_iterations=2), "gradient", ""),
+    ("no-clip-higher", dict(loss_type="dapo", gradient_accumulation_steps=2,
+                            epsilon_high=0.28, num_iterations=2), "gradient", "clip"),
+    ("dropped-mask", dict(loss_type="dapo", gradient_accumulation_steps=2), "gradient",
+     "a wrong mask"),
+    ("micro-batch-count", dict(loss_type="dapo", gradient_accumulation_steps=2), "gradient",
+     "× the documented objective's"),
+    ("old-is-current", dict(loss_type="grpo", gradient_accumulation_steps=2,
+                            num_iterations=2), "gradient", ""),
+]
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+    return runs(tmp_path_factory.mktemp("swift-planted"),
+                [dict(conf, plant=plant) for plant, conf, _, _ in PLANTED])
+
+
+@pytest.mark.parametrize("i", range(len(PLANTED)), ids=[p[0] for p in PLANTED])
+def test_a_bug_planted_in_ms_swift_s_loss_is_caught_naming_its_cause(planted, i):
+    plant, conf, check, words = PLANTED[i]
+    report = planted[i]
+    assert report["ok"] is False, report["text"]
+    found = [f for s in report["steps"] for f in s["findings"]
+             if f["check"] == check and f["grade"] == "deviation"]
+    assert found and any(words in f["message"] for f in found), report["text"]
 
 
 def test_ms_swift_4_5_3_dapo_with_two_accumulation_steps_is_reported_as_half_the_gradient(
