@@ -1,30 +1,41 @@
 """The live audit of ms-swift's GRPOTrainer (swift/rlhf_trainers/grpo_trainer.py, read at
 ms-swift 4.6.0 and 4.5.3). It subclasses TRL's GRPOTrainer and keeps TRL's loop (Trainer.
 training_step, `_get_per_token_logps_and_entropies`, `_metrics`), so the watch is TRL's
-(crosscheck/live/trl.py) with ms-swift's own `_compute_loss` signature, settings and loss.
+(crosscheck/live/trl.py) with ms-swift's own `_compute_loss` signature, settings, loss and
+provenance.
+
+What it wraps beyond TRL's training_step and log-probs: `_generate_and_score_completions` (a
+list of micro-batches, `model_inputs` and `grpo_batch`: the rows, their advantages and token
+counts), `_compute_advantages` (the rewards, after dynamic sampling), `_dynamic_sampling` (the
+batch it keeps) and `_compute_loss(model, model_inputs, grpo_batch, origin_data=None)`.
 
 What differs from TRL, read from ms-swift's code (`_compute_loss_and_metrics`):
-- `_compute_loss(model, model_inputs, grpo_batch, origin_data=None)`: the loss's inputs travel
-  in `grpo_batch` (completion_mask, advantages [B, T], old/ref_per_token_logps,
-  num_items_in_batch); with `overlong_filter` the truncated rows leave the mask;
+- the loss's inputs travel in `grpo_batch` (completion_mask, advantages [B, T], old/ref
+  log-probs, num_items_in_batch); with `overlong_filter` the truncated rows leave the mask;
+  old log-probs are computed at every generation (`_prepare_batch_inputs`);
 - the returned loss is *not* divided by the accumulation steps: `Trainer.training_step`
   divides it (`model_accepts_loss_kwargs = False`, set in `GRPOTrainer.__init__`);
 - the KL term is β · k3(ref, logp) (`exp(ref − logp) − (ref − logp) − 1`, the log ratio
   clamped to ±20 and k3 to ≤ 10), with no importance weight (TRL's use_bias_correction_kl has
   no ms-swift counterpart); a step where a clamp binds is not checked;
+- `importance_sampling_level` 'sequence' is GSPO (the reference's gspo form 'sequence'),
+  'sequence_token' GSPO-token (form 'token');
 - loss types and their aggregation over the step are TRL's (grpo, sapo, bnpo, dr_grpo, and
   'dapo', 'cispo', 'fipo' by the token count of the accumulation window on all processes:
   `WINDOW_NORMALIZED_LOSS_TYPES`). Per micro-batch those three divide by
-  `num_items_in_batch / num_processes` (the generation batch's completion tokens,
-  `_prepare_batch_inputs`) and, from 4.6.0 (#10116), multiply by the accumulation steps
-  (`_undo_gradient_accumulation_scaling`: "dividing them would shrink the loss and its
-  gradient by that factor"); 4.5.3 and earlier do not, so their gradient is 1/G of the
-  documented objective's (#10117), which the gradient check reports;
+  `num_items_in_batch / num_processes` (the generation batch's completion tokens before the
+  overlong filter, `_prepare_batch_inputs`) and, from 4.6.0 (#10116), multiply by the
+  accumulation steps (`_undo_gradient_accumulation_scaling`); 4.5.3 and earlier do not, so their
+  gradient is 1/G of the documented objective's (#10117), which the gradient check reports, as
+  it reports the generation's count where it spans several windows (steps_per_generation above
+  the accumulation steps) or counts rows the overlong filter removed;
 - 'fipo' (arXiv 2603.19835): the clipped PPO loss times the stop-gradient influence weight of
   `_compute_fipo_influence`, the reference's `fipo_influence_weights` at the run's
   `fipo_decay_rate`, `fipo_clip_range`, `fipo_clip_high_only`, `fipo_safety_threshold` and
   `delta`; the weight multiplies the advantage of each token (the same as the loss, the weight
   being positive);
+- the advantages are `swift/rl_core/advantage.py::compute_advantages`: the group mean,
+  `torch.std` (ddof 1), + 1e-4;
 - SAPO's temperatures are `tau_pos`/`tau_neg`.
 """
 from typing import List

@@ -7,6 +7,7 @@ tests/live/swift-requirements.txt, with ms-swift 4.6.0 in the venv and 4.5.3 ins
 set, a missing or broken environment fails them."""
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -22,12 +23,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 OLD = "ms-swift-4.5.3"                     # the --target directory of ms-swift 4.5.3 in VENV
 
 
-def runs(tmp, configs, old=False):
-    """Run each configuration watched, in the ms-swift environment; return their reports."""
+def _python():
     python = os.path.join(VENV, "bin", "python")
     if not os.access(python, os.X_OK):
         pytest.fail(f"CROSSCHECK_SWIFT_VENV is {VENV!r} but {python} is not an executable "
                     f"python: build it as .ci/run does")
+    return python
+
+
+def runs(tmp, configs, old=False):
+    """Run each configuration watched, in the ms-swift environment; return their reports."""
+    python = _python()
     env = dict(os.environ, PYTHONPATH=ROOT)
     if old:
         target = os.path.join(VENV, OLD)
@@ -104,8 +110,9 @@ def test_an_unmodified_ms_swift_4_6_run_conforms_at_every_checked_step(clean, i)
     first, second = report["steps"]
     # the advantages of each generation, from its rewards (step 2 regenerates unless the
     # generation is reused: steps_per_generation or num_iterations above 1 window)
-    reused = conf.get("num_iterations", 1) > 1 or conf.get("steps_per_generation", 2) > 2
-    assert first["counts"]["advantages"] == {"checked": 16, "failed": 0}, report["text"]
+    spg = conf.get("steps_per_generation", 2)
+    reused = conf.get("num_iterations", 1) > 1 or spg > 2
+    assert first["counts"]["advantages"] == {"checked": 4 * spg, "failed": 0}, report["text"]
     assert ("advantages" in second["counts"]) is not reused
     # old log-probs: ratio 1 where no optimizer step separates them from the generation
     assert first["counts"]["old log-probs"]["failed"] == 0
@@ -116,7 +123,7 @@ def test_an_unmodified_ms_swift_4_6_run_conforms_at_every_checked_step(clean, i)
         assert all(s["counts"]["reference log-probs"]["failed"] == 0 for s in report["steps"])
     if conf.get("dynamic_sample"):
         dyn = [s["counts"].get("dynamic sampling") for s in report["steps"]]
-        assert {"checked": 4, "failed": 0} in dyn, report["text"]
+        assert dyn == [{"checked": 2, "failed": 0}] * 2, report["text"]
 
 
 # dapo (cispo and fipo alike) where ms-swift's normaliser is not the documented token count:
@@ -172,15 +179,21 @@ def test_dapo_with_the_overlong_filter_is_reported_as_the_kept_tokens_share(repo
 # where it shows: (plant, configuration, check, words of the finding)
 PLANTED = [
     ("doubled-beta", dict(loss_type="grpo", gradient_accumulation_steps=2, beta=0.04,
-                          num_iterations=2), "gradient", ""),
+                          num_iterations=2), "gradient", "the KL term"),
     ("no-clip-higher", dict(loss_type="dapo", gradient_accumulation_steps=2,
-                            epsilon_high=0.28, num_iterations=2), "gradient", "clip"),
+                            epsilon_high=0.28, num_iterations=2), "gradient",
+     "the clip bounds"),
     ("dropped-mask", dict(loss_type="dapo", gradient_accumulation_steps=2), "gradient",
      "a wrong mask"),
     ("micro-batch-count", dict(loss_type="dapo", gradient_accumulation_steps=2), "gradient",
-     "× the documented objective's"),
+     "a normalisation or scaling factor"),
+    # clip bounds no ratio of the run reaches, so the ratio alone tells the two apart
     ("old-is-current", dict(loss_type="grpo", gradient_accumulation_steps=2,
-                            num_iterations=2), "gradient", ""),
+                            num_iterations=2, epsilon=0.9, epsilon_high=5.0), "gradient",
+     "the importance weight: the policy term's gradient lacks"),
+    ("no-resample", dict(loss_type="dapo", gradient_accumulation_steps=2, dynamic_sample=True,
+                         reward_funcs=["crosscheck_has_a"]), "dynamic sampling",
+     "have reward spread 0"),
 ]
 
 
@@ -213,3 +226,71 @@ def test_ms_swift_4_5_3_dapo_with_two_accumulation_steps_is_reported_as_half_the
     assert "0.5× the documented objective's at every token" in grad[0]["message"], \
         report["text"]
     assert grad[0]["got"] == pytest.approx(0.5 * grad[0]["expected"], rel=1e-5)
+
+
+# two processes on CPU (gloo), launched as PyTorch's launcher launches a user's script; each
+# scenario of tests/live/swift_two_processes.py writes each rank's report
+TWO = ("dapo", "grpo-kl", "no-sync", "micro-batch-count")
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory):
+    python = _python()
+    root = str(tmp_path_factory.mktemp("swift-2p"))
+    out = os.path.join(root, "reports")
+    os.makedirs(out)
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
+    with socket.socket() as sock:                 # a free port for the rendezvous
+        sock.bind(("127.0.0.1", 0))
+        port = str(sock.getsockname()[1])
+    proc = subprocess.run(
+        [python, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
+         "127.0.0.1", "--master_port", port,
+         os.path.join(ROOT, "tests", "live", "swift_two_processes.py"), root, out, *TWO],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stderr[-6000:])
+        pytest.fail(f"the 2-process ms-swift runs exited with {proc.returncode}; reports: "
+                    f"{sorted(os.listdir(out))}")
+    found = {}
+    for name in TWO:
+        for rank in (0, 1):
+            with open(os.path.join(out, f"{name}.rank{rank}.json")) as f:
+                found[name, rank] = json.load(f)
+    return found
+
+
+@pytest.mark.parametrize("name", ["dapo", "grpo-kl"])
+def test_an_unmodified_two_process_ms_swift_run_conforms_with_its_ranks_agreeing(two, name):
+    r0, r1 = two[name, 0], two[name, 1]
+    assert r0["world"] == 2 and r0["verdict"] == "CONFORMS", r0["steps"]
+    assert r1["verdict"] == "CONFORMS"              # every rank learns rank 0's verdict
+    for step in r0["steps"]:
+        assert step["counts"]["gradient"]["failed"] == 0
+        # both ranks' micro-batches: 2 accumulation steps × 2 ranks
+        assert step["counts"]["micro-batch loss"] == {"checked": 4, "failed": 0}
+        assert step["counts"]["rank agreement"] == {"checked": 1, "failed": 0}
+        assert step["counts"]["rows"] == {"checked": 16, "failed": 0}
+        assert step["counts"]["global counts"] == {"checked": 4, "failed": 0}
+    # each rank's 8 rows of the first generation, from the 16 rewards of both
+    assert r0["steps"][0]["counts"]["advantages"] == {"checked": 16, "failed": 0}
+
+
+def test_two_ms_swift_processes_never_averaging_gradients_are_caught_naming_the_ranks(two):
+    # every micro-step under DDP's no_sync(): each rank's loss and ∂loss/∂logp are its own and
+    # correct, so only the ranks' disagreement after the last backward shows the bug
+    r0, r1 = two["no-sync", 0], two["no-sync", 1]
+    assert r0["verdict"] == "DEVIATES" and r1["verdict"] == "DEVIATES"
+    first = r0["steps"][0]
+    assert first["counts"]["rank agreement"] == {"checked": 1, "failed": 1}
+    assert first["counts"]["gradient"]["failed"] == 0
+    (f,) = [f for f in first["findings"] if f["check"] == "rank agreement"]
+    assert f["grade"] == "deviation" and f["rank"] == 1 and f["got"] != f["expected"]
+
+
+def test_a_per_micro_batch_count_on_two_ms_swift_processes_is_caught_on_both_ranks(two):
+    r0 = two["micro-batch-count", 0]
+    assert r0["verdict"] == "DEVIATES" and two["micro-batch-count", 1]["verdict"] == "DEVIATES"
+    grad = [f for f in r0["steps"][0]["findings"] if f["check"] == "gradient"
+            and f["grade"] == "deviation"]
+    assert {f["rank"] for f in grad} == {0, 1}

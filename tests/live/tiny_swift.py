@@ -136,6 +136,15 @@ def _no_sync(trainer_cls):
     return Unsynchronised
 
 
+def _no_resample(trainer_cls):
+    """Dynamic sampling that keeps every group, those of reward spread 0 included (a copy of
+    the rewards: not ms-swift's fallback of keeping the first batch)."""
+    class NoResample(trainer_cls):
+        def _dynamic_sampling(self, samples, rewards_per_func):
+            return samples, rewards_per_func.clone()
+    return NoResample
+
+
 PLANTS = {
     "doubled-beta": lambda c: _during_loss(c, _doubled_beta),
     "no-clip-higher": lambda c: _during_loss(c, _no_clip_higher),
@@ -143,6 +152,7 @@ PLANTS = {
     "micro-batch-count": lambda c: _during_loss(c, _micro_batch_count),
     "old-is-current": lambda c: _during_loss(c, _old_is_current),
     "no-sync": _no_sync,
+    "no-resample": _no_resample,
 }
 
 
