@@ -27,11 +27,15 @@ SCENARIOS = {
 
 def main(root, out, *names):
     import torch.distributed as dist
+    # each rank saves its own copy of the (seeded, identical) model and prompts, so no two
+    # processes write one file, and all of them before the first run starts the process group
+    # (transformers then saves a model on rank 0 only)
+    here = {name: os.path.join(root, name, "rank" + os.environ.get("RANK", "0"))
+            for name in names}
     for name in names:
-        # each rank saves its own copy of the (seeded, identical) model and prompts: no two
-        # processes write one file
-        here = os.path.join(root, name, "rank" + os.environ.get("RANK", "0"))
-        trainer, report = tiny_swift.run(here, **SCENARIOS[name])
+        tiny_swift.model_dir(here[name])
+    for name in names:
+        trainer, report = tiny_swift.run(here[name], **SCENARIOS[name])
         rank = trainer.accelerator.process_index
         with open(os.path.join(out, f"{name}.rank{rank}.json"), "w") as f:
             json.dump(dict(report.as_json(), world=trainer.accelerator.num_processes,
