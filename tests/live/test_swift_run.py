@@ -126,6 +126,19 @@ def test_an_unmodified_ms_swift_4_6_run_conforms_at_every_checked_step(clean, i)
         assert dyn == [{"checked": 2, "failed": 0}] * 2, report["text"]
 
 
+def test_ms_swift_refuses_fipo_in_a_run_with_no_teacher(tmp_path):
+    # _setup_teacher (rollout_mixin.py) sets _has_teacher when no teacher is given (dynamic
+    # self-distillation) as when one is, and _compute_loss_and_metrics refuses 'fipo' whenever
+    # it is set: the CLEAN fipo run lifts that guard to check ms-swift's fipo code itself
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    conf = [dict(loss_type="fipo", gradient_accumulation_steps=2)]
+    out = subprocess.run([_python(), "-m", "tests.live.tiny_swift", str(tmp_path),
+                          json.dumps(conf)], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode != 0
+    assert "does not support loss_type='fipo'" in out.stderr, out.stderr[-3000:]
+
+
 # dapo (cispo and fipo alike) where ms-swift's normaliser is not the documented token count:
 # each micro-batch is divided by num_items_in_batch, the completion tokens of the whole
 # generation batch before the overlong filter (_prepare_batch_inputs), and one window's
@@ -179,14 +192,15 @@ def test_dapo_with_the_overlong_filter_is_reported_as_the_kept_tokens_share(repo
 # where it shows: (plant, configuration, check, words of the finding)
 PLANTED = [
     ("doubled-beta", dict(loss_type="grpo", gradient_accumulation_steps=2, beta=0.04,
-                          num_iterations=2), "gradient", "the KL term"),
+                          num_iterations=2), "gradient",
+     "the KL term: β·KL's gradient is 2× the reference's"),
     ("no-clip-higher", dict(loss_type="dapo", gradient_accumulation_steps=2,
                             epsilon_high=0.28, num_iterations=2), "gradient",
-     "the clip bounds"),
+     "the clip bounds (ε_low, ε_high): "),
     ("dropped-mask", dict(loss_type="dapo", gradient_accumulation_steps=2), "gradient",
-     "a wrong mask"),
+     "a wrong mask: the gradient reaches"),
     ("micro-batch-count", dict(loss_type="dapo", gradient_accumulation_steps=2), "gradient",
-     "a normalisation or scaling factor"),
+     "a normalisation or scaling factor: "),
     # clip bounds no ratio of the run reaches, so the ratio alone tells the two apart
     ("old-is-current", dict(loss_type="grpo", gradient_accumulation_steps=2,
                             num_iterations=2, epsilon=0.9, epsilon_high=5.0), "gradient",
