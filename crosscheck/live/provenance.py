@@ -157,6 +157,9 @@ class Generation:
 class Provenance:
     """One process's provenance records; `payload()` travels in the step's gather, and rank 0's
     `check()` turns every rank's into counts and findings."""
+    G, P, C = G, P, C                       # the trainer's code each finding cites
+    LOGPS = C + ": the fused LM head's temperature"
+    SAMPLER = "GRPOTrainer.__init__: generation_config"
 
     def __init__(self, trainer, rank: int):
         t, a = trainer, trainer.args
@@ -193,41 +196,49 @@ class Provenance:
     # ------------------------------------------------------------------ every micro-step
     def generated(self, out):
         """A generation: its rows' keys, advantages and loss-mask count (on this process)."""
-        prev = self.gen
-        if prev is not None and prev.uses < self.spg * self.ni:
-            self._event(f"a new generation replaced the previous one after {prev.uses} "
-                        f"micro-step(s); steps_per_generation · num_iterations = "
-                        f"{self.spg * self.ni}: its rows reached the loss "
-                        f"{prev.uses // self.spg} full time(s), not {self.ni}", P,
-                        got=prev.uses, expected=self.spg * self.ni)
         keys = row_keys(out["prompt_ids"], out["prompt_mask"], out["completion_ids"])
         adv = bridge.to_numpy(out["advantages"])
         mask = out["completion_mask"]
         if "tool_mask" in out:
             mask = mask * out["tool_mask"]
+        self.new_generation(keys, list(adv), float(mask.sum().item()))
+
+    def new_generation(self, keys, adv, total):
+        """A generation's rows (keys), their advantages and its loss-mask count here."""
+        prev = self.gen
+        if prev is not None and prev.uses < self.spg * self.ni:
+            self._event(f"a new generation replaced the previous one after {prev.uses} "
+                        f"micro-step(s); steps_per_generation · num_iterations = "
+                        f"{self.spg * self.ni}: its rows reached the loss "
+                        f"{prev.uses // self.spg} full time(s), not {self.ni}", self.P,
+                        got=prev.uses, expected=self.spg * self.ni)
         self._serial += 1
         gs = int(self.t.state.global_step)
-        self.gen = Generation(self._serial, gs + 1, gs, keys, list(adv),
-                              float(mask.sum().item()))
+        self.gen = Generation(self._serial, gs + 1, gs, keys, adv, total)
 
     def used(self, inputs) -> Optional[List[bytes]]:
         """A micro-step's rows: each a row of the live generation, at most its multiplicity
         in this pass; a finished pass used every row."""
+        return self.use_keys(row_keys(inputs["prompt_ids"], inputs["prompt_mask"],
+                                      inputs["completion_ids"]))
+
+    def use_keys(self, keys: List[bytes]) -> List[bytes]:
+        """`used` on the rows' keys."""
         self._micro += 1
-        keys = row_keys(inputs["prompt_ids"], inputs["prompt_mask"], inputs["completion_ids"])
         g = self.gen
         self._rows_n += len(keys)
         if g is None:
-            self._event("rows reached the loss before any generation", P)
+            self._event("rows reached the loss before any generation", self.P)
             return keys
         if g.uses >= self.spg * self.ni:
             self._event(f"rows of a generation reached the loss in pass {g.uses // self.spg + 1}"
-                        f"; num_iterations = {self.ni}: TRL did not regenerate on schedule", P,
+                        f"; num_iterations = {self.ni}: the trainer did not regenerate on "
+                        f"schedule", self.P,
                         got=g.uses // self.spg + 1, expected=self.ni)
         foreign = sum(1 for k in keys if k not in g.mult)
         if foreign:
             self._event(f"{foreign} of {len(keys)} rows are of no live generation (a stale or "
-                        f"foreign batch)", P)
+                        f"foreign batch)", self.P)
         twice = 0
         for k in keys:
             if k in g.mult:
@@ -235,7 +246,8 @@ class Provenance:
                 twice += g.counts[k] > g.mult[k]
         if twice:
             self._event(f"{twice} row(s) reached the loss a second time in pass "
-                        f"{g.uses // self.spg + 1} over the generation (a slice used twice)", P,
+                        f"{g.uses // self.spg + 1} over the generation (a slice used twice)",
+                        self.P,
                         got=twice, expected=0)
         g.uses += 1
         if g.uses % self.spg == 0:
@@ -243,7 +255,7 @@ class Provenance:
             if missing:
                 self._event(f"pass {g.uses // self.spg} over the generation ended with "
                             f"{missing} of {len(g.keys)} rows never in the loss (a slice "
-                            f"skipped)", P, got=missing, expected=0)
+                            f"skipped)", self.P, got=missing, expected=0)
             g.counts = collections.Counter()
         return keys
 
@@ -296,7 +308,7 @@ class Provenance:
                         f"{bad} of {n} rows carry an advantage other than the one computed for "
                         f"their completion at generation (the advantages are misaligned with "
                         f"the rows)", rank=self.rank, micro_batch=index, token=(i,), got=x,
-                        expected=y, source=G + " → " + P)
+                        expected=y, source=self.G + " → " + self.P)
         self._add("row advantages", n, bad, finding=f)
 
     def _mask(self, inputs, index):
@@ -328,7 +340,8 @@ class Provenance:
                         f"completion ids imply: {why} (row {i}: {n_got} tokens counted, "
                         f"{n_exp} expected)", rank=self.rank, micro_batch=index, token=(i,),
                         got=float(n_got), expected=float(n_exp),
-                        source=G + ": completion_mask (first EOS; mask_truncated_completions)")
+                        source=self.G + ": completion_mask (first EOS; "
+                                        "mask_truncated_completions)")
         self._add("mask", len(got), int(rows.size), finding=f)
 
     def _close(self, got, exp, mask, tol):
@@ -357,7 +370,8 @@ class Provenance:
             f"old_per_token_logps differ from the log-probs the loss received at {bad} "
             f"token(s), with no optimizer step since the generation: they are not the sampling "
             f"policy's (ratio ≠ 1 before any update)", rank=self.rank, micro_batch=index,
-            token=c.index, got=c.expected, expected=c.got, source=G + ": old_per_token_logps")
+            token=c.index, got=c.expected, expected=c.got,
+            source=self.G + ": old_per_token_logps")
         self._add("old log-probs", int(mask.sum()), bad, c.max_rel, f)
 
     def _ref(self, model, inputs, logp, index, tol):
@@ -376,7 +390,7 @@ class Provenance:
                 f"at step 1, where the policy is the reference, ref_per_token_logps differ "
                 f"from the log-probs the loss received at {bad} token(s) (KL ≠ 0): not the "
                 f"reference model's", rank=self.rank, micro_batch=index, token=c.index,
-                got=c.expected, expected=c.got, source=G + ": ref_per_token_logps")
+                got=c.expected, expected=c.got, source=self.G + ": ref_per_token_logps")
             self._add("reference log-probs", int(mask.sum()), bad, c.max_rel, f)
             return
         rm = getattr(self.t, "ref_model", None)
@@ -385,8 +399,8 @@ class Provenance:
         row = _row(mask)
         if row is None:
             return
-        z = _logits(self.t, rm, inputs, row)
-        own = _logps_at(z, inputs["completion_ids"][row], self.tau)
+        z, y = self._row_logits(rm, inputs, row)
+        own = _logps_at(z, y, self.tau)
         m = mask[row:row + 1]
         c, bad = self._close(ref[row:row + 1], own, m, tol)
         f = None if c.ok else Finding(
@@ -395,12 +409,12 @@ class Provenance:
             f"at {bad} token(s): they were not computed with the reference model (the "
             f"policy's, or another model's)", rank=self.rank, micro_batch=index,
             token=(row, c.index[1]) if c.index else None, got=c.got, expected=c.expected,
-            source=G + ": ref_per_token_logps")
+            source=self.G + ": ref_per_token_logps")
         self._add("reference log-probs", int(m.sum()), bad, c.max_rel, f)
 
     def _temperature(self, model, inputs, logp, index, tol):
         t = self.t
-        sampler = _sampling_temperature(t)
+        sampler = self._sampler_temperature()
         if sampler is not None:
             ok = float(sampler) == self.tau
             f = None if ok else Finding(
@@ -408,7 +422,7 @@ class Provenance:
                 f"the sampler draws at temperature {sampler!r} but GRPOConfig.temperature is "
                 f"{self.tau!r}, which divides the logits in the loss: the log-probs are not "
                 f"the sampling distribution's", rank=self.rank, got=float(sampler),
-                expected=self.tau, source="GRPOTrainer.__init__: generation_config")
+                expected=self.tau, source=self.SAMPLER)
             self._add("temperature", 1, 0 if ok else 1, finding=f)
         policy = t.accelerator.unwrap_model(model)
         if _dropout_active(policy):
@@ -418,8 +432,7 @@ class Provenance:
         row = _row(mask)
         if row is None:
             return
-        z = _logits(t, policy, inputs, row)
-        y = inputs["completion_ids"][row]
+        z, y = self._row_logits(policy, inputs, row)
         m = mask[row:row + 1]
         got = logp[row:row + 1]
         c, bad = self._close(got, _logps_at(z, y, self.tau), m, tol)
@@ -434,8 +447,17 @@ class Provenance:
                         f"row {row}'s log-probs in the loss differ from the policy's own at "
                         f"{bad} token(s): {why}", rank=self.rank, micro_batch=index,
                         token=(row, c.index[1]) if c.index else None, got=c.got,
-                        expected=c.expected, source=C + ": the fused LM head's temperature")
+                        expected=c.expected,
+                        source=self.LOGPS)
         self._add("temperature", int(m.sum()), bad, c.max_rel, f)
+
+    def _row_logits(self, model, inputs, row):
+        """(the logits [1, T, V] that score row `row`'s completion tokens, those tokens [T]),
+        from `model`'s own forward without gradient."""
+        return _logits(self.t, model, inputs, row), inputs["completion_ids"][row]
+
+    def _sampler_temperature(self):
+        return _sampling_temperature(self.t)
 
     # ------------------------------------------------------------------ the window
     def window_checks(self):
@@ -500,7 +522,7 @@ def _sampling_temperature(t):
     return None if gc is None else getattr(gc, "temperature", None)
 
 
-def merge(res, gathered, world) -> None:
+def merge(res, gathered, world, source=G) -> None:
     """Rank 0: every process's provenance records into the step's result."""
     for p in gathered:
         q = p.get("prov")
@@ -516,10 +538,10 @@ def merge(res, gathered, world) -> None:
             res.count(check, n, fails, rel)
             res.findings.extend(extra)
             res.skipped.pop(check, None)
-    _global_counts(res, [p.get("prov") for p in gathered])
+    _global_counts(res, [p.get("prov") for p in gathered], source)
 
 
-def _global_counts(res, provs):
+def _global_counts(res, provs, source=G):
     if any(q is None for q in provs):
         return
     totals: Dict[int, float] = collections.defaultdict(float)
@@ -537,12 +559,12 @@ def _global_counts(res, provs):
                     f"num_items_in_batch is {given:g}, but the loss mask of its generation "
                     f"counts {totals[serial]:g} tokens on all {len(provs)} process(es)",
                     rank=rank, micro_batch=index, got=given, expected=totals[serial],
-                    source=G + ": num_items_in_batch"))
+                    source=source + ": num_items_in_batch"))
     if n:
         res.count("global counts", n, bad)
 
 
-def reward_weights(res, per_func, weights, got, at, conv, tol, rank) -> None:
+def reward_weights(res, per_func, weights, got, at, conv, tol, rank, source=G) -> None:
     """Which weighting of rewards_per_func the advantages come from: Σ w·r (as configured),
     Σ w²·r (applied twice) or Σ r (not applied). Counted only where they are told apart."""
     valid = ~np.isnan(per_func).all(axis=1)
@@ -567,5 +589,5 @@ def reward_weights(res, per_func, weights, got, at, conv, tol, rank) -> None:
                 res.step, "reward weights", "deviation",
                 f"the advantages are formed from the rewards with reward_weights {words}, "
                 f"not once: they match group_advantages of that sum", rank=rank,
-                source=G + ": rewards_per_func × reward_weights"))
+                source=source + ": rewards_per_func × reward_weights"))
             return

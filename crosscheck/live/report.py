@@ -12,9 +12,10 @@ from typing import Dict, List, Optional, Tuple
 
 from ..audit.model import GRADES, plural
 
-CHECKS = ("settings", "advantages", "reward weights", "rows", "row advantages", "detached",
-          "mask", "global counts", "old log-probs", "reference log-probs", "temperature",
-          "micro-batch loss", "gradient", "rank agreement", "metrics")
+CHECKS = ("settings", "advantages", "reward weights", "dynamic sampling", "rows",
+          "row advantages", "detached", "mask", "global counts", "old log-probs",
+          "reference log-probs", "temperature", "micro-batch loss", "gradient", "rank agreement",
+          "metrics")
 # the checks that carry the verdict: a run is CONFORMS only when each ran on a sampled step
 CARRIERS = ("micro-batch loss", "gradient")
 # what each check compares, in words (a watcher may say it more precisely for its trainer)

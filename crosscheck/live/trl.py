@@ -134,13 +134,16 @@ class TRLWatch:
         if missing:
             raise TypeError(f"this GRPOTrainer (trl {_version()}) has no "
                             f"{', '.join(missing)}; the live audit reads TRL 1.16's")
-        self.prov = provenance.Provenance(trainer, self.rank)
+        self.prov = self._provenance()
         self._keys = None
         try:
             self.report = self._read_config()
         except AttributeError as exc:
             raise TypeError(f"this GRPOTrainer (trl {_version()}) lacks a setting the live "
                             f"audit reads ({exc}); it reads TRL 1.16's") from None
+
+    def _provenance(self):
+        return provenance.Provenance(self.t, self.rank)
 
     # ------------------------------------------------------------------ configuration
     def _read_config(self) -> Report:
@@ -502,7 +505,7 @@ class TRLWatch:
         self.report.precision = checks.row_words(row, dtypes)
         self._check_settings(res, gathered)
         self._check_advantages(res, gathered, tol)
-        provenance.merge(res, gathered, self.world)
+        provenance.merge(res, gathered, self.world, self.prov.G)
         if unjudged:
             for c in ("micro-batch loss", "gradient", "metrics"):
                 res.skipped[c] = f"log-probs in {', '.join(unjudged)}: no tolerance row"

@@ -4,11 +4,17 @@ tiny_trl.py, with a chat template, a synthetic reward registered in ms-swift's `
 dataset, no download. `python -m tests.live.tiny_swift ROOT JSON_LIST` runs one watched run per
 configuration of the list, in one process, and prints each report's JSON on a line of its own
 after MARK."""
+import copy
 import json
 import os
 import sys
 
+import torch
+
 MARK = "crosscheck-report "
+# the run reads the model from a local directory; without this ms-swift's hub client retries a
+# repository listing it cannot reach (no network) for 7 s per run
+os.environ.setdefault("MODELSCOPE_REPO_TREE_PAGE_MAX_ATTEMPTS", "1")
 
 from tests.live import tiny_trl
 
@@ -25,6 +31,17 @@ class CharReward:
 
     def __call__(self, completions, **kwargs):
         return tiny_trl.reward_a(completions)
+
+
+class HasA:
+    """1 where the completion holds an 'a', else 0: groups whose four completions agree have
+    reward spread 0, the groups ms-swift's dynamic sampling replaces."""
+
+    def __init__(self, args=None, **kwargs):
+        pass
+
+    def __call__(self, completions, **kwargs):
+        return [float("a" in c) for c in completions]
 
 
 def model_dir(root):
@@ -61,19 +78,106 @@ def arguments(root, **overrides):
     return RLHFArguments(**base)
 
 
-def run(root, every=1, cls=None, **overrides):
-    """One watched run; returns (trainer, report)."""
+def _during_loss(trainer_cls, change):
+    """A subclass whose `_compute_loss_and_metrics` runs with `change(self, grpo_batch)` applied
+    (it returns the batch to use, and may alter the trainer's attributes) and undone after: the
+    attributes the audit compares to the configuration read as configured between calls."""
+    class Planted(trainer_cls):
+        def _compute_loss_and_metrics(self, model, model_inputs, grpo_batch):
+            saved = dict(self.__dict__)
+            try:
+                return super()._compute_loss_and_metrics(model, model_inputs,
+                                                         change(self, grpo_batch))
+            finally:
+                for k in ("beta", "epsilon_low", "epsilon_high"):
+                    setattr(self, k, saved[k])
+    return Planted
+
+
+def _replaced(batch, **fields):
+    out = copy.copy(batch)
+    for k, v in fields.items():
+        setattr(out, k, v)
+    return out
+
+
+def _doubled_beta(self, b):
+    self.beta = 2 * self.beta
+    return b
+
+
+def _no_clip_higher(self, b):
+    self.epsilon_high = self.epsilon_low            # DAPO's clip-higher dropped
+    return b
+
+
+def _dropped_mask(self, b):
+    return _replaced(b, completion_mask=torch.ones_like(b.completion_mask))
+
+
+def _micro_batch_count(self, b):
+    # dapo normalised by this micro-batch's tokens, not the accumulation window's
+    return _replaced(b, num_items_in_batch=b.completion_mask.sum().float()
+                     * self.accelerator.num_processes)
+
+
+def _old_is_current(self, b):
+    # the old log-probs dropped: the ratio is 1 and the clip never binds
+    return _replaced(b, old_per_token_logps=None)
+
+
+def _no_sync(trainer_cls):
+    """Every micro-step's backward under DDP's no_sync(): the processes' gradients are never
+    averaged (each rank's loss and ∂loss/∂logp are its own and correct)."""
+    class Unsynchronised(trainer_cls):
+        def training_step(self, model, inputs, *args, **kwargs):
+            with self.accelerator.no_sync(model):
+                return super().training_step(model, inputs, *args, **kwargs)
+    return Unsynchronised
+
+
+def _no_resample(trainer_cls):
+    """Dynamic sampling that keeps every group, those of reward spread 0 included (a copy of
+    the rewards: not ms-swift's fallback of keeping the first batch)."""
+    class NoResample(trainer_cls):
+        def _dynamic_sampling(self, samples, rewards_per_func):
+            return samples, rewards_per_func.clone()
+    return NoResample
+
+
+PLANTS = {
+    "doubled-beta": lambda c: _during_loss(c, _doubled_beta),
+    "no-clip-higher": lambda c: _during_loss(c, _no_clip_higher),
+    "dropped-mask": lambda c: _during_loss(c, _dropped_mask),
+    "micro-batch-count": lambda c: _during_loss(c, _micro_batch_count),
+    "old-is-current": lambda c: _during_loss(c, _old_is_current),
+    "no-sync": _no_sync,
+    "no-resample": _no_resample,
+}
+
+
+def run(root, every=1, cls=None, plant=None, lift_fipo_guard=False, **overrides):
+    """One watched run; returns (trainer, report). `plant` names a bug of PLANTS, planted by
+    subclassing the trainer. `lift_fipo_guard` sets `_has_teacher` False: ms-swift (4.5.3,
+    4.6.0) sets it True whenever no teacher is given (dynamic self-distillation,
+    rollout_mixin.py::_setup_teacher) and then refuses loss_type 'fipo' in
+    _compute_loss_and_metrics, so fipo runs only with it lifted."""
     from swift.pipelines.train.rlhf import SwiftRLHF
     from swift.rewards import orms
     import crosscheck.live as live
     orms["crosscheck_char"] = CharReward
+    orms["crosscheck_has_a"] = HasA
     os.makedirs(root, exist_ok=True)
     out = {}
+    if plant is not None:
+        cls = PLANTS[plant]
 
     class Watched(SwiftRLHF):
         def train(self, trainer):
             if cls is not None:
                 trainer.__class__ = cls(type(trainer))
+            if lift_fipo_guard:
+                trainer._has_teacher = False
             with live.watch(trainer, every=every, verbose=False) as w:
                 trainer.train()
             out["trainer"], out["report"] = trainer, w.report
