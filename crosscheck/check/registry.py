@@ -291,7 +291,8 @@ def build() -> Dict[str, Entry]:
                surrogate=lambda params: params.get("loss") in SURROGATE_LOSSES and
                not params.get("beta"),
                unused=lambda params: (() if params.get("beta") and
-                                      params.get("kl_anchor", "ref") == "ref" else
+                                      params.get("kl_anchor", "ref") == "ref" or
+                                      params.get("adv_kl") else
                                       ("ref_logp",)) +
                (() if params.get("agg") in vocab.GROUPED_AGG_MODES else
                 ("group_size", "group_ids"))),
@@ -370,6 +371,10 @@ def build() -> Dict[str, Entry]:
                grid=dict(decay_rate=(32.0, 16.0), lower=(1.0, 0.8, None),
                          upper=(1.2, None), ratio_threshold=(None, 10.0),
                          safety_threshold=(4.0, None))),
+        # ART's advantage shaping: Kimi's τ-shifted advantage and a KL folded in as a centred
+        # k1 (detached where a trainer uses it: policy_objective's adv_tau and adv_kl)
+        _entry("shaped_advantages", ("logp",), trainer_grad=False,
+               grid=dict(tau=(0.0, 0.5, 1.0), kl_coef=(0.0, 0.1, 1.0))),
     ]
     return {e.name: e for e in entries}
 
