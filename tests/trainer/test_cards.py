@@ -67,6 +67,14 @@ EXPECTED = {
     "unsloth": {"grpo_compute_loss [bnpo]": [("microbatch", "documented choice")],
                 "UnslothEfficientGRPO.forward [dapo, β = 0.04, the trainer's path]":
                 [("grad", "robustness")]},
+    # the token mean's count + 1e-6 (loss.py:127), reproduced at the rows whose cases reach the
+    # float64 tolerance's edge (one or two tokens); with kl_penalty_coef the KL's mean has it
+    # too, within float32's precision
+    "art": {f"loss_fn [{row}]": [("value", "precision")] + (
+        [("grad", "precision")] if row.startswith("ppo") or "kl" in row else [])
+        for row in ("sequence", "average", "geometric_average", "ppo sequence", "ppo average",
+                    "ppo geometric_average", "kl_penalty_coef",
+                    "ppo kimi_k2_tau kl_penalty_coef")},
 }
 # the new deviations a pinned card carries: defects no known entry reproduces (the card exits 1)
 NEW = {"trinity": {"SAPOPolicyLossFn [sapo]"},
@@ -83,6 +91,10 @@ MULTIPLY_MASKED = {
     "unsloth": {"grpo_compute_loss [" + t + "]" for t in
                 ("dapo", "dapo, ε 0.2/0.28", "dapo, β = 0.04", "grpo", "bnpo", "dr_grpo",
                  "luspo", "cispo", "gspo", "sapo")},
+    "art": {"loss_fn [" + t + "]" for t in
+            ("default", "ppo", "ppo 0.2/0.28", "sequence", "average", "geometric_average",
+             "ppo sequence", "ppo average", "ppo geometric_average", "kimi_k2_tau",
+             "kl_penalty_coef", "ppo kimi_k2_tau kl_penalty_coef", "sum")},
 }
 INSTALLED = [n for n in EXPECTED
              if importlib.util.find_spec(trainers.get(n).package) is not None]

@@ -29,6 +29,7 @@ AD = "areal/utils/data.py"
 AA = "areal/trainer/ppo/actor.py"
 UZ = "unsloth_zoo/rl_replacements.py"
 LIGER_ROW = "LigerFusedLinearGRPOLoss.forward"
+ART = "art/loss.py"
 
 # (trainer, file, text, replacement, which occurrence, the row that must catch it)
 PATCHES = [
@@ -272,6 +273,28 @@ PATCHES = [
     ("unsloth", UZ, "grad_inputs                  .div_(n_chunks)",
      "grad_inputs                  .div_(n_chunks + 1)", 0,
      "UnslothEfficientGRPO.forward [dapo, β = 0.04, the trainer's path]"),
+    # openpipe-art 0.5.18
+    ("art", ART, "epsilon_high_default = 4.0", "epsilon_high_default = 2.0", 0,
+     "loss_fn [default]"),
+    ("art", ART, "torch.clip(prob_ratio.detach(), 1 - epsilon, 1 + epsilon_high)",
+     "torch.clip(prob_ratio, 1 - epsilon, 1 + epsilon_high)", 0, "loss_fn [default]"),
+    ("art", ART, "reduce=\"mean\",", "reduce=\"sum\",", 0, "loss_fn [sequence]"),
+    ("art", ART, "prob_ratio = (prob_ratio + sequence_prob_ratio) / 2",
+     "prob_ratio = (prob_ratio * sequence_prob_ratio) / 2", 0, "loss_fn [average]"),
+    ("art", ART, "(sequence_prob_ratio**0.5)", "(sequence_prob_ratio**2)", 0,
+     "loss_fn [ppo geometric_average]"),
+    ("art", ART, "policy_loss = -torch.min(", "policy_loss = -torch.max(", 0, "loss_fn [ppo]"),
+    ("art", ART, "torch.clip(prob_ratio, 1 - epsilon, 1 + epsilon_high) * advantages",
+     "torch.clip(prob_ratio, 1 - epsilon_high, 1 + epsilon) * advantages", 0,
+     "loss_fn [ppo 0.2/0.28]"),
+    ("art", ART, "advantages -= tau * logprob_diff.detach()",
+     "advantages += tau * logprob_diff.detach()", 0, "loss_fn [kimi_k2_tau]"),
+    ("art", ART, "kl_penalty_coef * (avg_kl - kl_per_token)",
+     "kl_penalty_coef * (kl_per_token - avg_kl)", 0, "loss_fn [kl_penalty_coef]"),
+    ("art", ART, "denominator = assistant_mask.sum() + 1e-6",
+     "denominator = assistant_mask.sum() + 1.0", 0, "loss_fn [default]"),
+    ("art", ART, "if reduction == \"mean\" else 1.0", "if reduction == \"mean\" else 2.0", 0,
+     "loss_fn [sum]"),
 ]
 NAMES = sorted({t for t, *_ in PATCHES})
 
@@ -316,7 +339,8 @@ def _patched(text, old, new, nth):
 
 def test_there_are_at_least_thirty_planted_bugs_across_the_pinned_trainers():
     assert len(PATCHES) >= 30 and set(NAMES) == {"verl", "trl", "openrlhf", "skyrl",
-                                                            "liger", "trinity", "torchrl", "areal", "unsloth"}
+                                                            "liger", "trinity", "torchrl", "areal", "unsloth",
+                                                            "art"}
 
 
 @pytest.mark.parametrize("name", NAMES)
