@@ -19,7 +19,8 @@ import subprocess
 import sys
 
 # the releases swept: verl 0.4.0 to 0.9.1, TRL 0.19 to 1.16.0 (each minor's last patch),
-# OpenRLHF 0.8.5 to 0.11.2, SkyRL 0.1.0 to 0.4.0
+# OpenRLHF 0.8.5 to 0.11.2, SkyRL 0.1.0 to 0.4.0, ART (openpipe-art) every release with
+# art/loss.py (0.5.4 on; before, the loss was inline in art/unsloth/train.py)
 RELEASES = {
     "verl": "0.4.0 0.4.1 0.5.0 0.6.0 0.6.1 0.7.0 0.7.1 0.8.0 0.9.0 0.9.1",
     "trl": "0.19.1 0.20.0 0.21.0 0.22.2 0.23.1 0.24.0 0.25.1 0.26.2 0.27.2 0.28.0 0.29.1 1.0.0 "
@@ -29,16 +30,26 @@ RELEASES = {
                 "0.9.1.post1 0.9.2 0.9.3 0.9.4 0.9.5 0.9.6 0.9.7 0.9.8 0.9.9 0.9.10 0.10.0 "
                 "0.10.1 0.10.1.post1 0.10.1.post2 0.10.2 0.10.3 0.10.4 0.11.0 0.11.1 0.11.2",
     "skyrl": "0.1.0 0.2.0 0.3.0 0.4.0",
+    "art": "0.5.4 0.5.5 0.5.6 0.5.7 0.5.9 0.5.10 0.5.11 0.5.16 0.5.17 0.5.18",
 }
 TIMEOUT = 600
 
 
+def _package(name):
+    """The trainer's (distribution, import name): ART is openpipe-art, imported as art."""
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from crosscheck import trainer
+    t = trainer.get(name)
+    return t.dist, t.package
+
+
 def install(target, name, version):
-    if os.path.isdir(os.path.join(target, name)):
+    dist, package = _package(name)
+    if os.path.isdir(os.path.join(target, package)):
         return None
     out = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-compile",
                           "--ignore-requires-python",      # SkyRL 0.4 declares Python >= 3.12
-                          "--quiet", "--target", target, f"{name}=={version}"],
+                          "--quiet", "--target", target, f"{dist}=={version}"],
                          capture_output=True, text=True)
     return None if out.returncode == 0 else out.stderr.strip().splitlines()[-1:]
 
@@ -103,7 +114,7 @@ def main(argv=None):
     for name, version in todo:
         target = os.path.join(os.path.abspath(os.path.expanduser(args.dir)), name, version)
         failed = install(target, name, version) if args.install else None
-        if failed or not os.path.isdir(os.path.join(target, name)):
+        if failed or not os.path.isdir(os.path.join(target, _package(name)[1])):
             results.append(dict(trainer=name, version=version, exit="not installed",
                                 error="; ".join(failed or ["run with --install"])))
             continue

@@ -28,21 +28,33 @@ Facts read in openpipe-art 0.5.18:
   writes one advantage per trajectory on every token of it, and normalises the weights to
   mean 1 over the assistant tokens.
 """
+import inspect
+
 import torch
 
-from .card import Known, Row, Trainer
+from .card import Known, NotInVersion, Row, Trainer, source_of
 
 LOSS = "art.loss"
 GROUPS = "art.utils.group_aggregate"
 
 
-def _inputs(logp, old_logp, advantages, mask):
+def _trajectory_weights(m, dtype):
+    """The weights ART's preprocessing gives each completion's tokens: 1/(L_i + 1e-6), L_i its
+    assistant tokens (tokenize.py:277-281), then divided by their mean over every assistant
+    token of the batch (pack.py:133-139); 0 elsewhere."""
+    w = (1.0 / (m.sum(dim=1, keepdim=True).to(dtype) + 1e-6)).expand(m.shape)
+    w = torch.where(m, w, torch.zeros((), dtype=dtype))
+    return w / w[m].mean() if bool(m.any()) else w
+
+
+def _inputs(logp, old_logp, advantages, mask, weights="one"):
     """ART's `inputs` for one completion per packed row: [B, T + 1] tensors aligned with the
     token ids, which loss_fn shifts left by one (column 0 is read by nothing), and the
     new log-probs [B, T + 1] (the last column is the position past the row, masked)."""
     B, T = logp.shape
     m = mask.bool()
     adv = advantages[:, None].expand(B, T) if advantages.dim() == 1 else advantages
+    w = m.to(logp.dtype) if weights == "one" else _trajectory_weights(m, logp.dtype)
 
     def aligned(x, first):
         return torch.cat([torch.full((B, 1), first, dtype=x.dtype), x], dim=1)
@@ -50,31 +62,55 @@ def _inputs(logp, old_logp, advantages, mask):
     inputs = dict(logprobs=aligned(old_logp, float("nan")),
                   advantages=aligned(adv, 0.0),
                   assistant_mask=aligned(m, False),
-                  weights=aligned(m.to(logp.dtype), 0.0),
+                  weights=aligned(w, 0.0),
                   group_ids=aligned(ids, 0))
     new = torch.cat([logp, logp.new_zeros((B, 1))], dim=1)
     return inputs, new
 
 
-def _loss(reduction="mean", **config):
+def _loss(reduction="mean", weights="one", **config):
     """loss_fn with `config` as its experimental_config; its policy_loss output."""
     def make(fn):
         def adapter(logp, old_logp, advantages, mask, ref_logp=None):
-            inputs, new = _inputs(logp, old_logp, advantages, mask)
+            inputs, new = _inputs(logp, old_logp, advantages, mask, weights)
             ref = None
             if ref_logp is not None and config.get("kl_penalty_coef"):
                 ref = torch.cat([ref_logp, ref_logp.new_zeros((ref_logp.shape[0], 1))], dim=1)
-            return fn(inputs, new, ref, None, dict(config), reduction=reduction).policy_loss
+            extra = {} if reduction == "mean" else dict(reduction=reduction)
+            out = fn(inputs, new, ref, None, dict(config), **extra)
+            # 0.5.4-0.5.17 call the output mean_policy_loss (always a token mean)
+            return out.policy_loss if hasattr(out, "policy_loss") else out.mean_policy_loss
         return adapter
     return make
 
 
-_PARAMS = ("inputs", "new_logprobs", "ref_logprobs", "entropies", "experimental_config",
-           "reduction")
+def _fits(config, reduction, cispo):
+    """This release's loss_fn against the row's assumptions: each experimental_config key the
+    row sets is read by it (else the option is not in this version), reduction 'sum' is a
+    parameter (from 0.5.18), and the default loss is CISPO's ε 1 / ε_high 4 (from 0.5.5; 0.5.4
+    defaults to ppo with ε 0.2)."""
+    def fits(fn):
+        source = source_of(fn)
+        for key in config:
+            if f'"{key}"' not in source:
+                raise NotInVersion(f"loss_fn reads no experimental_config[{key!r}] in this "
+                                   f"version")
+        if reduction != "mean" and "reduction" not in inspect.signature(fn).parameters:
+            raise NotInVersion("loss_fn takes no reduction in this version (a token mean only)")
+        if cispo and "epsilon_high_default = 4.0" not in source:
+            raise NotInVersion("ppo=False with ε 1, ε_high 4 is not the default loss in this "
+                               "version (0.5.4: ppo defaults to True, ε to 0.2)")
+        if "mean_policy_loss" in source:
+            return dict(choice="this release's output mean_policy_loss (policy_loss from "
+                               "0.5.18)")
+        return {}
+    return fits
+
+
+_PARAMS = ("inputs", "new_logprobs", "ref_logprobs", "entropies", "experimental_config")
 _SETUP = ("one completion per packed row: `inputs` [B, T + 1] aligned with the token ids "
-          "(old log-probs, advantages broadcast over the completion, assistant_mask, weights 1 "
-          "on its tokens and 0 elsewhere, group_ids the row's index + 1), which loss_fn "
-          "shifts left by one; new_logprobs [B, T + 1], the last column the masked position "
+          "(old log-probs, advantages broadcast over the completion, assistant_mask, weights "
+          "0 off its tokens, group_ids the row's index + 1), which loss_fn shifts left by one; new_logprobs [B, T + 1], the last column the masked position "
           "past the row; the padding column of logprobs NaN, as ART's packer pads it",
           "judged per call: loss_fn normalises by the call's own assistant tokens, and the "
           "backend's accumulation over calls lies outside it")
@@ -118,12 +154,16 @@ def _eps(check):
 _EPS = (_eps("value"), _eps("grad"))
 
 
-def _row(label, config, conventions, reduction="mean", choices=()):
+def _row(label, config, conventions, reduction="mean", choices=(), weights="one", audit=()):
     # with kl_penalty_coef the KL's own mean has the 1e-6 too: see the card's notes
-    eps = _EPS if reduction == "mean" and not config.get("kl_penalty_coef") else ()
-    return Row(f"{LOSS}:loss_fn", "policy_objective", _loss(reduction, **config), label=label,
-               choices=_SETUP + tuple(choices), conventions=conventions, audit=_WHOLE,
-               params=_PARAMS, known=(_PADDING,) + eps)
+    eps = _EPS if reduction == "mean" and weights == "one" and \
+        not config.get("kl_penalty_coef") else ()
+    ones = ("weights 1 on every assistant token (loss_fn's own aggregation, as a caller "
+            "with equal weights has it)",) if weights == "one" else ()
+    return Row(f"{LOSS}:loss_fn", "policy_objective", _loss(reduction, weights, **config),
+               label=label, choices=_SETUP + ones + tuple(choices), conventions=conventions,
+               audit=dict(_WHOLE, **dict(audit)), params=_PARAMS, known=(_PADDING,) + eps,
+               fits=_fits(config, reduction, conventions["loss"] == "cispo"))
 
 
 ROWS = (
@@ -145,10 +185,6 @@ ROWS = (
          dict(_PPO, level="sequence"),
          choices=("experimental_config {'ppo': True, 'importance_sampling_level': "
                   "'sequence'}",)),
-    _row("ppo average", dict(ppo=True, importance_sampling_level="average"),
-         dict(_PPO, level="average"),
-         choices=("experimental_config {'ppo': True, 'importance_sampling_level': "
-                  "'average'}",)),
     _row("ppo geometric_average", dict(ppo=True, importance_sampling_level="geometric_average"),
          dict(_PPO, level="geometric_average"),
          choices=("experimental_config {'ppo': True, 'importance_sampling_level': "
@@ -164,6 +200,14 @@ ROWS = (
                   "0.5}",)),
     _row("sum", {}, dict(_CISPO, agg="seq-mean-token-sum-norm", norm=1.0), reduction="sum",
          choices=("reduction 'sum', as the Megatron backend calls it: Σ l·weights·mask",)),
+    _row("trajectory weights", {}, dict(_CISPO, agg="seq-mean-token-mean"),
+         weights="trajectory", audit=dict(domain=("nonempty_rows",)),
+         choices=("experimental_config {}; weights as ART's preprocessing builds them: "
+                  "1/(L_i + 1e-6) on each completion's L_i assistant tokens "
+                  "(tokenize_trajectory_groups), divided by their mean over the call's "
+                  "assistant tokens (packed_tensors_from_tokenized_results normalises over "
+                  "the packed batch: here the call is the batch); ART skips a completion "
+                  "without assistant tokens (pack.py:61), so no row is empty",)),
 )
 
 TRAINER = Trainer(
@@ -177,17 +221,21 @@ TRAINER = Trainer(
                                  "E[x²] − E[x]² with 1e-8 in the count, which no row "
                                  "reaches")),
     runs=("loss_fn's default loss (CISPO's weight clip(sg(r), 0, 5)) and ppo (0.2/0.2, "
-          "0.2/0.28), each at importance_sampling_level token, sequence, average and "
-          "geometric_average (ppo 0.2/0.2 only)",
+          "0.2/0.28) at importance_sampling_level token; the default loss at sequence, "
+          "average and geometric_average, ppo 0.2/0.2 at sequence and geometric_average",
           "kimi_k2_tau (the τ-shifted advantage) and kl_penalty_coef (the KL folded into the "
           "advantage as a centred k1), alone and together under ppo",
           "reduction 'mean' (Unsloth backend) and 'sum' (Megatron backend)"),
-    does_not_run=("mask_prob_ratio (the ratio zeroed outside (1 − ε, 1 + ε_high))",
+    does_not_run=("ppo at importance_sampling_level 'average' (the default loss's row runs "
+                  "that ratio; ppo's sequence and geometric rows its gradient through the "
+                  "mean)", "mask_prob_ratio (the ratio zeroed outside (1 − ε, 1 + ε_high))",
                   "max_negative_advantage_importance_sampling_weight (a cap on the ratio of "
                   "every token, whatever its advantage's sign)",
                   "truncated_importance_sampling (min(r, U) detached on the loss; without "
                   "original_logprobs r is the ratio the loss already weights by)",
-                  "weights other than 1 (the packer's per-trajectory weights)",
+                  "weights normalised over a packed batch of several calls (each call is one "
+                  "packed row; its loss is then Σ over its trajectories of their token means, "
+                  "times N/(n·N_row) with N and n the batch's tokens and trajectories)",
                   "several completions in one packed row",
                   "the entropy and probs_corr outputs (logged, not trained)"),
     notes=("ART's default loss is called 'Modified REINFORCE or CISPO' in loss.py: with ε = 1 "
@@ -197,6 +245,9 @@ TRAINER = Trainer(
            "the KL's mean over the call too (loss.py:94): a relative difference of 1e-6/N, "
            "which the centred k1 carries into every token's advantage; the precision notes "
            "of the kl_penalty_coef rows are these",
+           "with the weights ART's preprocessing gives (1/L_i per trajectory, normalised to "
+           "mean 1), loss_fn's token mean is a per-trajectory token mean: the trajectory "
+           "weights row is judged as seq-mean-token-mean",
            "kimi_k2_tau shifts every token's advantage by its own log-ratio; Kimi k1.5 and K2 "
            "take the whole response's log-ratio (the reference `shaped_advantages` says so)"),
 )

@@ -72,9 +72,9 @@ EXPECTED = {
     # too, within float32's precision
     "art": {f"loss_fn [{row}]": [("value", "precision")] + (
         [("grad", "precision")] if row.startswith("ppo") or "kl" in row else [])
-        for row in ("sequence", "average", "geometric_average", "ppo sequence", "ppo average",
+        for row in ("sequence", "average", "geometric_average", "ppo sequence",
                     "ppo geometric_average", "kl_penalty_coef",
-                    "ppo kimi_k2_tau kl_penalty_coef")},
+                    "ppo kimi_k2_tau kl_penalty_coef", "trajectory weights")},
 }
 # the new deviations a pinned card carries: defects no known entry reproduces (the card exits 1)
 NEW = {"trinity": {"SAPOPolicyLossFn [sapo]"},
@@ -93,8 +93,9 @@ MULTIPLY_MASKED = {
                  "luspo", "cispo", "gspo", "sapo")},
     "art": {"loss_fn [" + t + "]" for t in
             ("default", "ppo", "ppo 0.2/0.28", "sequence", "average", "geometric_average",
-             "ppo sequence", "ppo average", "ppo geometric_average", "kimi_k2_tau",
-             "kl_penalty_coef", "ppo kimi_k2_tau kl_penalty_coef", "sum")},
+             "ppo sequence", "ppo geometric_average", "kimi_k2_tau",
+             "kl_penalty_coef", "ppo kimi_k2_tau kl_penalty_coef", "sum",
+             "trajectory weights")},
 }
 INSTALLED = [n for n in EXPECTED
              if importlib.util.find_spec(trainers.get(n).package) is not None]
