@@ -293,7 +293,9 @@ def _ratio_case(rng, i, loss):
         delta = _cycle(i // 5, [None, None, 2.5])
         lrc = _cycle(i // 4, [None, 20.0])
         params = dict(clip_low=clip_low, clip_high=clip_high, clip_c=clip_c, delta=delta,
-                      log_ratio_clamp=lrc, level=_level(i))
+                      log_ratio_clamp=lrc)
+        if _level(i) != "token":
+            params["level"] = _level(i)
         edges = _ratio_edges(clip_low, clip_high, clip_c)
         if delta is not None:
             edges.append(math.log(delta))
@@ -321,19 +323,23 @@ def _ratio_case(rng, i, loss):
             params = dict(clip_high=_cycle(i // 2, [0.28, 4.0]),
                           clip_low=_cycle(i // 3, [None, 0.2, 1.0]), bound=bound,
                           log_ratio_clamp=lrc)
-        params["level"] = _level(i + 1)
+        if i >= DEFAULT_CASES and _level(i) != "token":
+            params["level"] = _level(i)
         edges = []
     if lrc is not None:
         edges += [-lrc, lrc]
     case = _token_case(rng, i, params, edges, m, kind, logp)
-    if loss == "ppo" and params["level"] != "token":
+    if loss == "ppo" and params.get("level", "token") != "token":
         case = _level_kinks(case, edges)
     return case
 
 
 def _level(i):
     """The ratio level of a PPO or CISPO case: the token ratio every other case, in between the
-    sequence ratio, the two ratios' arithmetic and their geometric mean (ART's levels)."""
+    sequence ratio, the two ratios' arithmetic and their geometric mean (ART's levels). A case
+    at the token level does not name it (a user's function without `level` still runs there);
+    CISPO's cases take the other levels from case DEFAULT_CASES on (its detached weight is
+    checked on them by policy_objective's CISPO cases within the default twelve too)."""
     return "token" if i % 2 == 0 else _cycle(i // 2, RATIO_LEVELS[1:])
 
 
