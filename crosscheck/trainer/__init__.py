@@ -6,7 +6,7 @@ Importing this package imports neither torch nor any trainer.
 import importlib
 
 TRAINERS = ("verl", "trl", "openrlhf", "skyrl", "liger", "trinity", "torchrl", "areal",
-            "unsloth", "roll", "prime-rl", "slime", "rllm", "nemo-rl", "minimind", "art")
+            "unsloth", "roll", "prime-rl", "slime", "rllm", "nemo-rl", "minimind", "art", "tunix")
 
 
 def get(name: str):

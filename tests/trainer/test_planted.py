@@ -30,6 +30,8 @@ AA = "areal/trainer/ppo/actor.py"
 UZ = "unsloth_zoo/rl_replacements.py"
 LIGER_ROW = "LigerFusedLinearGRPOLoss.forward"
 ART = "art/loss.py"
+TX = "tunix/rl/algo_core.py"
+TXC = "tunix/rl/common.py"
 
 # (trainer, file, text, replacement, which occurrence, the row that must catch it)
 PATCHES = [
@@ -295,6 +297,24 @@ PATCHES = [
      "denominator = assistant_mask.sum() + 1.0", 0, "loss_fn [default]"),
     ("art", ART, "if reduction == \"mean\" else 1.0", "if reduction == \"mean\" else 2.0", 0,
      "loss_fn [sum]"),
+    # google-tunix 0.1.7 (where jax is installed: Trainer.requires)
+    ("tunix", TX, "jnp.clip(seq_importance_ratio, max=20.0, min=-20.0)",
+     "jnp.clip(seq_importance_ratio, max=2.0, min=-2.0)", 0, "grpo_loss_fn [grpo]"),
+    ("tunix", TX, "per_token_loss = jnp.maximum(pg_loss_1, pg_loss_2)",
+     "per_token_loss = jnp.minimum(pg_loss_1, pg_loss_2)", 0, "grpo_loss_fn [grpo]"),
+    ("tunix", TX, "loss = loss + beta * kl_loss", "loss = loss - beta * kl_loss", 0,
+     "grpo_loss_fn [grpo]"),
+    ("tunix", TX, "jnp.clip(is_ratio, 1 - epsilon, 1 + epsilon_high)",
+     "jnp.clip(is_ratio, 1 - epsilon_high, 1 + epsilon)", 0,
+     "grpo_loss_fn [token-mean, ε 0.2/0.28, dual clip 3]"),
+    ("tunix", TXC, "loss = (per_token_loss * completion_mask).sum() / (",
+     "loss = (per_token_loss).sum() / (", 0, "aggregate_loss [token-mean]"),
+    ("tunix", TXC, "loss = seq_loss.sum() / non_zero_rows",
+     "loss = seq_loss.sum() / per_token_loss.shape[0]", 1,
+     "aggregate_loss [sequence-mean-token-scale]"),
+    ("tunix", TXC, "kl = jnp.exp(diff) - diff - 1", "kl = jnp.exp(diff) + diff - 1", 0,
+     "compute_kl_divergence [low_var_kl]"),
+    ("tunix", TX, "axis=-1, ddof=1", "axis=-1, ddof=0", 0, "compute_advantages [grpo]"),
 ]
 NAMES = sorted({t for t, *_ in PATCHES})
 
@@ -340,7 +360,7 @@ def _patched(text, old, new, nth):
 def test_there_are_at_least_thirty_planted_bugs_across_the_pinned_trainers():
     assert len(PATCHES) >= 30 and set(NAMES) == {"verl", "trl", "openrlhf", "skyrl",
                                                             "liger", "trinity", "torchrl", "areal", "unsloth",
-                                                            "art"}
+                                                            "art", "tunix"}
 
 
 @pytest.mark.parametrize("name", NAMES)
