@@ -30,7 +30,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from .card import Row, Trainer
+from .card import NotInVersion, Row, Trainer, source_of
 
 CORE = "tunix.rl.algo_core"
 COMMON = "tunix.rl.common"
@@ -149,6 +149,23 @@ def _advantages(fn):
     return adapter
 
 
+def _fits_mode(mode):
+    """aggregate_loss's `mode` in this release: absent (NOT IN THIS VERSION: before 0.1.6 there
+    is no sequence-mean-token-scale), or before 0.1.7 a sequence mean over every row, empty ones
+    included (`seq_loss.mean()`; 0.1.7 divides by the rows with a token)."""
+    def fits(fn):
+        source = source_of(fn)
+        if f'"{mode}"' not in source:
+            raise NotInVersion(f"aggregate_loss has no mode {mode!r} in this version")
+        if mode != "token-mean" and "non_zero_rows" not in source:
+            return dict(conventions=dict(empty_rows="include"),
+                        choice="this release's sequence modes take seq_loss.mean() over every "
+                               "row, empty ones included (0.1.7 divides by the rows with a "
+                               "token)")
+        return {}
+    return fits
+
+
 _CALL = ("grpo_loss_fn called as the learner calls it (model, train_example, algo_config, "
          "pad_id, eos_id) with the model's forward pass `common.compute_per_token_logps` "
          "answering the log-probs under test (and zero logits, read only for the logged "
@@ -178,7 +195,7 @@ ROWS = (
 ) + tuple(
     Row(f"{COMMON}:aggregate_loss", "aggregate", _aggregate(mode, **kw), label=mode,
         choices=("the per-token loss and the mask (int32) as JAX arrays",) + extra,
-        conventions=conv, audit=_WHOLE,
+        conventions=conv, audit=_WHOLE, fits=_fits_mode(mode),
         params=("per_token_loss", "completion_mask", "loss_agg_mode"))
     for mode, kw, conv, extra in (
         ("token-mean", {}, dict(mode="token-mean", empty_rows="exclude"), ()),
@@ -206,7 +223,8 @@ TRAINER = Trainer(
     modules=(CORE, COMMON), rows=ROWS,
     requires=("jax==0.10.2", "jaxlib==0.10.2", "ml_dtypes==0.7.0", "opt_einsum==3.4.0"),
     inventory=((CORE, r"compute_.*|masked_.*|ppo_.*|grpo_loss_fn"),
-               (COMMON, r"aggregate_loss|compute_kl_divergence")),
+               (COMMON, r"aggregate_loss|compute_kl_divergence"),
+               ("tunix.rl.grpo.dapo_learner", r"reward_shaping")),
     not_run=(("compute_gae_advantages", "a reference exists (gae); no row yet"),
              ("masked_whiten", "a reference exists (whiten); no row yet"),
              ("masked_mean", "reached through the losses (Σ x·m / (Σ m + 1e-8))"),
@@ -219,7 +237,10 @@ TRAINER = Trainer(
              ("compute_rloo_advantages", "a reference exists (group_advantages, "
                                          "leave_one_out); no row yet"),
              ("compute_drgrpo_advantages", "a reference exists (group_advantages, scale "
-                                           "'none'); no row yet")),
+                                           "'none'); no row yet"),
+             ("reward_shaping", "DAPO's overlong penalty min(−(len − (L_max − L_buf))/L_buf·p, "
+                                "0) on the completion's string length (characters, not "
+                                "tokens): no reference yet")),
     precision="float32",
     runs=("grpo_loss_fn under GRPOConfig's defaults (β 0.04 with the k1 'kl' term, ε 0.2, "
           "sequence-mean-token-mean), and β 0 with token-mean, ε 0.2/0.28 and dual clip 3",

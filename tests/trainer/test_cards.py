@@ -161,6 +161,19 @@ def test_every_row_of_a_pinned_trainer_runs_and_gives_the_expected_verdict(name,
     assert 0 < ran < listed
 
 
+@pytest.mark.parametrize("name", ["art", "tunix"])
+def test_every_function_a_card_does_not_run_has_its_own_reason_and_each_reason_a_function(
+        name, cards):
+    if name not in cards:
+        pytest.skip(f"{name} is not installed (.ci/run installs it with --no-deps)")
+    c, t = cards[name], trainers.get(name)
+    not_covered = {q for _, q, _ in c.not_covered}
+    assert not_covered
+    for q in not_covered:
+        assert c.reason(q) and not c.reason(q).startswith("new in this release"), q
+    assert set(dict(t.not_run)) == not_covered      # no reason left for a function not listed
+
+
 @pytest.mark.parametrize("name", list(EXPECTED))
 def test_a_card_names_its_trainer_first_and_each_row_by_function_and_time(name, cards):
     if name not in cards:
