@@ -241,7 +241,7 @@ TRAINER = Trainer(
              ("reward_shaping", "DAPO's overlong penalty min(−(len − (L_max − L_buf))/L_buf·p, "
                                 "0) on the completion's string length (characters, not "
                                 "tokens): no reference yet")),
-    precision="float32",
+    precision="float32", fork=False,
     runs=("grpo_loss_fn under GRPOConfig's defaults (β 0.04 with the k1 'kl' term, ε 0.2, "
           "sequence-mean-token-mean), and β 0 with token-mean, ε 0.2/0.28 and dual clip 3",
           "aggregate_loss token-mean and sequence-mean-token-scale (norm 8)",
