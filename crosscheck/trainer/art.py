@@ -87,8 +87,8 @@ def _loss(reduction="mean", weights="one", **config):
 def _fits(config, reduction, cispo):
     """This release's loss_fn against the row's assumptions: each experimental_config key the
     row sets is read by it (else the option is not in this version), reduction 'sum' is a
-    parameter (from 0.5.18), and the default loss is CISPO's ε 1 / ε_high 4 (from 0.5.5; 0.5.4
-    defaults to ppo with ε 0.2)."""
+    parameter (from 0.5.18), and the default loss is CISPO's (from 0.5.5: 0.5.4 defaults ppo
+    to True, with no default for ε_high of its own; its value is what the row judges)."""
     def fits(fn):
         source = source_of(fn)
         for key in config:
@@ -97,7 +97,7 @@ def _fits(config, reduction, cispo):
                                    f"version")
         if reduction != "mean" and "reduction" not in inspect.signature(fn).parameters:
             raise NotInVersion("loss_fn takes no reduction in this version (a token mean only)")
-        if cispo and "epsilon_high_default = 4.0" not in source:
+        if cispo and ('get("ppo", True)' in source or "epsilon_high_default" not in source):
             raise NotInVersion("ppo=False with ε 1, ε_high 4 is not the default loss in this "
                                "version (0.5.4: ppo defaults to True, ε to 0.2)")
         if "mean_policy_loss" in source:
