@@ -108,7 +108,7 @@ def shaped_advantages(logp, old_logp, advantages, mask, ref_logp=None, *, tau=0.
 
     The τ term is Kimi's: the gradient of τ/2·(log r)², the squared log-ratio regulariser of
     Kimi k1.5 (arXiv:2501.12599, §2.3.2, the policy gradient after eq. 3) and Kimi K2's
-    squared loss (arXiv:2507.20534, §3.2, eq. 2), is τ·log r·∇log π, so it enters the
+    squared loss (arXiv:2507.20534, §3.2), is τ·log r·∇log π, so it enters the
     REINFORCE surrogate as the advantage A − τ·sg(log r). The papers take log r of the whole
     response; ART's `kimi_k2_tau` takes each token's own log-ratio, as here.
     The c term folds a KL penalty into the advantage as a centred k1: a token whose policy has
