@@ -124,10 +124,10 @@ _PPO = dict(loss="ppo", clip_low=0.2, clip_high=0.2, clip_c=None, delta=None,
             empty_rows="exclude")
 _PADDING = Known(
     "garbage", "robustness",
-    "loss_fn masks by multiplying (policy_loss * weights * assistant_mask, loss.py:126), "
+    "loss_fn masks by multiplying (policy_loss * weights * assistant_mask, loss.py:128), "
     "after exp of every position's log-ratio: a NaN or infinite new log-prob or advantage at "
     "padding gives NaN · 0 = NaN; at the sequence levels every non-assistant position shares "
-    "group 0 of group_aggregate (group_ids * assistant_mask, loss.py:60), so such a value "
+    "group 0 of group_aggregate (group_ids * assistant_mask, loss.py:62), so such a value "
     "reaches every masked position's ratio. ART's own padding holds new log-probs the model "
     "computed and advantage 0, so it bites only when padding holds such a value")
 
@@ -145,7 +145,7 @@ def _count_without_eps(adapted):
 def _eps(check):
     return Known(
         check, "precision",
-        "the token mean divides by assistant_mask.sum() + 1e-6 (loss.py:127): a relative "
+        "the token mean divides by assistant_mask.sum() + 1e-6 (loss.py:129): a relative "
         "difference of 1e-6/N from the mean over N tokens, at the edge of the float64 "
         "tolerance for one or two tokens and far below float32's (reproduced by multiplying "
         "the loss by (N + 1e-6)/N)", variant=dict(adapt=_count_without_eps))
@@ -241,8 +241,8 @@ TRAINER = Trainer(
     notes=("ART's default loss is called 'Modified REINFORCE or CISPO' in loss.py: with ε = 1 "
            "the weight's lower bound is 0, so it is CISPO with clip_low 1 and clip_high 4 "
            "(verl's relative form), the weight detached",
-           "the token mean divides by Σ mask + 1e-6 (loss.py:127), and with kl_penalty_coef "
-           "the KL's mean over the call too (loss.py:94): a relative difference of 1e-6/N, "
+           "the token mean divides by Σ mask + 1e-6 (loss.py:129), and with kl_penalty_coef "
+           "the KL's mean over the call too (loss.py:101): a relative difference of 1e-6/N, "
            "which the centred k1 carries into every token's advantage; the precision notes "
            "of the kl_penalty_coef rows are these",
            "with the weights ART's preprocessing gives (1/L_i per trajectory, normalised to "

@@ -67,7 +67,7 @@ EXPECTED = {
     "unsloth": {"grpo_compute_loss [bnpo]": [("microbatch", "documented choice")],
                 "UnslothEfficientGRPO.forward [dapo, β = 0.04, the trainer's path]":
                 [("grad", "robustness")]},
-    # the token mean's count + 1e-6 (loss.py:127), reproduced at the rows whose cases reach the
+    # the token mean's count + 1e-6 (loss.py:129), reproduced at the rows whose cases reach the
     # float64 tolerance's edge (one or two tokens); with kl_penalty_coef the KL's mean has it
     # too, within float32's precision
     "art": {f"loss_fn [{row}]": [("value", "precision")] + (
