@@ -452,6 +452,11 @@ class Sapo(NamedTuple):
     level: str
 
 
+def ratio_level(level) -> str:
+    """ppo_clip_loss's and cispo_loss's ratio level (vocab.RATIO_LEVELS)."""
+    return checks.choice("level", level, vocab.RATIO_LEVELS)
+
+
 def sapo(tau_pos, tau_neg, level="token") -> Sapo:
     return Sapo(checks.positive("tau_pos", tau_pos), checks.positive("tau_neg", tau_neg),
                 checks.choice("level", level, vocab.SAPO_LEVELS))
@@ -795,10 +800,24 @@ class Objective(NamedTuple):
     kl_clamp: Any
     kl_weight: Optional[str] = None
     kl_anchor: str = "ref"
+    adv_tau: float = 0.0
+    adv_kl: float = 0.0
+
+
+def shaped_advantages(ref_logp, tau, kl_coef, ref_name="ref_logp", kl_name="kl_coef",
+                      tau_name="tau"):
+    """The advantage shaping's coefficients: τ ≥ 0 and the KL coefficient ≥ 0, which needs
+    ref_logp."""
+    tau = checks.non_negative(tau_name, tau)
+    kl_coef = checks.non_negative(kl_name, kl_coef)
+    if kl_coef > 0 and ref_logp is None:
+        raise ValueError(f"{kl_name} is {kl_coef} but {ref_name} is None; the KL folded into "
+                         f"the advantage needs {ref_name}")
+    return tau, kl_coef
 
 
 def policy_objective(mask_, ref_logp, loss, beta, kl_kind, kl_clamp, agg,
-                     kl_weight=None, kl_anchor="ref") -> Objective:
+                     kl_weight=None, kl_anchor="ref", adv_tau=0.0, adv_kl=0.0) -> Objective:
     """policy_objective's own keywords; its parts validate their inputs themselves. The KL term's
     and the aggregation's conventions are checked here under policy_objective's names
     (kl_penalty calls them kind and clamp, aggregate calls agg mode), so a wrong value is
@@ -814,7 +833,9 @@ def policy_objective(mask_, ref_logp, loss, beta, kl_kind, kl_clamp, agg,
     checks.choice("kl_kind", kl_kind, vocab.KL_KINDS)
     checks.clamp_pair("kl_clamp", kl_clamp)
     checks.choice("kl_weight", kl_weight, vocab.KL_WEIGHTS)
-    return Objective(loss, beta, kl_kind, kl_clamp, kl_weight, kl_anchor)
+    adv_tau, adv_kl = shaped_advantages(ref_logp, adv_tau, adv_kl, kl_name="adv_kl",
+                                        tau_name="adv_tau")
+    return Objective(loss, beta, kl_kind, kl_clamp, kl_weight, kl_anchor, adv_tau, adv_kl)
 
 
 # ====================================================================== exact estimator analysis

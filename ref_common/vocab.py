@@ -29,6 +29,10 @@ KL_ANCHORS = ("ref", "old")     # policy_objective's KL term against ref_logp, o
                                 # (a trust-region penalty toward the sampling policy)
 GSPO_FORMS = ("token", "sequence")
 SAPO_LEVELS = ("token", "sequence")     # SAPO's ratio: per token, or the sequence's geometric mean
+# ppo_clip_loss's and cispo_loss's ratio: per token r_t, the sequence's s = exp(mean log-ratio),
+# their arithmetic mean (r_t + s)/2, or their geometric mean √(r_t·s) (ART's
+# importance_sampling_level)
+RATIO_LEVELS = ("token", "sequence", "average", "geometric_average")
 CLIP_FRACTIONS = ("loss", "sign", "ratio")
 
 # rollout-correction importance weights π_train/π_rollout (rollout_is_weights, reinforce_loss)

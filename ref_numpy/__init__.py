@@ -11,7 +11,7 @@ from .estimators import kl_estimator_gradient, kl_estimator_moments, kl_estimato
 from .kl import (approx_kl, approx_kl_vjp, kl_penalty, kl_penalty_vjp, kl_rewards,
                  kl_rewards_vjp)
 from .objective import (policy_objective, policy_objective_vjp, ratio_kl_penalty,
-                        ratio_kl_penalty_vjp)
+                        ratio_kl_penalty_vjp, shaped_advantages, shaped_advantages_vjp)
 from .policy_losses import (cispo_loss, cispo_loss_vjp, clip_fraction, gspo_loss, gspo_loss_vjp,
                             ppo_clip_loss, ppo_clip_loss_vjp, sapo_loss, sapo_loss_vjp,
                             value_loss, value_loss_vjp, vespo_loss, vespo_loss_vjp)
@@ -37,6 +37,7 @@ __all__ = [
     "kl_penalty", "kl_penalty_vjp",
     "aggregate", "aggregate_vjp",
     "policy_objective", "policy_objective_vjp",
+    "shaped_advantages", "shaped_advantages_vjp",
     "kl_estimator_moments", "kl_estimator_moments_vjp",
     "kl_estimator_gradient",   # its value is a gradient: checked against autograd and FD, no VJP
     "gspo_loss", "gspo_loss_vjp",

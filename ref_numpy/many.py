@@ -84,12 +84,13 @@ def _whiten(v, mask=None, ddof=0, eps=1e-8, eps_mode="var", shift_mean=True,
 def _policy_objective(v, advantages, mask, ref_logp=None, loss="ppo",
                       agg="seq-mean-token-mean", beta=0.0, kl_kind="k3", kl_clamp=None,
                       norm=None, empty_rows="exclude", kl_weight=None, kl_anchor="ref",
-                      group_size=None, group_ids=None, **loss_kwargs):
+                      group_size=None, group_ids=None, adv_tau=0.0, adv_kl=0.0, **loss_kwargs):
     """aggregate(policy_loss + β·kl_penalty) at every point: the per-token losses are
     independent across rows, so the points are stacked as rows of one batch for them; the
-    aggregation is then taken per point."""
+    aggregation is then taken per point. A shaped advantage (adv_tau, adv_kl: its centred k1
+    is a mean over the batch) is evaluated point by point."""
     lp0 = np.asarray(v["logp"][0])
-    if lp0.ndim != 2:
+    if lp0.ndim != 2 or adv_tau or adv_kl:
         return None
     fn, _, use_kl, beta, kl_kw = _policy_parts(mask, ref_logp, loss, beta, kl_kind, kl_clamp,
                                                agg, kl_weight, kl_anchor)

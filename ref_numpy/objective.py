@@ -23,6 +23,16 @@ def _policy_parts(mask, ref_logp, loss, beta, kl_kind, kl_clamp, agg, kl_weight,
     return fn, vjp, p.beta > 0, p.beta, dict(kind=kl_kind, clamp=kl_clamp, weight=kl_weight)
 
 
+def _shaped(logp, old_logp, advantages, mask, ref_logp, adv_tau, adv_kl):
+    """The advantages the policy loss is given: A, or shaped_advantages (a constant)."""
+    adv_tau, adv_kl = args.shaped_advantages(ref_logp, adv_tau, adv_kl, kl_name="adv_kl",
+                                             tau_name="adv_tau")
+    if adv_tau == 0 and adv_kl == 0:
+        return advantages
+    return shaped_advantages(logp, old_logp, advantages, mask, ref_logp, tau=adv_tau,
+                             kl_coef=adv_kl)
+
+
 def _kl_anchor(old_logp, ref_logp, kl_anchor):
     """The log-probs the KL term is taken against: ref_logp, or old_logp for kl_anchor='old'."""
     return old_logp if kl_anchor == "old" else ref_logp
@@ -89,6 +99,97 @@ def kl_term_vjp(g, logp, old_logp, ref_logp, mask, kind, clamp, weight):
     return ar.zero_masked(d, m)
 
 
+def shaped_advantages(logp, old_logp, advantages, mask, ref_logp=None, *, tau=0.0,
+                      kl_coef=0.0):
+    """The advantage a loss multiplies, shaped by two detached terms of the log-probs:
+
+        Ã_t = A_t − τ·ρ_t + c·(k̄ − k_t),   ρ_t = logp_t − old_logp_t,   k_t = logp_t − ref_logp_t,
+        k̄ = Σ_bt m·k / Σ_bt m   (the k1 KL estimate averaged over the call's valid tokens)
+
+    The τ term is Kimi's: the gradient of τ/2·(log r)², the squared log-ratio regulariser of
+    Kimi k1.5 (arXiv:2501.12599, §2.3.2, the policy gradient after eq. 3) and Kimi K2's
+    squared loss (arXiv:2507.20534, §3.2), is τ·log r·∇log π, so it enters the
+    REINFORCE surrogate as the advantage A − τ·sg(log r). The papers take log r of the whole
+    response; ART's `kimi_k2_tau` takes each token's own log-ratio, as here.
+    The c term folds a KL penalty into the advantage as a centred k1: a token whose policy has
+    drifted further from the reference than the batch's average gets its advantage lowered by
+    c·(k_t − k̄), and the shaping sums to 0 over the valid tokens (ART's `kl_penalty_coef`).
+    Both terms are detached where a trainer uses them (the advantage is a constant of the loss);
+    this function's gradient is what they would give undetached.
+
+    Reference: Kimi k1.5, arXiv:2501.12599, §2.3.2; Kimi K2, arXiv:2507.20534, §3.2.
+    Note: in `policy_objective` (adv_tau, adv_kl) the shaped advantage is a constant.
+
+    Worked example (τ = 0.5, c = 0, one row): ρ = (0.2, −0.4), A = (1, 1) → Ã = (0.9, 1.2).
+    (c = 1, τ = 0) k = (0.1, 0.3): k̄ = 0.2, Ã = A + (0.1, −0.1).
+
+    Args:
+      logp, old_logp: [B, T] float.
+      advantages: [B, T] float, or [B] (one per sequence).
+      mask: [B, T] bool or 0/1 (required).
+      ref_logp: [B, T] float, or None where kl_coef = 0.
+      tau: τ ≥ 0. kl_coef: c ≥ 0.
+
+    Returns:
+      [B, T] float64, 0 at masked positions.
+    """
+    lp, old, adv, m, _ = _shaping_inputs(logp, old_logp, advantages, mask, ref_logp, tau,
+                                         kl_coef)
+    tau, c = args.shaped_advantages(ref_logp, tau, kl_coef)
+    out = adv - tau * (lp - old)
+    if c > 0:
+        k = lp - ar.zero_masked(np.asarray(ref_logp, dtype=np.float64), m)
+        k = np.where(m, k, 0.0)
+        k_bar = k.sum() / max(int(m.sum()), 1)
+        out = out + c * (k_bar - k)
+    return np.where(m, out, 0.0)
+
+
+def _shaping_inputs(logp, old_logp, advantages, mask, ref_logp, tau, kl_coef):
+    from .policy_losses import loss_inputs
+    args.policy_mask(mask is None, "shaped_advantages")
+    lp, old, adv, m, _ = loss_inputs(logp, old_logp, advantages, mask, None)
+    if ref_logp is not None:
+        args.like(OPS, "ref_logp", ref_logp, OPS.spec("logp", lp))
+        args.finite(OPS, "ref_logp", OPS.floats(ref_logp), m)
+    return lp, old, adv, m, None
+
+
+def shaped_advantages_vjp(g, logp, old_logp, advantages, mask, ref_logp=None, *, tau=0.0,
+                          kl_coef=0.0):
+    """VJP of `shaped_advantages` wrt logp.
+
+    Gradient:
+      ∂Ã_t/∂logp_j = −τ·[t = j] + c·(∂k̄/∂logp_j − [t = j]) with ∂k̄/∂logp_j = m_j/N
+      (N = Σ m, ref_logp a constant). Summing the cotangent g over t:
+          ∂/∂logp_j = m_j·(−(τ + c)·g_j + c·(Σ_t m_t·g_t)/N).
+      Worked example (τ = 0, c = 1, two valid tokens, g = (1, 0)): (−1 + 1/2, 1/2) =
+      (−0.5, 0.5): the centring moves every token's gradient by the mean.
+
+    Returns:
+      {"logp": [B, T]} float64.
+    """
+    lp, _, _, m, _ = _shaping_inputs(logp, old_logp, advantages, mask, ref_logp, tau, kl_coef)
+    tau, c = args.shaped_advantages(ref_logp, tau, kl_coef)
+    gm = ar.zero_masked(args.cotangent(OPS, g, "g", OPS.spec("logp", lp)), m)
+    mean_g = gm.sum() / max(int(m.sum()), 1)
+    return {"logp": np.where(m, -(tau + c) * gm + c * mean_g, 0.0)}
+
+
+def _finite_objective(per_token, logp, old_logp, advantages, mask, ref_logp):
+    """Refuse a per-token loss that overflowed at a valid position, naming the inputs there."""
+    m = np.asarray(mask).astype(bool)
+    bad = m & ~np.isfinite(per_token)
+    if bad.any():
+        at = tuple(int(i) for i in np.argwhere(bad)[0])
+        adv = np.asarray(advantages)
+        inputs = {"logp": logp, "old_logp": old_logp,
+                  "advantages": adv if adv.ndim == 2 else adv[:, None].repeat(m.shape[1], 1)}
+        if ref_logp is not None:
+            inputs["ref_logp"] = ref_logp
+        args.objective_overflow(at, {k: float(np.asarray(v)[at]) for k, v in inputs.items()})
+
+
 def ratio_kl_penalty(logp, old_logp, ref_logp, mask=None, *, kind="k1", clamp=None):
     """A per-token KL(π‖ref) estimator importance-weighted from the sampling policy: tokens
     y ~ π_old, the estimator at y times the attached ratio r = π(y)/π_old(y):
@@ -146,24 +247,10 @@ def ratio_kl_penalty_vjp(g, logp, old_logp, ref_logp, mask=None, *, kind="k1", c
     return {"logp": kl_term_vjp(g, logp, old_logp, ref_logp, m, kind, clamp, "ratio")}
 
 
-def _finite_objective(per_token, logp, old_logp, advantages, mask, ref_logp):
-    """Refuse a per-token loss that overflowed at a valid position, naming the inputs there."""
-    m = np.asarray(mask).astype(bool)
-    bad = m & ~np.isfinite(per_token)
-    if bad.any():
-        at = tuple(int(i) for i in np.argwhere(bad)[0])
-        adv = np.asarray(advantages)
-        inputs = {"logp": logp, "old_logp": old_logp,
-                  "advantages": adv if adv.ndim == 2 else adv[:, None].repeat(m.shape[1], 1)}
-        if ref_logp is not None:
-            inputs["ref_logp"] = ref_logp
-        args.objective_overflow(at, {k: float(np.asarray(v)[at]) for k, v in inputs.items()})
-
-
 def policy_objective(logp, old_logp, advantages, mask, ref_logp=None, *, loss="ppo",
                      agg="seq-mean-token-mean", beta=0.0, kl_kind="k3", kl_clamp=None, norm=None,
                      empty_rows="exclude", kl_weight=None, kl_anchor="ref", group_size=None,
-                     group_ids=None, **loss_kwargs):
+                     group_ids=None, adv_tau=0.0, adv_kl=0.0, **loss_kwargs):
     """The actor loss a trainer minimises: aggregate(policy_loss + β·kl_penalty).
 
         J = aggregate(l_policy(logp) + β·k(logp, ref_logp), mask, mode=agg)
@@ -179,6 +266,10 @@ def policy_objective(logp, old_logp, advantages, mask, ref_logp=None, *, loss="p
     τ·(log r)² = 2τ·k2(logp, old_logp) per token (prime-rl cites Kimi K2.5, arXiv:2602.02276).
     Kimi k1.5's regulariser (arXiv:2501.12599, eq. 3) is another: τ/2·(log r)² of the whole
     response, its log-ratio summed over the tokens before squaring.
+    With adv_tau or adv_kl the loss is given `shaped_advantages(..., tau=adv_tau,
+    kl_coef=adv_kl)` in place of A, a constant (detached): Kimi's τ-shifted advantage
+    A − τ·sg(log r) per token, and a KL folded into the advantage as a centred k1 (ART's
+    kimi_k2_tau and kl_penalty_coef).
 
     Reference: GRPO, arXiv:2402.03300, eq. (3) (KL as a per-token loss term); the aggregation
     modes of verl `agg_loss`.
@@ -199,12 +290,14 @@ def policy_objective(logp, old_logp, advantages, mask, ref_logp=None, *, loss="p
       kl_anchor: "ref" | "old" (see above).
       group_size, group_ids: the rows' prompts, for agg="prompt-mean-token-mean" (as
         aggregate's: exactly one of the two there).
+      adv_tau, adv_kl: τ ≥ 0 and c ≥ 0 of `shaped_advantages` (adv_kl > 0 reads ref_logp).
 
     Returns:
       float64 scalar.
     """
     fn, _, use_kl, beta, kl_kw = _policy_parts(mask, ref_logp, loss, beta, kl_kind,
                                                kl_clamp, agg, kl_weight, kl_anchor)
+    advantages = _shaped(logp, old_logp, advantages, mask, ref_logp, adv_tau, adv_kl)
     per_token = fn(logp, old_logp, advantages, mask, **loss_kwargs)
     anchor = _kl_anchor(old_logp, ref_logp, kl_anchor)
     if anchor is not None:              # checked even at beta = 0: a wrong one is still a bug
@@ -220,7 +313,8 @@ def policy_objective(logp, old_logp, advantages, mask, ref_logp=None, *, loss="p
 def policy_objective_vjp(g, logp, old_logp, advantages, mask, ref_logp=None, *, loss="ppo",
                          agg="seq-mean-token-mean", beta=0.0, kl_kind="k3", kl_clamp=None,
                          norm=None, empty_rows="exclude", kl_weight=None, kl_anchor="ref",
-                         group_size=None, group_ids=None, **loss_kwargs):
+                         group_size=None, group_ids=None, adv_tau=0.0, adv_kl=0.0,
+                         **loss_kwargs):
     """VJP of `policy_objective` wrt logp, by the chain rule through its parts.
 
     Gradient:
@@ -232,12 +326,15 @@ def policy_objective_vjp(g, logp, old_logp, advantages, mask, ref_logp=None, *, 
       kl_weight="ratio" the product rule r·∂k/∂logp + r·k, with "score" ∂k/∂logp + k where
       no clamp binds; with kl_anchor="old" the KL's
       second argument is old_logp, still a constant, so the same formulas hold with it).
+      A shaped advantage (adv_tau, adv_kl) is detached: the policy VJP takes it as the
+      constant A it is given, and no term flows through it.
 
     Returns:
       {"logp": [B, T]} float64.
     """
     fn, vjp, use_kl, beta, kl_kw = _policy_parts(mask, ref_logp, loss, beta, kl_kind,
                                                  kl_clamp, agg, kl_weight, kl_anchor)
+    advantages = _shaped(logp, old_logp, advantages, mask, ref_logp, adv_tau, adv_kl)
     per_token = fn(logp, old_logp, advantages, mask, **loss_kwargs)
     _finite_objective(per_token, logp, old_logp, advantages, mask, ref_logp)
     w = aggregate_vjp(g, per_token, mask, mode=agg, norm=norm, empty_rows=empty_rows,

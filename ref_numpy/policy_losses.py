@@ -35,6 +35,50 @@ def _ratio_inputs(logp, old_logp, advantages, mask, log_ratio_clamp):
     return lp, adv, m, ratio, drho
 
 
+def _level_inputs(logp, old_logp, advantages, mask, log_ratio_clamp, level):
+    """As `_ratio_inputs`, the ratio at `level` (vocab.RATIO_LEVELS), and the parts of its
+    derivative: with ρ the (clamped) token log-ratios and ρ̄_b = Σ_t m·ρ / L_b the row's mean,
+
+        token:              r̃_t = e^ρ_t                  a_t = r̃_t,   b_t = 0
+        sequence:           r̃_t = s_b = e^ρ̄_b             a_t = 0,     b_t = s_b
+        average:            r̃_t = (e^ρ_t + s_b)/2         a_t = e^ρ_t/2, b_t = s_b/2
+        geometric_average:  r̃_t = e^((ρ_t + ρ̄_b)/2)      a_t = b_t = r̃_t/2
+
+    so that ∂r̃_t/∂logp_j = dρ_j·(a_t·[t = j] + b_t/L_b) for j in row b (dρ_j = 1[the clamp
+    passes]; a capped exp contributes 0 past the cap). Returns (logp, A, mask, r̃, a, b, dρ, L)."""
+    level = args.ratio_level(level)
+    lp, old, adv, m, clamp = loss_inputs(logp, old_logp, advantages, mask, log_ratio_clamp)
+    rho = lp - old
+    drho = np.ones_like(rho)
+    if clamp is not None:
+        drho = (np.abs(rho) <= clamp).astype(np.float64)
+        rho = np.clip(rho, -clamp, clamp)
+    L = m.sum(axis=-1, keepdims=True).astype(np.float64)
+    rho_bar = np.where(m, rho, 0.0).sum(axis=-1, keepdims=True) / np.maximum(L, 1.0)
+    live = lambda x: ar.capped_exp(x) * (x <= ar.LOG_FLOAT_MAX)        # noqa: E731
+    zero = np.zeros_like(rho)
+    if level == "token":
+        ratio, a, b = ar.capped_exp(rho), live(rho), zero
+    elif level == "sequence":
+        ratio = np.broadcast_to(ar.capped_exp(rho_bar), rho.shape)
+        a, b = zero, np.broadcast_to(live(rho_bar), rho.shape)
+    elif level == "average":
+        ratio = (ar.capped_exp(rho) + ar.capped_exp(rho_bar)) / 2
+        a, b = live(rho) / 2, np.broadcast_to(live(rho_bar), rho.shape) / 2
+    else:
+        e = (rho + rho_bar) / 2
+        ratio = ar.capped_exp(e)
+        a = b = live(e) / 2
+    return lp, adv, m, np.where(m, ratio, 1.0), a, b, drho, L
+
+
+def _level_vjp(c, a, b, drho, m, L):
+    """Σ_t c_t·∂r̃_t/∂logp_j = m_j·dρ_j·(c_j·a_j + Σ_t m_t·c_t·b_t / L_b)."""
+    c = np.where(m, c, 0.0)
+    shared = (c * b).sum(axis=-1, keepdims=True) / np.maximum(L, 1.0)
+    return np.where(m, drho * (c * a + shared), 0.0)
+
+
 def clipped_surrogate(adv, ratio, lo, hi):
     """PPO's clip as a loss: max(−A·r, −A·clip(r, lo, hi)), and where the clipped branch is the
     one taken. At a tie the unclipped branch wins (it carries the gradient). The one place in
@@ -63,7 +107,7 @@ def _ppo_branches(adv, ratio, clip_low, clip_high, clip_c, delta=None):
 
 
 def ppo_clip_loss(logp, old_logp, advantages, mask=None, *, clip_low=0.2, clip_high=None,
-                  clip_c=None, delta=None, log_ratio_clamp=None):
+                  clip_c=None, delta=None, log_ratio_clamp=None, level="token"):
     """PPO clipped surrogate loss per token, with optional asymmetric (clip-higher) and dual clip.
 
         r = exp(logp − old_logp)
@@ -93,17 +137,28 @@ def ppo_clip_loss(logp, old_logp, advantages, mask=None, *, clip_low=0.2, clip_h
       delta: TRL's absolute cap δ > 1 on the unclipped ratio, min(r, δ)·A, or None. For
         δ ≥ 1 + ε_high it equals the dual clip with c = δ (A < 0) and changes nothing for A > 0.
       log_ratio_clamp: bound > 0 on |logp − old_logp| before exp, or None.
+      level: the ratio r in the clip (vocab.RATIO_LEVELS; ART's importance_sampling_level):
+        "token" e^ρ_t; "sequence" s = e^ρ̄, ρ̄ the row's mean log-ratio (GSPO's sequence
+        ratio, attached: gspo_loss with form="sequence"); "average" (e^ρ_t + s)/2;
+        "geometric_average" √(e^ρ_t·s) = e^((ρ_t + ρ̄)/2). Every form is attached: the
+        gradient flows through ρ̄ to every token of the row.
 
     Returns:
       [B, T] float64, 0 at masked positions.
     """
+    if level != "token":
+        lp, adv, m, ratio, *_ = _level_inputs(logp, old_logp, advantages, mask,
+                                              log_ratio_clamp, level)
+        loss, _ = _ppo_branches(adv, ratio, clip_low, clip_high, clip_c, delta)
+        return np.where(m, loss, 0.0)
+    args.ratio_level(level)
     lp, adv, m, ratio, _ = _ratio_inputs(logp, old_logp, advantages, mask, log_ratio_clamp)
     loss, _ = _ppo_branches(adv, ratio, clip_low, clip_high, clip_c, delta)
     return np.where(m, loss, 0.0)
 
 
 def ppo_clip_loss_vjp(g, logp, old_logp, advantages, mask=None, *, clip_low=0.2, clip_high=None,
-                      clip_c=None, delta=None, log_ratio_clamp=None):
+                      clip_c=None, delta=None, log_ratio_clamp=None, level="token"):
     """VJP of `ppo_clip_loss` wrt logp.
 
     Gradient:
@@ -117,10 +172,28 @@ def ppo_clip_loss_vjp(g, logp, old_logp, advantages, mask=None, *, clip_low=0.2,
       With TRL's δ, the unclipped branch is min(r, δ)·A: flat (gradient 0) once r > δ.
       The log-ratio clamp multiplies by 1[|ρ| ≤ bound].
       So ∂L/∂logp = g · (−A·r) · 1[unclipped branch active] · 1[|ρ| ≤ bound], 0 when masked.
+      At another level the ratio r̃_t of token t depends on every token j of its row b through
+      the mean ρ̄_b = Σ_j m_j·ρ_j / L_b (∂ρ̄_b/∂logp_j = m_j·dρ_j/L_b), so with
+      c_t = g_t·(−A_t)·1[unclipped branch active at t] the chain rule sums over t:
+          ∂L/∂logp_j = Σ_t c_t·∂r̃_t/∂logp_j = dρ_j·(c_j·a_j + (Σ_t m_t·c_t·b_t)/L_b),
+      a_t = ∂r̃_t/∂ρ_t (own term) and b_t = ∂r̃_t/∂ρ̄_b: for "sequence" a = 0, b = s
+      (∂e^ρ̄/∂ρ̄ = e^ρ̄); for "average" a = e^ρ_t/2, b = s/2; for "geometric_average"
+      r̃ = e^((ρ_t + ρ̄)/2), a = b = r̃/2 (`_level_inputs`).
+      Worked example ("sequence", A = 1 on both tokens of a row, ρ = (0.1, −0.1), ε = 0.2):
+      ρ̄ = 0, s = 1 inside the clip, c = (−g, −g), so each token gets (−g·1 − g·1)/2 = −g.
 
     Returns:
       {"logp": [B, T]} float64.
     """
+    if level != "token":
+        lp, adv, m, ratio, a, b, drho, L = _level_inputs(logp, old_logp, advantages, mask,
+                                                         log_ratio_clamp, level)
+        _, inactive = _ppo_branches(adv, ratio, clip_low, clip_high, clip_c, delta)
+        gm = ar.zero_masked(args.cotangent(OPS, g, "g", OPS.spec("logp", lp)), m)
+        with np.errstate(over="ignore", invalid="ignore"):
+            c = np.where(inactive, 0.0, -(gm * adv))
+            return {"logp": _level_vjp(c, a, b, drho, m, L)}
+    args.ratio_level(level)
     lp, adv, m, ratio, drho = _ratio_inputs(logp, old_logp, advantages, mask, log_ratio_clamp)
     _, inactive = _ppo_branches(adv, ratio, clip_low, clip_high, clip_c, delta)
     gm = ar.zero_masked(args.cotangent(OPS, g, "g", OPS.spec("logp", lp)), m)
@@ -137,7 +210,7 @@ def _cispo_weight(ratio, clip_high, clip_low, bound):
 
 
 def cispo_loss(logp, old_logp, advantages, mask=None, *, clip_high=5.0, clip_low=None,
-               bound="absolute", log_ratio_clamp=None):
+               bound="absolute", log_ratio_clamp=None, level="token"):
     """CISPO loss per token: REINFORCE weighted by a clipped, detached importance ratio.
 
         l = −sg(w)·A·logp,   w = min(r, clip_high)                         ("absolute")
@@ -160,29 +233,35 @@ def cispo_loss(logp, old_logp, advantages, mask=None, *, clip_high=5.0, clip_low
       clip_low: relative lower half-width ≥ 0 (≥ 1 disables it), or None.
       bound: "absolute" | "relative".
       log_ratio_clamp: bound > 0 on |logp − old_logp| before exp, or None.
+      level: the ratio clipped into w (vocab.RATIO_LEVELS, as `ppo_clip_loss`'s): w stays
+        detached at every level. ART's default loss is "relative" with clip_low 1 (no lower
+        bound) and clip_high 4 at its importance_sampling_level.
 
     Returns:
       [B, T] float64, 0 at masked positions.
     """
-    lp, adv, m, ratio, _ = _ratio_inputs(logp, old_logp, advantages, mask, log_ratio_clamp)
+    lp, adv, m, ratio = _level_inputs(logp, old_logp, advantages, mask, log_ratio_clamp,
+                                      level)[:4]
     w = _cispo_weight(ratio, clip_high, clip_low, bound)
     with np.errstate(over="ignore"):                # an uncapped w·|A·logp| may pass max float
         return np.where(m, -w * (adv * lp), 0.0)
 
 
 def cispo_loss_vjp(g, logp, old_logp, advantages, mask=None, *, clip_high=5.0, clip_low=None,
-                   bound="absolute", log_ratio_clamp=None):
+                   bound="absolute", log_ratio_clamp=None, level="token"):
     """VJP of `cispo_loss` wrt logp.
 
     Gradient:
       w is stop-gradient, so l = −w·A·logp is linear in logp: ∂l/∂logp = −w·A, for clipped and
       unclipped tokens alike. (Differentiating through w instead would add −A·logp·∂w/∂logp =
       −A·logp·r where w = r: the bug the `detach` stage looks for.) 0 at masked positions.
+      At every `level` w is detached, so the same −w·A holds with w the clipped level ratio.
 
     Returns:
       {"logp": [B, T]} float64.
     """
-    lp, adv, m, ratio, _ = _ratio_inputs(logp, old_logp, advantages, mask, log_ratio_clamp)
+    lp, adv, m, ratio = _level_inputs(logp, old_logp, advantages, mask, log_ratio_clamp,
+                                      level)[:4]
     w = _cispo_weight(ratio, clip_high, clip_low, bound)
     gm = ar.zero_masked(args.cotangent(OPS, g, "g", OPS.spec("logp", lp)), m)
     with np.errstate(over="ignore"):

@@ -8,7 +8,7 @@ from .entropy import entropy
 from .fipo import fipo_influence_weights
 from .estimators import kl_estimator_gradient, kl_estimator_moments
 from .kl import approx_kl, kl_penalty, kl_rewards
-from .objective import policy_objective, ratio_kl_penalty
+from .objective import policy_objective, ratio_kl_penalty, shaped_advantages
 from .policy_losses import (cispo_loss, clip_fraction, gspo_loss, ppo_clip_loss, sapo_loss,
                             value_loss, vespo_loss)
 from .outcome import (gpg_advantages, opo_advantages, optimal_token_baseline_advantages,
@@ -26,7 +26,7 @@ __all__ = [
     "value_loss",
     "kl_penalty",
     "aggregate",
-    "policy_objective",
+    "policy_objective", "shaped_advantages",
     "kl_estimator_moments",
     "kl_estimator_gradient",
     "gspo_loss",

@@ -69,6 +69,32 @@ def _weighted_kl(logp, old_logp, anchor, mask, kind, clamp, weight):
     return torch.where(m, est, zero)
 
 
+def shaped_advantages(logp, old_logp, advantages, mask, ref_logp=None, *, tau=0.0,
+                      kl_coef=0.0):
+    """Ã = A − τ·(logp − old_logp) + c·(k̄ − k), k = logp − ref_logp per token and k̄ its mean
+    over every valid token of the call (Kimi's τ-shifted advantage, arXiv:2501.12599 §2.3.2;
+    a KL folded into the advantage as a centred k1). Undetached: the caller detaches it.
+    Args/Returns: as ref_numpy.shaped_advantages, with tensors.
+    """
+    args.policy_mask(mask is None, "shaped_advantages")
+    a = args.ratio_inputs(OPS, logp, old_logp, advantages, mask, None)
+    tau, c = args.shaped_advantages(ref_logp, tau, kl_coef)
+    m, zero = a.mask, tt.zero(a.logp)
+    adv = a.advantages
+    if a.per_seq:
+        adv = torch.where(m.any(dim=-1), adv, zero)[:, None].expand(a.logp.shape)
+    lp, old = torch.where(m, a.logp, zero), torch.where(m, a.old_logp, zero)
+    out = adv - tau * (lp - old)
+    if ref_logp is not None:
+        args.like(OPS, "ref_logp", ref_logp, OPS.spec("logp", a.logp))
+        args.finite(OPS, "ref_logp", ref_logp, m)
+    if c > 0:
+        k = torch.where(m, lp - torch.where(m, ref_logp, zero), zero)
+        k_bar = k.sum() / m.sum().clamp(min=1)
+        out = out + c * (k_bar - k)
+    return torch.where(m, out, zero)
+
+
 def ratio_kl_penalty(logp, old_logp, ref_logp, mask=None, *, kind="k1", clamp=None):
     """r·k(x): kl_penalty's estimator at x = ref_logp − logp times the attached ratio
     r = exp(logp − old_logp), an estimate of KL(π‖ref) from tokens sampled by π_old (open-
@@ -83,20 +109,24 @@ def ratio_kl_penalty(logp, old_logp, ref_logp, mask=None, *, kind="k1", clamp=No
 def policy_objective(logp, old_logp, advantages, mask, ref_logp=None, *, loss="ppo",
                      agg="seq-mean-token-mean", beta=0.0, kl_kind="k3", kl_clamp=None, norm=None,
                      empty_rows="exclude", kl_weight=None, kl_anchor="ref", group_size=None,
-                     group_ids=None, **loss_kwargs):
+                     group_ids=None, adv_tau=0.0, adv_kl=0.0, **loss_kwargs):
     """aggregate(policy_loss + β·kl_penalty): the scalar actor loss a trainer back-propagates.
     With kl_weight="ratio" the KL term is β·exp(logp − old_logp)·k, the ratio attached (TRL's
     use_bias_correction_kl); with "score" it is β·exp(logp − sg(logp))·k (NeMo-RL's), whose
     gradient carries the score term k·∇logp. With kl_anchor="old" it is k(logp, old_logp), the
     KL to the sampling policy (prime-rl's per-token τ·(log r)²), and ref_logp is not read.
     group_size / group_ids: the rows' prompts, for agg="prompt-mean-token-mean".
+    adv_tau / adv_kl: the loss is given shaped_advantages(τ = adv_tau, c = adv_kl), detached.
 
     Args/Returns: as ref_numpy.policy_objective, with tensors.
     """
     p = args.policy_objective(mask, ref_logp, loss, beta, kl_kind, kl_clamp, agg, kl_weight,
-                              kl_anchor)
+                              kl_anchor, adv_tau, adv_kl)
     policy = {"ppo": ppo_clip_loss, "cispo": cispo_loss, "gspo": gspo_loss,
               "sapo": sapo_loss, "vespo": vespo_loss, "dppo": dppo_loss}[p.loss]
+    if p.adv_tau > 0 or p.adv_kl > 0:
+        advantages = shaped_advantages(logp, old_logp, advantages, mask, ref_logp,
+                                       tau=p.adv_tau, kl_coef=p.adv_kl).detach()
     per_token = policy(logp, old_logp, advantages, mask, **loss_kwargs)
     anchor = old_logp if p.kl_anchor == "old" else ref_logp
     if anchor is not None:              # checked even at beta = 0: a wrong one is still a bug

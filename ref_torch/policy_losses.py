@@ -26,6 +26,32 @@ def _prepare(logp, old_logp, advantages, mask, log_ratio_clamp):
     return lp0, old0, adv0, m, ratio, zero
 
 
+def _level_ratio(logp, old_logp, advantages, mask, log_ratio_clamp, level):
+    """`_prepare`, with the ratio at `level`: the token ratio e^ρ_t, the sequence ratio
+    s = e^ρ̄ (ρ̄ the row's mean log-ratio over its valid tokens), their arithmetic mean
+    (e^ρ_t + s)/2 or their geometric mean √(e^ρ_t·s) (ART's importance_sampling_level). All
+    attached: autograd differentiates through ρ̄."""
+    level = args.ratio_level(level)
+    lp0, old0, adv0, m, ratio, zero = _prepare(logp, old_logp, advantages, mask,
+                                               log_ratio_clamp)
+    if level == "token":
+        return lp0, old0, adv0, m, ratio, zero
+    log_ratio = lp0 - old0
+    if log_ratio_clamp is not None:
+        log_ratio = torch.clamp(log_ratio, -log_ratio_clamp, log_ratio_clamp)
+    log_ratio = torch.where(m, log_ratio, zero)
+    cap = tt.log_float_max(lp0.dtype)
+    mean = log_ratio.sum(dim=-1, keepdim=True) / m.sum(dim=-1, keepdim=True).clamp(min=1)
+    seq = torch.exp(torch.clamp(mean, max=cap)).expand(lp0.shape)
+    if level == "sequence":
+        ratio = seq
+    elif level == "average":
+        ratio = 0.5 * (ratio + seq)
+    else:
+        ratio = torch.exp(torch.clamp(0.5 * (log_ratio + mean), max=cap))
+    return lp0, old0, adv0, m, ratio, zero
+
+
 def clipped_objective(ratio, adv, lo, hi):
     """PPO's clipped objective min(r·A, clip(r, lo, hi)·A), with ties kept on the unclipped
     term, and where the clipped term is the one taken. The one place in ref_torch this rule is
@@ -37,15 +63,16 @@ def clipped_objective(ratio, adv, lo, hi):
 
 
 def ppo_clip_loss(logp, old_logp, advantages, mask=None, *, clip_low=0.2, clip_high=None,
-                  clip_c=None, delta=None, log_ratio_clamp=None):
+                  clip_c=None, delta=None, log_ratio_clamp=None, level="token"):
     """PPO clipped surrogate as a loss (arXiv:1707.06347 eq. 7), clip-higher, dual clip.
 
     objective = min(r·A, clip(r, 1 − ε_low, 1 + ε_high)·A); for A < 0 with dual clip:
     objective = max(objective, c·A). TRL's δ caps the unclipped ratio: min(r, δ)·A.
-    loss = −objective. Ties keep the unclipped term.
+    loss = −objective. Ties keep the unclipped term. `level`: the ratio r (`_level_ratio`).
     Args/Returns: as ref_numpy.ppo_clip_loss, with tensors.
     """
-    lp0, _, adv0, m, ratio, zero = _prepare(logp, old_logp, advantages, mask, log_ratio_clamp)
+    lp0, _, adv0, m, ratio, zero = _level_ratio(logp, old_logp, advantages, mask,
+                                                log_ratio_clamp, level)
     p = args.ppo(clip_low, clip_high, clip_c, delta)
     if p.delta is not None:
         # min(r, δ)·A unclipped; the clipped term sees the capped ratio too (equal, as δ ≥ hi)
@@ -105,14 +132,16 @@ def vespo_loss(logp, old_logp, advantages, mask=None, *, k_pos=2.0, lambda_pos=3
 
 
 def cispo_loss(logp, old_logp, advantages, mask=None, *, clip_high=5.0, clip_low=None,
-               bound="absolute", log_ratio_clamp=None):
+               bound="absolute", log_ratio_clamp=None, level="token"):
     """CISPO (MiniMax-M1, arXiv:2506.13585 eq. 4–5): loss = −sg(w)·A·logp.
 
     w = min(r, clip_high) ("absolute") or clip(r, 1 − clip_low, 1 + clip_high) ("relative");
-    w is detached: it weights the REINFORCE gradient but is not differentiated.
+    w is detached: it weights the REINFORCE gradient but is not differentiated. `level`: the
+    ratio clipped (`_level_ratio`).
     Args/Returns: as ref_numpy.cispo_loss, with tensors.
     """
-    lp0, _, adv0, m, ratio, zero = _prepare(logp, old_logp, advantages, mask, log_ratio_clamp)
+    lp0, _, adv0, m, ratio, zero = _level_ratio(logp, old_logp, advantages, mask,
+                                                log_ratio_clamp, level)
     w = args.cispo(clip_high, clip_low, bound)
     weight = torch.clamp(ratio, min=w.lo, max=w.hi)
     return torch.where(m, -(weight.detach() * adv0) * lp0, zero)

@@ -19,7 +19,9 @@ import subprocess
 import sys
 
 # the releases swept: verl 0.4.0 to 0.9.1, TRL 0.19 to 1.16.0 (each minor's last patch),
-# OpenRLHF 0.8.5 to 0.11.2, SkyRL 0.1.0 to 0.4.0, ms-swift 4.4.0 to 4.6.0
+# OpenRLHF 0.8.5 to 0.11.2, SkyRL 0.1.0 to 0.4.0, ms-swift 4.4.0 to 4.6.0, ART (openpipe-art)
+# every release with art/loss.py (0.5.4 on; before, the loss was inline in
+# art/unsloth/train.py), Tunix (google-tunix) 0.1.0 to 0.1.7, run by a Python that has jax
 RELEASES = {
     "verl": "0.4.0 0.4.1 0.5.0 0.6.0 0.6.1 0.7.0 0.7.1 0.8.0 0.9.0 0.9.1",
     "trl": "0.19.1 0.20.0 0.21.0 0.22.2 0.23.1 0.24.0 0.25.1 0.26.2 0.27.2 0.28.0 0.29.1 1.0.0 "
@@ -30,6 +32,8 @@ RELEASES = {
                 "0.10.1 0.10.1.post1 0.10.1.post2 0.10.2 0.10.3 0.10.4 0.11.0 0.11.1 0.11.2",
     "skyrl": "0.1.0 0.2.0 0.3.0 0.4.0",
     "ms-swift": "4.4.0 4.4.1 4.4.2 4.5.0 4.5.1 4.5.2 4.5.3 4.6.0",
+    "art": "0.5.4 0.5.5 0.5.6 0.5.7 0.5.9 0.5.10 0.5.11 0.5.16 0.5.17 0.5.18",
+    "tunix": "0.1.0 0.1.1 0.1.2 0.1.3 0.1.4 0.1.5 0.1.6 0.1.7",     # where jax is installed
 }
 TIMEOUT = 600
 

@@ -16,7 +16,7 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 
 import ref_numpy
-from ref_common.vocab import AGG_MODES, GROUPED_AGG_MODES
+from ref_common.vocab import AGG_MODES, GROUPED_AGG_MODES, RATIO_LEVELS
 
 DEFAULT_CASES = 12    # the cross-check's default run; regimes below only from this case on
 MARGIN = 0.02         # distance kept from every kink, in the kinked variable (≫ FD_STEP)
@@ -294,6 +294,8 @@ def _ratio_case(rng, i, loss):
         lrc = _cycle(i // 4, [None, 20.0])
         params = dict(clip_low=clip_low, clip_high=clip_high, clip_c=clip_c, delta=delta,
                       log_ratio_clamp=lrc)
+        if _level(i) != "token":
+            params["level"] = _level(i)
         edges = _ratio_edges(clip_low, clip_high, clip_c)
         if delta is not None:
             edges.append(math.log(delta))
@@ -319,11 +321,42 @@ def _ratio_case(rng, i, loss):
                           bound=bound, log_ratio_clamp=lrc)
         else:
             params = dict(clip_high=_cycle(i // 2, [0.28, 4.0]),
-                          clip_low=_cycle(i // 3, [None, 0.2]), bound=bound, log_ratio_clamp=lrc)
+                          clip_low=_cycle(i // 3, [None, 0.2, 1.0]), bound=bound,
+                          log_ratio_clamp=lrc)
+        if i >= DEFAULT_CASES and _level(i) != "token":
+            params["level"] = _level(i)
         edges = []
     if lrc is not None:
         edges += [-lrc, lrc]
-    return _token_case(rng, i, params, edges, m, kind, logp)
+    case = _token_case(rng, i, params, edges, m, kind, logp)
+    if loss == "ppo" and params.get("level", "token") != "token":
+        case = _level_kinks(case, edges)
+    return case
+
+
+def _level(i):
+    """The ratio level of a PPO or CISPO case: the token ratio every other case, in between the
+    sequence ratio, the two ratios' arithmetic and their geometric mean (ART's levels). A case
+    at the token level does not name it (a user's function without `level` still runs there);
+    CISPO's cases take the other levels from case DEFAULT_CASES on (its detached weight is
+    checked on them by policy_objective's CISPO cases within the default twelve too)."""
+    return "token" if i % 2 == 0 else _cycle(i // 2, RATIO_LEVELS[1:])
+
+
+def _level_kinks(case, edges):
+    """A PPO case at a mixed level: each token's ratio mixes its own log-ratio with its row's
+    mean, so keeping the token log-ratios away from the clip edges does not keep the mixed
+    ratio away. Where a valid token's mixed log-ratio lies within MARGIN of an edge, finite
+    differences would straddle a kink: such a case is judged at the value and VJP stages
+    only."""
+    from ref_numpy.policy_losses import _level_inputs
+    a, p = case.arrays, case.params
+    ratio, m = _level_inputs(a["logp"], a["old_logp"], a["advantages"], a["mask"],
+                             p.get("log_ratio_clamp"), p["level"])[3], a["mask"].astype(bool)
+    with np.errstate(divide="ignore"):
+        x = np.log(ratio[m])
+    near = any(np.any(np.abs(x - e) < MARGIN) for e in edges)
+    return dataclasses.replace(case, stages=("value", "vjp")) if near else case
 
 
 def _token_case(rng, i, params, edges, m=None, kind=None, logp=None):
@@ -390,6 +423,16 @@ def fipo_influence_weights_case(rng, i):
     edges = [math.log(v) for v in (params["ratio_threshold"], params["safety_threshold"])
              if v is not None]
     return dataclasses.replace(_token_case(rng, i, params, edges), stages=("value",))
+
+
+def shaped_advantages_case(rng, i):
+    """A token case with a reference policy: Kimi's τ alone, the centred k1 alone, and both."""
+    tau, kl_coef = _cycle(i, [(0.5, 0.0), (0.0, 1.0), (0.1, 0.3), (2.0, 0.05)])
+    params = dict(tau=tau, kl_coef=kl_coef)
+    base = _token_case(rng, i, params, [])
+    m = base.arrays["mask"]
+    ref = _garbage(_logps(rng, m.shape), m, rng)
+    return dataclasses.replace(base, arrays=dict(base.arrays, ref_logp=ref))
 
 
 def decoupled_ppo_loss_case(rng, i):
@@ -931,15 +974,24 @@ def policy_objective_case(rng, i):
             lp = np.where(m, base.arrays["logp"], 0.0)
             x = away(rng.normal(0.0, 4.0, size=lp.shape), kl_clamp_edges(kl_kind, 20.0, 10.0))
             arrays["ref_logp"] = _garbage(lp + x, m, rng)
+    # ART's advantage shaping (Kimi's τ and a KL folded in as a centred k1) on a PPO or CISPO
+    # case without a KL term of its own
+    if loss in ("ppo", "cispo") and not params["beta"] and i % 4 in (0, 1):
+        params.update(adv_tau=_cycle(i // 4, [0.1, 0.0, 0.5]),
+                      adv_kl=_cycle(i // 8, [0.0, 0.3, 1.0]))
+        if not params["adv_tau"] and not params["adv_kl"]:
+            params["adv_kl"] = 0.5
     # An extreme token's loss (up to |A|·e^30) sums into the same scalar as every other token's,
     # so the objective's round-off swamps small gradients: finite differences cannot judge such
     # a case (the per-token losses, whose Jacobian is diagonal, are checked on extremes instead).
-    stages = ("value", "vjp") if "extreme" in base.label else ALL_STAGES
+    stages = ("value", "vjp") if "extreme" in base.label or "fd" not in base.stages \
+        else ALL_STAGES
     weight = f", kl_weight={params['kl_weight']}" if params.get("kl_weight") else ""
     weight += f", kl_clamp={params['kl_clamp']}" if params.get("kl_clamp") else ""
     weight += ", kl_anchor=old" if params.get("kl_anchor") == "old" else ""
     weight += f", group_size={params['group_size']}" if "group_size" in params else ""
     weight += ", shuffled group_ids" if "group_ids" in arrays else ""
+    weight += "".join(f", {k}={params[k]}" for k in ("adv_tau", "adv_kl") if params.get(k))
     return Case(f"loss={loss}, agg={agg}, beta={params['beta']}, kl_kind={params['kl_kind']}"
                 f"{weight}; " + base.label +
                 (", first half of the rows empty" if empty else ""),

@@ -69,7 +69,10 @@ def gspo_rule(params):
 def objective_rule(params):
     """policy_objective's freeze rule: its policy loss's (`policy_rule`), or with kl_weight
     "score" the KL term's sg(logp) held at the point (`freeze_score_weight`; with a policy loss
-    that freezes a factor too, no rule is written: the cases do not combine them)."""
+    that freezes a factor too, no rule is written: the cases do not combine them). A shaped
+    advantage (adv_tau, adv_kl) is held at its value too (`freeze_shaped_advantages`)."""
+    if params.get("adv_tau") or params.get("adv_kl"):
+        return freeze_shaped_advantages
     if params.get("kl_weight") == "score" and params.get("beta"):
         if policy_rule(params) is not None:
             raise ValueError("no freeze rule combines kl_weight='score' with a policy loss "
@@ -79,6 +82,23 @@ def objective_rule(params):
 
 
 POLICY_OBJECTIVE_DEFAULTS = keyword_defaults(ref_numpy.policy_objective)
+
+
+def freeze_shaped_advantages(fn, arrays, params, name, delta):
+    """policy_objective with a shaped advantage: Ã = shaped_advantages(...) is a constant of
+    the loss (A − τ·sg(ρ) + c·sg(k̄ − k)), so it is computed once at the unperturbed point and
+    given as the advantages of an objective without shaping; the loss's own rule
+    (`objective_rule` of the other conventions) then freezes what it freezes."""
+    out = dict(arrays, advantages=ref_numpy.shaped_advantages(
+        arrays["logp"], arrays["old_logp"], arrays["advantages"], arrays["mask"],
+        arrays.get("ref_logp"), tau=params.get("adv_tau", 0.0),
+        kl_coef=params.get("adv_kl", 0.0)))
+    rest = {k: v for k, v in params.items() if k not in ("adv_tau", "adv_kl")}
+    inner = objective_rule(rest)
+    if inner is not None:
+        return inner(fn, out, rest, name, delta)
+    out[name] = arrays[name] + delta
+    return fn, out, rest
 
 
 def freeze_score_weight(fn, arrays, params, name, delta):

@@ -310,7 +310,8 @@ def build() -> Dict[str, Entry]:
                surrogate=lambda params: params.get("loss") in SURROGATE_LOSSES and
                not params.get("beta"),
                unused=lambda params: (() if params.get("beta") and
-                                      params.get("kl_anchor", "ref") == "ref" else
+                                      params.get("kl_anchor", "ref") == "ref" or
+                                      params.get("adv_kl") else
                                       ("ref_logp",)) +
                (() if params.get("agg") in vocab.GROUPED_AGG_MODES else
                 ("group_size", "group_ids"))),
@@ -393,6 +394,10 @@ def build() -> Dict[str, Entry]:
                grid=dict(kind=vocab.KL_KINDS, clamp=(None, (40.0, None), (20.0, 10.0)))),
         _entry("tv_filter_mask", (), trainer_grad=False, ambiguous=_tv_tie,  # a mask: values
                grid=dict(log_ratio_clamp=(None, 10.0))),
+        # ART's advantage shaping: Kimi's τ-shifted advantage and a KL folded in as a centred
+        # k1 (detached where a trainer uses it: policy_objective's adv_tau and adv_kl)
+        _entry("shaped_advantages", ("logp",), trainer_grad=False,
+               grid=dict(tau=(0.0, 0.5, 1.0), kl_coef=(0.0, 0.1, 1.0))),
     ]
     return {e.name: e for e in entries}
 

@@ -7,7 +7,7 @@ import importlib
 
 TRAINERS = ("verl", "trl", "openrlhf", "skyrl", "liger", "trinity", "torchrl", "areal",
             "unsloth", "roll", "prime-rl", "slime", "rllm", "nemo-rl", "minimind",
-            "open-instruct", "ms-swift", "easyr1")
+            "open-instruct", "ms-swift", "easyr1", "art", "tunix")
 # a card's module where it is not the name without hyphens
 _MODULES = {"ms-swift": "swift"}
 

@@ -162,6 +162,10 @@ class Trainer:
     # domain(source): DOMAINS tags (crosscheck.audit.profiles) that every row's inputs lie in
     # for this release, with the reason in words: ((tag, ...), why), or None
     domain: Optional[Callable] = None
+    # False: the rows run in one process even where the command line would fork a second (a
+    # JAX trainer compiles each function once per process, and JAX's threads do not survive
+    # a fork)
+    fork: bool = True
 
     def version_of(self, root):
         return loading.version_of(root, os.path.join(self.package, self.version_file)) \
@@ -1053,7 +1057,7 @@ def run(trainer: Trainer, path: Optional[str] = None, cases: int = CASES, seed: 
                             needs=trainer.modules + tuple(
                                 sorted({r.module for r in trainer.rows if r.block})))
     rows = [r for r in trainer.rows if only is None or r.qualname in only or r.name in only]
-    if workers > 1 and len(rows) > 1 and hasattr(os, "fork"):
+    if workers > 1 and trainer.fork and len(rows) > 1 and hasattr(os, "fork"):
         results, described, failed = _run_rows_forked(trainer, source, rows, cases, seed,
                                                       progress)
     else:

@@ -29,6 +29,9 @@ AD = "areal/utils/data.py"
 AA = "areal/trainer/ppo/actor.py"
 UZ = "unsloth_zoo/rl_replacements.py"
 LIGER_ROW = "LigerFusedLinearGRPOLoss.forward"
+ART = "art/loss.py"
+TX = "tunix/rl/algo_core.py"
+TXC = "tunix/rl/common.py"
 
 # (trainer, file, text, replacement, which occurrence, the row that must catch it)
 PATCHES = [
@@ -272,6 +275,46 @@ PATCHES = [
     ("unsloth", UZ, "grad_inputs                  .div_(n_chunks)",
      "grad_inputs                  .div_(n_chunks + 1)", 0,
      "UnslothEfficientGRPO.forward [dapo, β = 0.04, the trainer's path]"),
+    # openpipe-art 0.5.18
+    ("art", ART, "epsilon_high_default = 4.0", "epsilon_high_default = 2.0", 0,
+     "loss_fn [default]"),
+    ("art", ART, "torch.clip(prob_ratio.detach(), 1 - epsilon, 1 + epsilon_high)",
+     "torch.clip(prob_ratio, 1 - epsilon, 1 + epsilon_high)", 0, "loss_fn [default]"),
+    ("art", ART, "reduce=\"mean\",", "reduce=\"sum\",", 0, "loss_fn [sequence]"),
+    ("art", ART, "prob_ratio = (prob_ratio + sequence_prob_ratio) / 2",
+     "prob_ratio = (prob_ratio * sequence_prob_ratio) / 2", 0, "loss_fn [average]"),
+    ("art", ART, "(sequence_prob_ratio**0.5)", "(sequence_prob_ratio**2)", 0,
+     "loss_fn [ppo geometric_average]"),
+    ("art", ART, "policy_loss = -torch.min(", "policy_loss = -torch.max(", 0, "loss_fn [ppo]"),
+    ("art", ART, "torch.clip(prob_ratio, 1 - epsilon, 1 + epsilon_high) * advantages",
+     "torch.clip(prob_ratio, 1 - epsilon_high, 1 + epsilon) * advantages", 0,
+     "loss_fn [ppo 0.2/0.28]"),
+    ("art", ART, "advantages -= tau * logprob_diff.detach()",
+     "advantages += tau * logprob_diff.detach()", 0, "loss_fn [kimi_k2_tau]"),
+    ("art", ART, "kl_penalty_coef * (avg_kl - kl_per_token)",
+     "kl_penalty_coef * (kl_per_token - avg_kl)", 0, "loss_fn [kl_penalty_coef]"),
+    ("art", ART, "denominator = assistant_mask.sum() + 1e-6",
+     "denominator = assistant_mask.sum() + 1.0", 0, "loss_fn [default]"),
+    ("art", ART, "if reduction == \"mean\" else 1.0", "if reduction == \"mean\" else 2.0", 0,
+     "loss_fn [sum]"),
+    # google-tunix 0.1.7 (where jax is installed: Trainer.requires)
+    ("tunix", TX, "jnp.clip(seq_importance_ratio, max=20.0, min=-20.0)",
+     "jnp.clip(seq_importance_ratio, max=2.0, min=-2.0)", 0, "grpo_loss_fn [grpo]"),
+    ("tunix", TX, "per_token_loss = jnp.maximum(pg_loss_1, pg_loss_2)",
+     "per_token_loss = jnp.minimum(pg_loss_1, pg_loss_2)", 0, "grpo_loss_fn [grpo]"),
+    ("tunix", TX, "loss = loss + beta * kl_loss", "loss = loss - beta * kl_loss", 0,
+     "grpo_loss_fn [grpo]"),
+    ("tunix", TX, "jnp.clip(is_ratio, 1 - epsilon, 1 + epsilon_high)",
+     "jnp.clip(is_ratio, 1 - epsilon_high, 1 + epsilon)", 0,
+     "grpo_loss_fn [token-mean, ε 0.2/0.28, dual clip 3]"),
+    ("tunix", TXC, "loss = (per_token_loss * completion_mask).sum() / (",
+     "loss = (per_token_loss).sum() / (", 0, "aggregate_loss [token-mean]"),
+    ("tunix", TXC, "loss = seq_loss.sum() / non_zero_rows",
+     "loss = seq_loss.sum() / per_token_loss.shape[0]", 1,
+     "aggregate_loss [sequence-mean-token-scale]"),
+    ("tunix", TXC, "kl = jnp.exp(diff) - diff - 1", "kl = jnp.exp(diff) + diff - 1", 0,
+     "compute_kl_divergence [low_var_kl]"),
+    ("tunix", TX, "axis=-1, ddof=1", "axis=-1, ddof=0", 0, "compute_advantages [grpo]"),
 ]
 NAMES = sorted({t for t, *_ in PATCHES})
 
@@ -316,7 +359,8 @@ def _patched(text, old, new, nth):
 
 def test_there_are_at_least_thirty_planted_bugs_across_the_pinned_trainers():
     assert len(PATCHES) >= 30 and set(NAMES) == {"verl", "trl", "openrlhf", "skyrl",
-                                                            "liger", "trinity", "torchrl", "areal", "unsloth"}
+                                                            "liger", "trinity", "torchrl", "areal", "unsloth",
+                                                            "art", "tunix"}
 
 
 @pytest.mark.parametrize("name", NAMES)
