@@ -15,6 +15,8 @@ CASES = 24
 TRL = "trl/trainer/grpo_trainer.py"
 CORE = "verl/trainer/ppo/core_algos.py"
 TORCH_F = "verl/utils/torch_functional.py"
+VLOSS = "verl/workers/utils/losses.py"
+VRT = "verl/trainer/ppo/ray_trainer.py"
 EM = "openrlhf/trainer/ppo_utils/experience_maker.py"
 LOSS = "openrlhf/models/loss.py"
 UTILS = "openrlhf/models/utils.py"
@@ -118,6 +120,34 @@ PATCHES = [
     ("verl", TORCH_F, "torch.logsumexp(logits, dim=-1) - torch.sum(pd * logits, dim=-1)",
      "torch.logsumexp(logits, dim=-1) + torch.sum(pd * logits, dim=-1)", 0,
      "compute_entropy_loss"),
+    # verl 0.9.1: compositions on the training path (the actor's loss, KL in reward, dispatch)
+    ("verl", VLOSS, "policy_loss += kl_loss * config.kl_loss_coef", "policy_loss += kl_loss", 0,
+     "ppo_loss [vanilla + low_var_kl loss, token-mean]"),  # the KL coefficient dropped
+    ("verl", VLOSS, "policy_loss += kl_loss * config.kl_loss_coef",
+     "policy_loss -= kl_loss * config.kl_loss_coef", 0,
+     "ppo_loss [vanilla + low_var_kl loss, token-mean]"),  # the KL term's sign
+    ("verl", VLOSS, "kl_penalty(logprob=log_prob, ref_logprob=ref_log_prob,",
+     "kl_penalty(logprob=ref_log_prob, ref_logprob=log_prob,", 0,
+     "ppo_loss [vanilla + k1 loss, seq-mean-token-sum-norm]"),   # the KL's arguments swapped
+    ("verl", VLOSS, "loss_mat=kld, loss_mask=response_mask",
+     "loss_mat=kld, loss_mask=torch.ones_like(response_mask)", 0,
+     "ppo_loss [vanilla + low_var_kl loss, token-mean]"),  # the KL term not masked
+    ("verl", VLOSS, 'config.global_batch_info["loss_scale_factor"] = config.loss_scale_factor',
+     'config.global_batch_info["loss_scale_factor"] = None', 0,
+     "ppo_loss [vanilla + k1 loss, seq-mean-token-sum-norm]"),   # loss_scale_factor lost
+    ("verl", VRT, "token_level_rewards = token_level_scores - beta * kld",
+     "token_level_rewards = token_level_scores - beta * beta * kld", 0, "apply_kl_penalty"),
+    ("verl", VRT, 'data.batch["old_log_probs"], data.batch["ref_log_prob"], kl_penalty',
+     'data.batch["ref_log_prob"], data.batch["old_log_probs"], kl_penalty', 0,
+     "apply_kl_penalty"),
+    ("verl", VRT, "gamma=gamma,\n            lam=lam,", "gamma=lam,\n            lam=gamma,", 0,
+     "compute_advantage [GAE γ 0.99, λ 0.95]"),           # γ and λ swapped at the call
+    ("verl", VRT, "norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo,\n        )",
+     "\n        )", 0, "compute_advantage [Dr. GRPO]"),   # the switch not passed on
+    ("verl", VRT, 'adv_kwargs["index"] = data.non_tensor_batch["uid"]',
+     'adv_kwargs["index"] = data.non_tensor_batch["uid"][:1]'
+     '.repeat(len(data.non_tensor_batch["uid"]))', 0,
+     "compute_advantage [RLOO]"),                          # every group merged into one
     # OpenRLHF 0.11.2
     ("openrlhf", EM, "lastgaelam = delta + gamma * lambd * lastgaelam",
      "lastgaelam = delta + gamma * lastgaelam", 0,
