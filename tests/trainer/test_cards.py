@@ -35,7 +35,11 @@ EXPECTED = {
     # only below γλ = 1 (at 1 a step of reward 0 changes nothing)
     "openrlhf": {"RemoteExperienceMaker.get_advantages_and_returns": [("value", "deviation")],
                  "RemoteExperienceMaker.get_cumulative_returns [γ 0.99]":
-                     [("value", "deviation")]},
+                     [("value", "deviation")],
+                 # the KL loss aggregated token-mean whatever loss_agg_mode (ppo_actor.py)
+                 "ActorPPOTrainer.training_step [ppo + k2 KL loss, seq-mean-token-mean]":
+                     [("value", "deviation"), ("grad", "deviation"),
+                      ("microbatch", "deviation")]},
     # REINFORCE++'s reset at masked tokens bites only on a mask with holes; SkyRL gives the
     # estimator response_mask, left-padded with none: a robustness note, not a deviation
     "skyrl": {"compute_reinforce_plus_plus_outcome_advantage [a mask with holes]":

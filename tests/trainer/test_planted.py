@@ -20,6 +20,7 @@ VRT = "verl/trainer/ppo/ray_trainer.py"
 EM = "openrlhf/trainer/ppo_utils/experience_maker.py"
 LOSS = "openrlhf/models/loss.py"
 UTILS = "openrlhf/models/utils.py"
+ACTOR = "openrlhf/trainer/ray/ppo_actor.py"
 SKY = "skyrl/backends/skyrl_train/utils/ppo_utils.py"
 LIGER = "liger_kernel/chunked_loss/grpo_loss.py"
 TPL = "trinity/algorithm/policy_loss_fn/"
@@ -149,6 +150,17 @@ PATCHES = [
      '.repeat(len(data.non_tensor_batch["uid"]))', 0,
      "compute_advantage [RLOO]"),                          # every group merged into one
     # OpenRLHF 0.11.2
+    ("openrlhf", ACTOR, "loss = actor_loss + kl_loss * kl_ctl", "loss = actor_loss + kl_loss", 0,
+     "ActorPPOTrainer.training_step [ppo + k3 KL loss, token-mean]"),   # kl_ctl dropped
+    ("openrlhf", ACTOR, "loss = actor_loss + kl_loss * kl_ctl",
+     "loss = actor_loss + kl_loss * kl_ctl * kl_ctl", 0,    # where a known defect is at value
+     "ActorPPOTrainer.training_step [ppo + k2 KL loss, seq-mean-token-mean]"),
+    ("openrlhf", ACTOR, "kl_loss = aggregate_loss(kl, experience.action_mask,",
+     "kl_loss = aggregate_loss(kl, torch.ones_like(experience.action_mask),", 0,
+     "ActorPPOTrainer.training_step [ppo + k3 KL loss, token-mean]"),   # the KL not masked
+    ("openrlhf", ACTOR, "action_log_probs,\n                    base_action_log_probs,",
+     "base_action_log_probs,\n                    action_log_probs,", 0,
+     "ActorPPOTrainer.training_step [ppo + k3 KL loss, token-mean]"),   # the KL reversed
     ("openrlhf", EM, "lastgaelam = delta + gamma * lambd * lastgaelam",
      "lastgaelam = delta + gamma * lastgaelam", 0,
      "RemoteExperienceMaker.get_advantages_and_returns"),  # where a known defect is at value
