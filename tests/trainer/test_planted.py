@@ -295,6 +295,30 @@ PATCHES = [
      "ppo_critic_loss_fn"),
     ("areal", AD, "log_ratio = log_ratio**2 / 2.0", "log_ratio = log_ratio**2", 0,
      "KLEstimator._compute_approx_kl [k2]"),
+    ("areal", AA, "delta = rewards[:, t] + self.discount * nextvalues - values[:, t]",
+     "delta = rewards[:, t] + nextvalues - values[:, t]", 0,
+     "PPOActor._compute_advantages [GAE γ 0.99, λ 0.95]"),   # a dropped γ: seen only below 1
+    ("areal", AA, "newgaelam = delta + self.discount * self.gae_lambda * lastgaelam",
+     "newgaelam = delta + self.discount * lastgaelam", 0,
+     "PPOActor._compute_advantages [GAE γ 0.99, λ 0.95]"),   # a dropped λ
+    ("areal", AA, "lastgaelam = lastgaelam * (1 - mask) + newgaelam * mask",
+     "lastgaelam = newgaelam", 0,
+     "PPOActor._compute_advantages [GAE γ 0.99, λ 0.95]"),   # masked steps not skipped
+    ("areal", AA, "rewards = -self.kl_ctl * self.kl_estimator(old_logp, ref_logp)",
+     "rewards = -self.kl_ctl * self.kl_estimator(ref_logp, old_logp)", 0,
+     "PPOActor._compute_advantages [tot_rewards, k1, kl_ctl 0.1]"),
+    ("areal", AA, "indices = torch.clip(seqlens - 2, min=0)",
+     "indices = torch.clip(seqlens - 1, min=0)", 0,         # the score one token late
+     "PPOActor._compute_advantages [tot_rewards, k1, kl_ctl 0.1]"),
+    ("areal", AA, "loss_mask = torch.roll(loss_mask, shifts=-1, dims=-1)",
+     "loss_mask = loss_mask", 0,                             # the mask one token off
+     "PPOActor._compute_advantages [GAE γ 0.99, λ 0.95]"),
+    ("areal", AA, "eps_clip=eps_clip,\n            eps_clip_higher=eps_clip_higher,",
+     "eps_clip=eps_clip_higher,\n            eps_clip_higher=eps_clip,", 0,
+     "grpo_loss_fn [ppo, 0.2/0.28, dual clip 3]"),           # the two bounds swapped at the call
+    ("areal", AA, "            c_clip=c_clip,\n            proximal_logprobs=prox_logp,",
+     "            c_clip=None,\n            proximal_logprobs=prox_logp,", 0,
+     "grpo_loss_fn [ppo, 0.2/0.28, dual clip 3]"),           # the dual clip not passed on
     # unsloth-zoo 2026.10.9
     ("unsloth", UZ, "coef_2 = torch.clamp(coef_1, 1 - epsilon_low, 1 + epsilon_high)",
      "coef_2 = torch.clamp(coef_1, 1 - epsilon_high, 1 + epsilon_low)", 0,
