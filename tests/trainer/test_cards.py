@@ -43,7 +43,10 @@ EXPECTED = {
     # REINFORCE++'s reset at masked tokens bites only on a mask with holes; SkyRL gives the
     # estimator response_mask, left-padded with none: a robustness note, not a deviation
     "skyrl": {"compute_reinforce_plus_plus_outcome_advantage [a mask with holes]":
-                  [("value", "robustness")]},
+                  [("value", "robustness")],
+              # the KL loss a per-sequence mean whatever loss_reduction (worker.py's NOTE)
+              "PolicyWorkerBase._forward_backward_micro [regular + k3 KL loss, token_mean]":
+                  [("value", "documented choice"), ("grad", "documented choice")]},
     # luspo's unmasked L_i / T aggregation (TRL's form before huggingface/trl#6654)
     "liger": {"LigerFusedLinearGRPOLoss.forward [luspo]":
               [("value", "deviation"), ("grad", "deviation"), ("mask", "deviation"),

@@ -22,6 +22,7 @@ LOSS = "openrlhf/models/loss.py"
 UTILS = "openrlhf/models/utils.py"
 ACTOR = "openrlhf/trainer/ray/ppo_actor.py"
 SKY = "skyrl/backends/skyrl_train/utils/ppo_utils.py"
+SKYW = "skyrl/backends/skyrl_train/workers/worker.py"
 LIGER = "liger_kernel/chunked_loss/grpo_loss.py"
 TPL = "trinity/algorithm/policy_loss_fn/"
 TKL = "trinity/algorithm/kl_fn/kl_fn.py"
@@ -184,6 +185,18 @@ PATCHES = [
     ("openrlhf", UTILS, "value = (-k3_log_ratio).exp() - 1 + k3_log_ratio",
      "value = (k3_log_ratio).exp() - 1 + k3_log_ratio", 0, "compute_approx_kl [k3]"),
     # SkyRL 0.4.0
+    ("skyrl", SKYW, "kl_loss_term = kl_loss * self.cfg.algorithm.kl_loss_coef",
+     "kl_loss_term = kl_loss", 0,                            # the KL coefficient dropped
+     "PolicyWorkerBase._forward_backward_micro [regular + k3 KL loss, sequence_mean]"),
+    ("skyrl", SKYW, "(kl_loss_term - entropy_loss_term) * microbatch_weight",
+     "(-kl_loss_term - entropy_loss_term) * microbatch_weight", 0,  # where a choice is known
+     "PolicyWorkerBase._forward_backward_micro [regular + k3 KL loss, token_mean]"),
+    ("skyrl", SKYW, "kl_loss = masked_mean(kl_loss, loss_mask, dim=-1).mean()",
+     "kl_loss = masked_mean(kl_loss, loss_mask, dim=-1).sum()", 0,   # a sum over rows
+     "PolicyWorkerBase._forward_backward_micro [regular + k3 KL loss, sequence_mean]"),
+    ("skyrl", SKYW, "action_log_probs,\n                    base_action_log_probs,",
+     "base_action_log_probs,\n                    action_log_probs,", 0,   # the KL reversed
+     "PolicyWorkerBase._forward_backward_micro [regular + k3 KL loss, sequence_mean]"),
     ("skyrl", SKY, "ratio.clamp(1 - config.eps_clip_low, 1 + config.eps_clip_high)",
      "ratio.clamp(1 - config.eps_clip_high, 1 + config.eps_clip_low)", 0,
      "ppo_policy_loss [regular, 0.2/0.28]"),
