@@ -83,6 +83,17 @@ PATCHES = [
     ("trl", TRL, "(old_per_token_logps - sampling_per_token_logps) * mask",
      "(sampling_per_token_logps - old_per_token_logps) * mask", 0,
      "GRPOTrainer._generate_and_score_completions [token_truncate]"),
+    ("trl", TRL, "rewards = (rewards_per_func * self.reward_weights.to(device).unsqueeze(0))"
+     ".nansum(dim=1)", "rewards = rewards_per_func.nansum(dim=1)", 0,   # the weights dropped
+     "GRPOTrainer._generate_and_score_completions [group advantages, two rewards]"),
+    ("trl", TRL, "torch.nanmean(rewards.view(-1, num_generations), dim=1)",
+     "torch.nanmean(rewards.view(num_generations, -1), dim=0)", 0,     # groups interleaved
+     "GRPOTrainer._generate_and_score_completions [group advantages, two rewards]"),
+    ("trl", TRL, "rewards[unscorable_mask] = torch.nan", "rewards[unscorable_mask] = 0.0", 0,
+     "GRPOTrainer._generate_and_score_completions [group advantages, two rewards]"),
+    ("trl", TRL, "advantages = advantages / (std_rewards + 1e-4)",
+     "advantages = advantages / (std_rewards + 1e-2)", 0,
+     "GRPOTrainer._generate_and_score_completions [group advantages, two rewards]"),
     # verl 0.9.1
     ("verl", CORE, "lastgaelam_ = delta + gamma * lam * lastgaelam",
      "lastgaelam_ = delta + gamma * lastgaelam", 0, "compute_gae_advantage_return"),
