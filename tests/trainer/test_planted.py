@@ -108,6 +108,9 @@ PATCHES = [
      "compute_grpo_outcome_advantage"),
     ("verl", CORE, "response_num = len(id2score[index[i]])",   # unequal groups: a mean size
      "response_num = len(scores) // len(id2score)", 0, "compute_rloo_outcome_advantage"),
+    ("verl", CORE, "response_num = len(id2score[index[i]])",   # the largest group's size for
+     "response_num = max(map(len, id2score.values())) if len(id2score[index[i]]) > 1 else 1",
+     0, "compute_rloo_outcome_advantage"),                 # every group: only unequal sizes
     ("verl", CORE, "scores[i] * response_num / (response_num - 1)",
      "scores[i] * response_num / (response_num + 1)", 0, "compute_rloo_outcome_advantage"),
     ("verl", CORE, "ratio, 1 - cliprange_low, 1 + cliprange_high",
@@ -229,6 +232,9 @@ PATCHES = [
      "compute_grpo_outcome_advantage [GRPO]"),
     ("skyrl", SKY, "response_num = len(id2score[index[i]])",   # unequal groups: a mean size
      "response_num = len(scores) // len(id2score)", 0, "compute_rloo_outcome_advantage"),
+    ("skyrl", SKY, "response_num = len(id2score[index[i]])",   # the largest group's size
+     "response_num = max(map(len, id2score.values())) if len(id2score[index[i]]) > 1 else 1",
+     0, "compute_rloo_outcome_advantage"),                 # (seen only on unequal groups)
     ("skyrl", SKY, "/ (id2mean[index[i]] + epsilon)", "/ (id2mean[index[i]] + 1.0)", 0,
      "compute_maxrl_advantage [MaxRL]"),
     ("skyrl", SKY, "advantages[p_start:p_end] / (num_prompts * prompt_tokens)",
