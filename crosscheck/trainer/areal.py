@@ -224,7 +224,7 @@ def _actor_self(kl_ctl, kl_estimator, gamma=GAMMA, lam=LAM):
         discount=gamma, gae_lambda=lam, adv_norm=None)
 
 
-def _advantages_gae(fn):
+def _advantages_gae(fn, gamma=GAMMA, lam=LAM):
     def adapter(rewards, values, mask):
         m = mask.bool()
         zero = rewards.new_zeros(())
@@ -232,7 +232,7 @@ def _advantages_gae(fn):
                     logprobs=_token_aligned(torch.zeros_like(rewards)),
                     ref_logp=_rolled(torch.where(m, rewards, zero)),
                     values=_rolled(values))        # as given at padding: AReaL skips it
-        me = _actor_self(1.0, lambda old, ref: old - ref)
+        me = _actor_self(1.0, lambda old, ref: old - ref, gamma, lam)
         out = fn(me, data)
         T = mask.shape[-1]
         return (zero_padding(mask, out["advantages"][:, :T]),
@@ -302,9 +302,16 @@ _AREAL_ROWS = (
                            "values there are not 0), 0 in the wrap column (the value a "
                            "sequence without EOS bootstraps from: the reference's none)"),
         conventions=dict(gamma=GAMMA, lam=LAM), params=("self", "data")),
+    Row(f"{A}:PPOActor._compute_advantages", "gae", lambda fn: _advantages_gae(fn, 1.0, 1.0),
+        label="GAE γ 1, λ 1",
+        choices=_LAYOUT + ("discount 1.0, gae_lambda 1.0 (AReaL's defaults)",
+                           "the case's token rewards fed through the KL-reward channel, as in "
+                           "the γ 0.99 row", "values as in the γ 0.99 row"),
+        conventions=dict(gamma=1.0, lam=1.0), params=("self", "data")),
     Row(f"{A}:PPOActor._compute_advantages", "kl_rewards", _advantages_rewards,
         label=f"tot_rewards, k1, kl_ctl {KL_CTL}",
-        choices=_LAYOUT + (f"kl_ctl {KL_CTL}, self.kl_estimator = KLEstimator('k1') (AReaL's "
+        choices=_LAYOUT + (f"kl_ctl {KL_CTL} (its default), self.kl_estimator = "
+                           f"KLEstimator('k1') (AReaL's "
                            f"own, float32, clamped to ±10); one score per sequence as "
                            f"data['rewards']; the tot_rewards output",),
         conventions=dict(beta=KL_CTL, kind="k1", clamp=(None, 10.0)),
