@@ -653,7 +653,11 @@ TRAINER = Trainer(
           "aggregate_loss in both modes with global counts", "GAE on right-padded rows and on "
           "multi-turn rows with holes", "group_norm, rloo and dr_grpo baselines (near-degenerate "
           "groups included)", "compute_approx_kl k1, k2, k3"),
-    does_not_run=("dp_size > 1", "the token-level gspo variant", "masked_normalize"),
+    does_not_run=("dp_size > 1", "the token-level gspo variant", "masked_normalize",
+                  "compute_advantages_and_returns with kl_ctl > 0 (the KL folded into the "
+                  "rewards by compute_reward, whose own row runs: the estimator rows pass "
+                  "kl_ctl.value 0)", "training_step's entropy bonus (entropy_coef None, its "
+                  "default) and aux loss (a dense model)"),
     notes=("PolicyLoss's rollout importance-sampling correction multiplies the PPO loss by the "
            "coefficients of its is_correction rows (the policy rows run with it off, "
            "OpenRLHF's default); its 'binary_kl' and 'tv' gating have no reference yet",

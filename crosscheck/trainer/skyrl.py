@@ -531,5 +531,9 @@ TRAINER = Trainer(
                   "mask)", "DPPO, KL-Cov, rollout_is and importance_sampling losses",
                   "SAPO and GSPO under token_mean",
                   "token_mean_legacy scaling", "off-policy correction",
-                  "dp_size > 1"),
+                  "dp_size > 1", "the KL in the reward (use_kl_in_reward: "
+                  "RayPPOTrainer.apply_reward_kl_penalty in skyrl/train/trainer.py, which the "
+                  "card does not load: rewards − kl_loss_coef · compute_approx_kl, whose own "
+                  "rows run)", "the worker's entropy bonus (use_entropy_loss False, its "
+                  "default)"),
 )

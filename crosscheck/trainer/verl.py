@@ -925,7 +925,7 @@ TRAINER = Trainer(
     stand_in=("tensordict",),       # verl.protocol's DataProto: no row uses it; ~1 s to import
     modules=(CA, TF, RC, LOSSES, RT), rows=ROWS, version_file="version/version",
     inventory=((CA, r"compute_.*|agg_loss|kl_penalty"), (TF, r"masked_whiten"),
-               (LOSSES, r"ppo_loss"), (RT, r"apply_kl_penalty|compute_advantage")),
+               (LOSSES, r"ppo_loss|value_loss"), (RT, r"apply_kl_penalty|compute_advantage")),
     not_covered_why="no reference function yet",
     not_run=(("compute_policy_loss_bypass_mode",
               "wraps its weights in a DataProto (a TensorDict batch), which no row's adapter "
@@ -938,6 +938,10 @@ TRAINER = Trainer(
               "the optimal token baseline's multi-turn form (with rollout_is_weights and "
               "handle_zero_tail): a reference exists (optimal_token_baseline_advantages, the "
               "single-turn estimator's row) but no row yet runs this form"),
+             ("value_loss",
+              "the critic's loss on the training path: compute_value_loss (its row, per token) "
+              "aggregated by loss_agg_mode with the global counts; no row runs this "
+              "composition yet"),
              ("compute_pf_ppo_reweight_data",
               "resamples the batch with torch.multinomial on DataProto objects: a sampler, not "
               "a loss or an estimator")),
