@@ -497,8 +497,9 @@ _KL_BY_MODE = dict(adapt=_kl_by_loss_agg_mode)     # one variant, re-audited onc
 _KL_TOKEN_MEAN = tuple(Known(
     check, "defect",
     "training_step aggregates the KL loss with aggregate_loss(kl, action_mask, "
-    "**loss_batch_info), without token_level_loss, so it is a token mean whatever "
-    "actor.loss_agg_mode says (the entropy bonus likewise), while the policy loss follows "
+    "**loss_batch_info) (ppo_actor.py:331), without token_level_loss, so it is a token mean "
+    "whatever actor.loss_agg_mode says (the entropy bonus likewise, :347), while the policy "
+    "loss follows "
     "loss_agg_mode. Under 'seq-mean-token-mean' ('every sequence weighs the same', its help) "
     "a long response's KL weighs more than a short one's, and the gradient of the sum is not "
     "that of one objective aggregated one way; under 'token-mean' (the default) it is exact",

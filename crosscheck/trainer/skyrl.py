@@ -443,8 +443,9 @@ def _kl_by_loss_reduction(adapter):
 _KL_BY_REDUCTION = dict(adapt=_kl_by_loss_reduction)
 _KL_SEQ_MEAN = tuple(Known(
     check, "documented choice",
-    "the worker aggregates the KL loss as masked_mean(kl, loss_mask, dim=-1).mean() (a "
-    "per-sequence token mean averaged over the rows) whatever loss_reduction says, while the "
+    "the worker aggregates the KL loss as masked_mean(kl, loss_mask, dim=-1).mean() "
+    "(worker.py:1232: a per-sequence token mean averaged over the rows) whatever "
+    "loss_reduction says, while the "
     "policy loss follows loss_reduction through the advantages the trainer pre-scales; under "
     "token_mean (the default, with use_kl_loss on by default) a short response's KL tokens "
     "weigh more than a long one's, and the gradient of the sum is not that of one objective "
