@@ -1050,3 +1050,21 @@ def test_the_verl_gae_row_says_its_gamma_and_lambda_are_not_verls_defaults():
                                      "defaults γ = λ = 1.0 (AlgoConfig; the verl profile's), "
                                      "under which a missing or misplaced discount changes "
                                      "nothing")
+
+
+@_installed("openrlhf")
+def test_a_variant_shared_by_known_entries_at_several_checks_is_audited_once(monkeypatch):
+    audit_pkg = sys.modules["crosscheck.audit"]       # (the package: its name is a function too)
+    calls = []
+    real = audit_pkg.audit
+
+    def counted(*args, **kwargs):
+        calls.append(kwargs.get("variant"))
+        return real(*args, **kwargs)
+    monkeypatch.setattr(audit_pkg, "audit", counted)
+    row = "ActorPPOTrainer.training_step [ppo + k2 KL loss, seq-mean-token-mean]"
+    c = card.run(trainers.get("openrlhf"), cases=8, only=[row])
+    (r,) = c.rows
+    explained = [f["check"] for f in r.findings if f["kind"] == "defect"]
+    assert set(explained) == {"value", "grad", "microbatch"}    # three entries, one variant
+    assert len(calls) == 2                    # the row's audit, and its variant's once
