@@ -225,6 +225,15 @@ def whiten_case(rng, i):
                      restore_mean=restore), fd_step=step)
 
 
+
+def _unequal_ids(P, G, least=1):
+    """Group ids of P groups of unequal sizes around G (G − 1, G, G + 1 in turn, at least
+    `least`), consecutive: a trainer grouping by ids (verl's index, SkyRL's uids) takes groups
+    of any sizes, which one size for every group would not exercise."""
+    sizes = [max(least, G - 1 + p % 3) for p in range(P)]
+    return np.repeat(np.arange(P), sizes)
+
+
 def group_advantages_case(rng, i):
     G = _cycle(i, [4, 3, 2, 5, 1])
     P = _cycle(i // 2, [2, 3, 1, 4])
@@ -245,14 +254,15 @@ def group_advantages_case(rng, i):
         params["group_size"] = G
         label = f"group_size={G}, " + label
         arrays = dict(rewards=r, group_ids=None)
-    else:                                          # ids in any order, plus a singleton group
-        ids = np.repeat(np.arange(P), G)
+    else:               # ids in any order, groups of unequal sizes, plus a singleton group
+        ids = _unequal_ids(P, G)
         ids = np.concatenate([ids, [P + 7]])
-        r = np.concatenate([r, rng.uniform(0.2, 1.0, size=1) if scale == "mean"
-                            else rng.normal(size=1)])
+        r = rng.uniform(0.2, 1.0, size=ids.size) if scale == "mean" else \
+            rng.normal(size=ids.size)
         perm = rng.permutation(ids.size)
         arrays = dict(rewards=r[perm], group_ids=ids[perm] * 3 + 1)
-        label = "shuffled group_ids with a singleton, " + label
+        label = (f"shuffled group_ids, group sizes {np.bincount(ids).tolist()}, "
+                 + label.replace(f"B={B}", f"B={ids.size}"))
     if i % 5 == 3:                                 # unscorable rows: out of the statistics, NaN
         valid = rng.random(arrays["rewards"].size) < 0.75
         arrays["rewards"] = np.where(valid, arrays["rewards"], np.nan)
@@ -745,19 +755,20 @@ def kl_rewards_case(rng, i):
 
 def _grouped_rewards(rng, i, singleton=True):
     """Continuous rewards [B] in groups (no ties, no exact zero), as consecutive blocks
-    (group_size) or shuffled group_ids with, where `singleton`, a group of one."""
+    (group_size) or shuffled group_ids of unequal sizes with, where `singleton`, a group of one
+    (without, every group has two or more)."""
     G = _cycle(i, [4, 3, 2, 5])
     P = _cycle(i // 2, [2, 3, 1, 4])
     r = rng.normal(size=P * G)
     if i % 2 == 0:
         return dict(rewards=r), dict(group_size=G), f"group_size={G}, B={P * G}"
-    ids = np.repeat(np.arange(P), G)
+    ids = _unequal_ids(P, G, least=1 if singleton else 2)
     if singleton:
         ids = np.concatenate([ids, [P + 7]])
-        r = np.concatenate([r, rng.normal(size=1)])
+    r = rng.normal(size=ids.size)
     perm = rng.permutation(ids.size)
     return (dict(rewards=r[perm], group_ids=ids[perm] * 3 + 1), {},
-            f"shuffled group_ids{' with a singleton' if singleton else ''}, B={ids.size}")
+            f"shuffled group_ids, group sizes {np.bincount(ids).tolist()}, B={ids.size}")
 
 
 def opo_advantages_case(rng, i):

@@ -24,7 +24,9 @@ Facts read in areal 1.0.4:
 """
 import inspect
 
-from .card import Known, Row, Trainer, per_sequence, per_token
+import torch
+
+from .card import Known, Row, StandInSelf, Trainer, per_sequence, per_token, zero_padding
 
 F = "areal.utils.functional.functional"
 A = "areal.trainer.ppo.actor"
@@ -177,6 +179,154 @@ _UNWEIGHTED = tuple(Known(
          "was commented 'no behavioural correction applied'") for check in ("value", "grad"))
 _DEC_PARAMS = _PARAMS + ("rejection_sampling",)
 
+# ---- compositions on the training path -------------------------------------------------------
+# PPOActor._compute_advantages (the KL-regularised token rewards, the score at the last token,
+# GAE over the rolled loss mask) and grpo_loss_fn (the actor's loss around ppo_actor_loss_fn),
+# called as the trainer calls them
+
+GAMMA, LAM = 0.99, 0.95
+KL_CTL = 0.1
+
+
+def _sequences(mask):
+    """AReaL's batch layout for a [B, T] response mask: each sequence a one-token prompt and T
+    response positions (S = T + 1), attention through the row's last valid token (right
+    padding), loss_mask 1 at the valid response tokens; the trainer rolls loss_mask and the
+    inference log-probs by −1, so that column t of the rolled frame is response token t."""
+    B, T = mask.shape
+    m = mask.bool()
+    position = torch.arange(T)
+    last = torch.where(m, position, -1).max(dim=-1).values            # −1: an empty row
+    attention = torch.cat([torch.ones((B, 1), dtype=torch.long),
+                           (position[None, :] <= last[:, None]).long()], dim=1)
+    loss_mask = torch.cat([torch.zeros((B, 1), dtype=torch.long), m.long()], dim=1)
+    return dict(input_ids=torch.zeros((B, T + 1), dtype=torch.long), attention_mask=attention,
+                loss_mask=loss_mask)
+
+
+def _token_aligned(x):
+    """[B, T] response values in AReaL's unrolled frame: prompt column first."""
+    return torch.cat([x.new_zeros((x.shape[0], 1)), x], dim=1)
+
+
+def _rolled(x):
+    """[B, T] response values in the rolled frame (column t: response token t), with the wrap
+    column T (the prompt's, 0)."""
+    return torch.cat([x, x.new_zeros((x.shape[0], 1))], dim=1)
+
+
+def _actor_self(kl_ctl, kl_estimator, gamma=GAMMA, lam=LAM):
+    return StandInSelf(
+        config=StandInSelf(overlong_reward_penalty=False, use_decoupled_loss=False,
+                           recompute_logprob=False),
+        reward_bias=0.0, reward_scaling=1.0, reward_clip=float("inf"), reward_norm=None,
+        kl_ctl=kl_ctl, kl_estimator=kl_estimator, mask_no_eos_with_zero=False,
+        discount=gamma, gae_lambda=lam, adv_norm=None)
+
+
+def _advantages_gae(fn, gamma=GAMMA, lam=LAM):
+    def adapter(rewards, values, mask):
+        m = mask.bool()
+        zero = rewards.new_zeros(())
+        data = dict(_sequences(mask), rewards=rewards.new_zeros(rewards.shape[0]),
+                    logprobs=_token_aligned(torch.zeros_like(rewards)),
+                    ref_logp=_rolled(torch.where(m, rewards, zero)),
+                    values=_rolled(values))        # as given at padding: AReaL skips it
+        me = _actor_self(1.0, lambda old, ref: old - ref, gamma, lam)
+        out = fn(me, data)
+        T = mask.shape[-1]
+        return (zero_padding(mask, out["advantages"][:, :T]),
+                zero_padding(mask, out["returns"][:, :T]))
+    return adapter
+
+
+def _advantages_rewards(fn):
+    estimator = fn.__globals__["KLEstimator"]
+
+    def adapter(scores, logp, ref_logp, mask):
+        m = mask.bool()
+        zero = logp.new_zeros(())
+        data = dict(_sequences(mask), rewards=torch.where(m.any(-1), scores, zero),
+                    logprobs=_token_aligned(torch.where(m, logp, zero)),
+                    ref_logp=_rolled(ref_logp))          # as given at padding: AReaL masks it
+        out = fn(_actor_self(KL_CTL, estimator("k1")), data)
+        return zero_padding(mask, out["tot_rewards"][:, :mask.shape[-1]])
+    return adapter
+
+
+_LAYOUT = ("called unbound with a stand-in self (no overlong penalty, reward bias 0, scaling 1, "
+           "no reward clip or reward_norm, mask_no_eos_with_zero False, adv_norm None: its row "
+           "is Normalization's; recompute_logprob and the decoupled loss off, so the inference "
+           "log-probs are the old ones)",
+           "data as AReaL's batches hold it: each sequence a one-token prompt and the response, "
+           "right-padded (attention through the row's last valid token), loss_mask 1 at the "
+           "valid response tokens, the inference log-probs token-aligned (the trainer rolls "
+           "them by −1, 0 at padding as the inference engine gives them), ref_logp in the "
+           "rolled frame (as compute_logp gives it) with the case's padding values",
+           "outputs read at the valid response tokens (the rolled frame's first T columns)")
+
+def _grpo_loss(**settings):
+    def make(fn):
+        def adapter(logp, old_logp, advantages, mask):
+            m = mask.bool()
+            logp, old_logp = logp.float(), old_logp.float()     # AReaL's log-probs: float32
+            input_data = dict(logprobs=old_logp, prox_logp=old_logp, loss_mask=m,
+                              advantages=per_sequence(advantages.float(), logp))
+            return fn(logp, torch.zeros_like(logp), input_data, **settings)
+        return adapter
+    return make
+
+
+_GRPO_LOSS = ("called as PPOActor._ppo_update binds it (functools.partial of the config's "
+              "eps_clip, eps_clip_higher, c_clip, rejection_sampling None, m2_threshold None, "
+              "importance_sampling_level 'token', prox_logp_method 'recompute', "
+              "use_sapo_loss and use_decoupled_loss False) on one micro-batch",
+              "input_data: logprobs (the old ones), prox_logp = the old log-probs (what "
+              "_compute_advantages stores without the decoupled loss), loss_mask as bool, "
+              "advantages broadcast to [B, T]; entropy 0 (only logged); no teacher_logp",
+              "inputs cast to float32 and judged at float32: its stats_tracker.stat calls "
+              "refuse float64 tensors (AReaL's log-probs are float32)")
+
+
+_AREAL_ROWS = (
+    Row(f"{A}:PPOActor._compute_advantages", "gae", _advantages_gae,
+        label=f"GAE γ {GAMMA}, λ {LAM}",
+        choices=_LAYOUT + (f"discount {GAMMA}, gae_lambda {LAM} (AReaL's defaults are 1.0, "
+                           f"under which a dropped or misplaced discount changes nothing)",
+                           "the case's token rewards fed through the KL-reward channel: "
+                           "kl_ctl 1, self.kl_estimator = log π_old − log π_ref in the inputs' "
+                           "dtype, old log-probs 0 and ref_logp = the token rewards, so "
+                           "−kl_ctl·k = the token rewards; the score 0 (the score's placement "
+                           "is the tot_rewards row's)",
+                           "values in the rolled frame as given at padding (the critic's "
+                           "values there are not 0), 0 in the wrap column (the value a "
+                           "sequence without EOS bootstraps from: the reference's none)"),
+        conventions=dict(gamma=GAMMA, lam=LAM), params=("self", "data")),
+    Row(f"{A}:PPOActor._compute_advantages", "gae", lambda fn: _advantages_gae(fn, 1.0, 1.0),
+        label="GAE γ 1, λ 1",
+        choices=_LAYOUT + ("discount 1.0, gae_lambda 1.0 (AReaL's defaults)",
+                           "the case's token rewards fed through the KL-reward channel, as in "
+                           "the γ 0.99 row", "values as in the γ 0.99 row"),
+        conventions=dict(gamma=1.0, lam=1.0), params=("self", "data")),
+    Row(f"{A}:PPOActor._compute_advantages", "kl_rewards", _advantages_rewards,
+        label=f"tot_rewards, k1, kl_ctl {KL_CTL}",
+        choices=_LAYOUT + (f"kl_ctl {KL_CTL} (its default), self.kl_estimator = "
+                           f"KLEstimator('k1') (AReaL's "
+                           f"own, float32, clamped to ±10); one score per sequence as "
+                           f"data['rewards']; the tot_rewards output",),
+        conventions=dict(beta=KL_CTL, kind="k1", clamp=(None, 10.0)),
+        audit=dict(_F32, domain=("per_sequence_scores",)), params=("self", "data")),
+    Row(f"{A}:grpo_loss_fn", "policy_objective",
+        _grpo_loss(eps_clip=0.2, eps_clip_higher=0.28, c_clip=3.0),
+        label="ppo, 0.2/0.28, dual clip 3",
+        choices=_GRPO_LOSS + ("eps_clip 0.2, eps_clip_higher 0.28, c_clip 3.0: the bounds "
+                              "apart and the dual clip on, so that a swap or a dropped "
+                              "setting at the call shows",) + _CALL[1:],
+        conventions=dict(_PPO, clip_high=0.28, clip_c=3.0), audit=dict(_WHOLE, **_F32),
+        params=("logprobs", "entropy", "input_data", "eps_clip", "eps_clip_higher", "c_clip")),
+)
+
+
 ROWS = (
     Row(f"{F}:ppo_actor_loss_fn", "policy_objective", _ppo(), label="ppo",
         choices=_CALL + ("eps_clip 0.2, eps_clip_higher and c_clip None (its defaults)",),
@@ -269,6 +419,8 @@ ROWS = (
         params=("x", "loss_mask"), known=(_NORM_PADDING,)),
 )
 
+ROWS = ROWS + _AREAL_ROWS
+
 TRAINER = Trainer(
     name="areal", package="areal", dist="areal", profile="verl", pinned="1.0.4",
     modules=(F, D, A), rows=ROWS,
@@ -276,14 +428,12 @@ TRAINER = Trainer(
                    r"sapo_loss_fn|ppo_critic_loss_fn|_compute_sequence_level_ratio_and_"
                    r"advantages"),
                (D, r"KLEstimator\._compute_approx_kl|Normalization\.__call__"),
-               (A, r"_apply_m2po_masking|_get_m2po_loss_mask|grpo_loss_fn")),
+               (A, r"_apply_m2po_masking|_get_m2po_loss_mask|grpo_loss_fn|"
+                   r"PPOActor\._compute_advantages")),
     not_run=(("masked_normalization", "not called anywhere in areal 1.0.4 (only exported)"),
              ("_compute_sequence_level_ratio_and_advantages",
               "reached through ppo_actor_loss_fn at importance_sampling_level 'sequence'"),
              ("_get_m2po_loss_mask", "reached through _apply_m2po_masking"),
-             ("grpo_loss_fn", "resolves the proximal log-probs and adds the distillation "
-                              "terms around ppo_actor_loss_fn and _apply_m2po_masking, which "
-                              "rows run; it reads the engine's input_data dict"),
              ("apply_rejection_sampling",
               "reached through ppo_actor_loss_fn's rejection_sampling (the decoupled rows)")),
     runs=("ppo_actor_loss_fn at token level (0.2/0.2; 0.2/0.28 with dual clip 3) and at "
@@ -299,10 +449,12 @@ TRAINER = Trainer(
                   "estimator, the weight stays the token ratio) or with agg 'sum'/'max' at "
                   "sequence level (the test and the weight are different statistics): no "
                   "reference takes those", "the 1-D packed "
-                  "layout with cu_seqlens", "PPOActor._compute_advantages (GAE and the KL "
-                  "reward; actor.py imports the training controllers)",
+                  "layout with cu_seqlens", "PPOActor._compute_advantages with adv_norm, "
+                  "reward_norm or the overlong penalty (their own rows, or none)",
                   "Normalization with leave-one-out means or mixed levels",
-                  "the distillation terms of grpo_loss_fn"),
+                  "the distillation terms of grpo_loss_fn, and grpo_loss_fn with m2_threshold "
+                  "set (M2PO's mask then the PPO loss: no reference composes the two; each "
+                  "has its row)"),
     notes=("judged under the verl profile with every convention the rows need set explicitly: "
            "AReaL's PPO loss has no log-ratio clamp and its dual clip is off unless c_clip is "
            "set",),

@@ -910,6 +910,7 @@ def grade(row: Row, report, precision: str, root: str, audit_row) -> List[dict]:
     """The graded findings of a row's audit (see the module docstring): each failure, and each
     robustness note of the audit."""
     out = []
+    again_by_variant = {}      # one re-audit per variant: entries at several checks share one
     for f in report.findings:
         if not (f.status == "fail" or f.grade == "robustness"):
             continue
@@ -919,9 +920,13 @@ def grade(row: Row, report, precision: str, root: str, audit_row) -> List[dict]:
             for k in entries:
                 if not k.variant:
                     continue
-                try:
-                    again = audit_row(k.variant)
-                except Exception:                          # the variant itself does not run
+                if id(k.variant) not in again_by_variant:
+                    try:
+                        again_by_variant[id(k.variant)] = audit_row(k.variant)
+                    except Exception:                      # the variant itself does not run
+                        again_by_variant[id(k.variant)] = None
+                again = again_by_variant[id(k.variant)]
+                if again is None:
                     continue
                 if reproduces(report, again, f.check):
                     known = k

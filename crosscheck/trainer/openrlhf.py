@@ -392,6 +392,135 @@ def _kl_clamp(fn):
                 choice="this release does not clamp the estimate: judged unclamped")
 
 
+# ---- the actor's loss on the training path ---------------------------------------------------
+# ActorPPOTrainer.training_step (openrlhf/trainer/ray/ppo_actor.py) composes PolicyLoss, the KL
+# loss (compute_approx_kl, aggregate_loss, times kl_ctl) and the entropy bonus, and hands the sum
+# to strategy.backward: the card calls it unbound with a stand-in self whose strategy keeps the
+# loss it is given.
+
+ACTOR = "openrlhf.trainer.ray.ppo_actor"
+KL_CTL = 0.1           # kl_ctl as ppo_train passes it (the KL controller's value)
+
+
+class _Strategy:
+    """DeepSpeed's strategy as training_step uses it on one process: backward keeps the loss
+    (the card's output), the optimizer step does nothing."""
+    ring_attn_group = None
+
+    def __init__(self):
+        self.loss = None
+
+    def backward(self, loss, model, optimizer, **kwargs):
+        self.loss = loss
+
+    def optimizer_step(self, *args, **kwargs):
+        pass
+
+    def get_grad_norm(self, model):
+        return 0.0
+
+
+class _Actor:
+    """The actor model: train() does nothing; called, it returns the log-probs under test (and
+    an output without aux_loss or entropy)."""
+
+    def __init__(self, logp):
+        self.logp = logp
+
+    def train(self):
+        pass
+
+    def __call__(self, *args, **kwargs):
+        return self.logp, {}
+
+
+class _Scheduler:
+    @staticmethod
+    def get_last_lr():
+        return [0.0]
+
+
+def _training_step(agg="token-mean", estimator="k3"):
+    def make(fn):
+        g = inspect.unwrap(fn).__globals__
+        policy_loss, experience_class = g["PolicyLoss"], g["Experience"]
+
+        def adapter(logp, old_logp, advantages, mask, ref_logp, n_tokens_global=None,
+                    n_sequences_global=None):
+            B, T = logp.shape
+            args = _ns(actor=_ns(entropy_coef=None, aux_loss_coef=0.0),
+                       train=_ns(dynamic_batch_enable=False),
+                       algo=_ns(kl=_ns(use_loss=True, init_coef=KL_CTL, estimator=estimator,
+                                       unbiased_gradient=False)))
+            strategy = _Strategy()
+            me = StandInSelf(
+                args=args, strategy=strategy, actor=_Actor(logp), aux_loss=False,
+                ema_model=None, actor_optim=None, actor_scheduler=_Scheduler(),
+                actor_loss_fn=policy_loss(clip_eps_low=0.2, clip_eps_high=0.2, dual_clip=None,
+                                          token_level_loss=agg == "token-mean",
+                                          policy_loss_type="ppo"))
+            experience = experience_class(
+                sequences=torch.zeros((B, 1 + T), dtype=torch.long),
+                attention_mask=torch.ones((B, 1 + T), dtype=torch.long),
+                action_mask=mask.bool(), action_log_probs=old_logp,
+                base_action_log_probs=ref_logp, advantages=per_sequence(advantages, logp))
+            fn(me, experience, KL_CTL, 0, dict(
+                batch_num_tokens=mask.sum() if n_tokens_global is None else n_tokens_global,
+                global_batch_size=B if n_sequences_global is None else n_sequences_global))
+            return strategy.loss
+        return adapter
+    return make
+
+
+def _kl_by_loss_agg_mode(adapter):
+    """training_step as it would be with its KL term aggregated by loss_agg_mode (sequence mean
+    of token means) like its policy term: the trainer's own loss, its token-mean KL term
+    (compute_approx_kl and aggregate_loss, OpenRLHF's own) taken out and the sequence-mean one
+    put in."""
+    import sys
+
+    def variant(logp, old_logp, advantages, mask, ref_logp, n_tokens_global=None,
+                n_sequences_global=None):
+        kl = sys.modules[UTILS].compute_approx_kl(logp, ref_logp, kl_estimator="k2")
+        aggregate = sys.modules[LOSS].aggregate_loss
+        n = mask.sum() if n_tokens_global is None else n_tokens_global
+        B = mask.shape[0] if n_sequences_global is None else n_sequences_global
+        m = mask.to(logp.dtype)
+        token = aggregate(kl, m, token_level_loss=True, batch_num_tokens=n, global_batch_size=B)
+        seq = aggregate(kl, m, token_level_loss=False, batch_num_tokens=n, global_batch_size=B)
+        return adapter(logp, old_logp, advantages, mask, ref_logp, n_tokens_global,
+                       n_sequences_global) + KL_CTL * (seq - token)
+    return variant
+
+
+_KL_BY_MODE = dict(adapt=_kl_by_loss_agg_mode)     # one variant, re-audited once for all three
+_KL_TOKEN_MEAN = tuple(Known(
+    check, "defect",
+    "training_step aggregates the KL loss with aggregate_loss(kl, action_mask, "
+    "**loss_batch_info) (ppo_actor.py:331), without token_level_loss, so it is a token mean "
+    "whatever actor.loss_agg_mode says (the entropy bonus likewise, :347), while the policy "
+    "loss follows "
+    "loss_agg_mode. Under 'seq-mean-token-mean' ('every sequence weighs the same', its help) "
+    "a long response's KL weighs more than a short one's, and the gradient of the sum is not "
+    "that of one objective aggregated one way; under 'token-mean' (the default) it is exact",
+    variant=_KL_BY_MODE) for check in ("value", "grad", "microbatch"))
+
+
+_STEP = ("called unbound with a stand-in self: the actor returns the log-probs under test, "
+         "strategy.backward keeps the loss it is given (the card's output); one process, no "
+         "dynamic batch, no aux loss (a dense model), entropy_coef None (its default)",
+         "actor_loss_fn = PolicyLoss(clip_eps_low 0.2, clip_eps_high 0.2, dual_clip None, "
+         "token_level_loss = loss_agg_mode == 'token-mean', policy_loss_type 'ppo'), as "
+         "ActorPPOTrainer.__init__ builds it; no rollout log-probs (no IS correction)",
+         f"algo.kl.use_loss True, init_coef {KL_CTL}, kl_ctl {KL_CTL} (the controller's value "
+         f"ppo_train passes), unbiased_gradient False",
+         "loss_batch_info = the whole batch's token and sequence counts, as "
+         "iter_grad_accum_global_norm gives them for the optimizer step's window",
+         "an Experience of a one-token prompt and the response: action_log_probs = old_logp, "
+         "base_action_log_probs = ref_logp, advantages broadcast over the response",
+         "judged at float32: compute_approx_kl casts the log-probs to float32 (.float())")
+
+
 _FORWARD = ("log_probs", "old_log_probs", "advantages", "action_mask")
 
 ROWS = (
@@ -491,19 +620,45 @@ ROWS = (
 )
 
 
+ROWS = ROWS + (
+    Row(f"{ACTOR}:ActorPPOTrainer.training_step", "policy_objective", _training_step(),
+        label="ppo + k3 KL loss, token-mean",
+        choices=_STEP + ("actor.loss_agg_mode 'token-mean' (its default), algo.kl.estimator "
+                         "'k3' (the estimator its help recommends for a KL loss)",),
+        conventions=dict(loss="ppo", agg="token-mean", beta=KL_CTL, kl_kind="k3",
+                         kl_clamp=(None, 10.0)),
+        audit=dict(precision="float32"),
+        params=("self", "experience", "kl_ctl", "step", "loss_batch_info")),
+    Row(f"{ACTOR}:ActorPPOTrainer.training_step", "policy_objective",
+        _training_step("seq-mean-token-mean", "k2"),
+        label="ppo + k2 KL loss, seq-mean-token-mean",
+        choices=_STEP + ("actor.loss_agg_mode 'seq-mean-token-mean', algo.kl.estimator 'k2'",),
+        conventions=dict(loss="ppo", agg="seq-mean-token-mean", beta=KL_CTL, kl_kind="k2",
+                         kl_clamp=(None, 10.0)),
+        known=_KL_TOKEN_MEAN,
+        audit=dict(precision="float32"),
+        params=("self", "experience", "kl_ctl", "step", "loss_batch_info")),
+)
+
+
 TRAINER = Trainer(
     name="openrlhf", package="openrlhf", dist="openrlhf", profile="openrlhf", pinned="0.11.2",
-    modules=(LOSS, UTILS, EM), rows=ROWS,
+    modules=(LOSS, UTILS, EM, ACTOR), rows=ROWS,
     inventory=((LOSS, r"aggregate_loss|PolicyLoss\.forward|ValueLoss\.forward"),
                (UTILS, r"compute_approx_kl|compute_reward|masked_normalize|compute_entropy"),
                (EM, r"RemoteExperienceMaker\.(get_advantages_and_returns|"
-                    r"get_cumulative_returns|compute_advantages_and_returns)")),
+                    r"get_cumulative_returns|compute_advantages_and_returns)"),
+               (ACTOR, r"ActorPPOTrainer\.training_step")),
     runs=("PolicyLoss ppo symmetric (0.2/0.2) and clip-higher (0.2/0.28) with dual_clip 3.0, "
           "gspo", "the rollout correction token / sequence mask and token clip",
           "aggregate_loss in both modes with global counts", "GAE on right-padded rows and on "
           "multi-turn rows with holes", "group_norm, rloo and dr_grpo baselines (near-degenerate "
           "groups included)", "compute_approx_kl k1, k2, k3"),
-    does_not_run=("dp_size > 1", "the token-level gspo variant", "masked_normalize"),
+    does_not_run=("dp_size > 1", "the token-level gspo variant", "masked_normalize",
+                  "compute_advantages_and_returns with kl_ctl > 0 (the KL folded into the "
+                  "rewards by compute_reward, whose own row runs: the estimator rows pass "
+                  "kl_ctl.value 0)", "training_step's entropy bonus (entropy_coef None, its "
+                  "default) and aux loss (a dense model)"),
     notes=("PolicyLoss's rollout importance-sampling correction multiplies the PPO loss by the "
            "coefficients of its is_correction rows (the policy rows run with it off, "
            "OpenRLHF's default); its 'binary_kl' and 'tv' gating have no reference yet",

@@ -15,10 +15,12 @@ on 3.11, so CI installs it with `--no-deps --ignore-requires-python`):
   scaled sum equals the aggregation of the unscaled loss.
 """
 import inspect
+import sys
 
 import torch
 
-from .card import DoesNotFit, Known, NotInVersion, Row, Trainer, per_sequence, per_token, source_of
+from .card import (DoesNotFit, Known, NotInVersion, Row, StandInSelf, Trainer, per_sequence,
+                   per_token, source_of)
 from .verl import _OUTCOME, _outcome, _whiten
 
 PPO = "skyrl.backends.skyrl_train.utils.ppo_utils"
@@ -342,12 +344,159 @@ ROWS = (
     for kind in ("k1", "abs", "k2", "k3")
 )
 
+# ---- the actor's loss on the training path ---------------------------------------------------
+# PolicyWorkerBase._forward_backward_micro (workers/worker.py) composes the policy loss (on
+# advantages the trainer pre-scaled), the KL loss (compute_approx_kl, a per-sequence token mean
+# averaged over the rows, times kl_loss_coef and the micro-batch's weight) and the entropy
+# bonus, and hands the sum to strategy.backward: called unbound with a stand-in self whose
+# strategy keeps the loss.
+
+WORKER = "skyrl.backends.skyrl_train.workers.worker"
+KL_LOSS_COEF = 0.1       # algorithm.kl_loss_coef (default 0.001: a dropped or doubled
+# coefficient moves the loss by less than the audit sees)
+
+
+class _Strategy:
+    def __init__(self):
+        self.loss = None
+
+    def backward(self, loss, model, optimizer, **kwargs):
+        self.loss = loss
+
+
+class _Model:
+    """The policy model: called, it returns the log-probs under test and an output whose
+    entropy covers the sequence (0: use_entropy_loss is off, the entropy only logged)."""
+
+    def __init__(self, logp):
+        self.logp = logp
+
+    def train(self):
+        pass
+
+    def __call__(self, sequences, num_actions, **kwargs):
+        return self.logp, {"entropy": self.logp.new_zeros(sequences.shape)}
+
+
+class _Experience:
+    """A micro-batch as the worker reads it (SkyRL's Experience fields); to_device keeps it."""
+
+    def __init__(self, **fields):
+        self.__dict__.update(fields)
+
+    def to_device(self, device):
+        pass
+
+
+def _on_cpu():
+    """torch.cuda.current_device, which the worker calls to place the micro-batch, stood in
+    by the CPU for the call (one CPU process: the micro-batch stays where it is)."""
+    from unittest import mock
+    return mock.patch.object(torch.cuda, "current_device", lambda: "cpu")
+
+
+def _forward_backward(reduction="token_mean"):
+    def make(fn):
+        losses = sys.modules[PPO]
+        reduce_fn = losses.apply_loss_reduction_to_advantages_minibatch
+        policy_loss = losses.PolicyLossRegistry.get("regular")
+
+        def adapter(logp, old_logp, advantages, mask, ref_logp):
+            B, T = mask.shape
+            m = mask.to(logp.dtype)
+            a = _scaled(reduce_fn, per_sequence(advantages, logp), mask, reduction, None)
+            cfg = StandInSelf(algorithm=_config(
+                policy_loss, policy_loss_type="regular", loss_reduction=reduction,
+                use_kl_loss=True, kl_loss_coef=KL_LOSS_COEF, kl_estimator_type="k3",
+                use_entropy_loss=False))
+            strategy = _Strategy()
+            me = StandInSelf(cfg=cfg, model=_Model(logp), policy_loss_fn=policy_loss,
+                             strategy=strategy, mesh_rank=StandInSelf(dp_size=1),
+                             optimizer=None, scheduler=StandInSelf(get_last_lr=lambda: [0.0]))
+            experience = _Experience(
+                sequences=torch.zeros((B, 1 + T), dtype=torch.long),
+                action_log_probs=old_logp, base_action_log_probs=ref_logp, advantages=a,
+                num_actions=T, attention_mask=torch.ones((B, 1 + T), dtype=torch.long),
+                loss_mask=m, response_mask=m, rollout_logprobs=None, pixel_values=None,
+                image_grid_thw=None, rollout_sample_support=None)
+            with _on_cpu():
+                fn(me, experience, 1.0)         # the whole batch: one micro-batch
+            return strategy.loss
+        return adapter
+    return make
+
+
+def _kl_by_loss_reduction(adapter):
+    """_forward_backward_micro as it would be with its KL term under loss_reduction
+    token_mean like its policy term: the trainer's own loss, its per-sequence KL mean (SkyRL's
+    compute_approx_kl and masked_mean) taken out and the token mean put in."""
+    def variant(logp, old_logp, advantages, mask, ref_logp):
+        losses = sys.modules[PPO]
+        m = mask.to(logp.dtype)
+        kl = losses.compute_approx_kl(logp, ref_logp, loss_mask=m, kl_estimator_type="k3")
+        per_row = (kl * m).sum(-1) / m.sum(-1).clamp(min=1.0)
+        return adapter(logp, old_logp, advantages, mask, ref_logp) + \
+            KL_LOSS_COEF * ((kl * m).sum() / m.sum().clamp(min=1.0) - per_row.mean())
+    return variant
+
+
+_KL_BY_REDUCTION = dict(adapt=_kl_by_loss_reduction)
+_KL_SEQ_MEAN = tuple(Known(
+    check, "documented choice",
+    "the worker aggregates the KL loss as masked_mean(kl, loss_mask, dim=-1).mean() "
+    "(worker.py:1232: a per-sequence token mean averaged over the rows) whatever "
+    "loss_reduction says, while the "
+    "policy loss follows loss_reduction through the advantages the trainer pre-scales; under "
+    "token_mean (the default, with use_kl_loss on by default) a short response's KL tokens "
+    "weigh more than a long one's, and the gradient of the sum is not that of one objective "
+    "aggregated one way",
+    variant=_KL_BY_REDUCTION,
+    cite="worker.py, _forward_backward_micro: 'NOTE: The KL and entropy loss terms are not "
+         "pre-scaled, so we just average them across microbatches and DP workers.'")
+    for check in ("value", "grad"))
+
+_MICRO = ("called unbound with a stand-in self: the model returns the log-probs under test, "
+          "strategy.backward keeps the loss it is given (the card's output); dp_size 1; "
+          "torch.cuda.current_device stood in by the CPU for the call",
+          "cfg.algorithm: SkyRL's AlgorithmConfig with policy_loss_type 'regular', "
+          f"use_kl_loss True (its default), kl_estimator_type 'k3' (its default), "
+          f"kl_loss_coef {KL_LOSS_COEF} (the default 0.001 hides a dropped or doubled "
+          f"coefficient), use_entropy_loss False (its default)",
+          "advantages pre-scaled by SkyRL's own apply_loss_reduction_to_advantages_minibatch "
+          "over the whole batch, as the trainer does before splitting it",
+          "judged on whole batches (one micro-batch, microbatch_weight 1): the trainer "
+          "scales the mini-batch's advantages before it splits it and weights each "
+          "micro-batch's KL term by its share of the rows, empty ones included, which no "
+          "global count the audit passes gives",
+          "an Experience of a one-token prompt and the response: action_log_probs = old_logp, "
+          "base_action_log_probs = ref_logp, loss_mask = response_mask = the mask, no rollout "
+          "log-probs")
+_MICRO_PARAMS = ("self", "experience", "microbatch_weight")
+
+
+ROWS = ROWS + (
+    Row(f"{WORKER}:PolicyWorkerBase._forward_backward_micro", "policy_objective",
+        _forward_backward("sequence_mean"), label="regular + k3 KL loss, sequence_mean",
+        choices=_MICRO + ("loss_reduction 'sequence_mean': the policy term's aggregation is "
+                          "then the KL term's",),
+        conventions=dict(loss="ppo", agg="seq-mean-token-mean", empty_rows="include",
+                         beta=KL_LOSS_COEF, kl_kind="k3", kl_clamp=(20.0, 10.0)),
+        audit=dict(accumulation="none"), params=_MICRO_PARAMS),
+    Row(f"{WORKER}:PolicyWorkerBase._forward_backward_micro", "policy_objective",
+        _forward_backward("token_mean"), label="regular + k3 KL loss, token_mean",
+        choices=_MICRO + ("loss_reduction 'token_mean' (its default)",),
+        conventions=dict(loss="ppo", agg="token-mean", beta=KL_LOSS_COEF, kl_kind="k3",
+                         kl_clamp=(20.0, 10.0)),
+        audit=dict(accumulation="none"), known=_KL_SEQ_MEAN, params=_MICRO_PARAMS),
+)
+
 TRAINER = Trainer(
     name="skyrl", package="skyrl", dist="skyrl", profile="skyrl", pinned="0.4.0",
-    modules=(PPO,), rows=ROWS,
+    modules=(PPO, WORKER), rows=ROWS,
     inventory=((PPO, r"compute_.*|masked_whiten|ppo_critic_loss|ppo_policy_loss|"
                      r"sapo_policy_loss|gspo_policy_loss|rollout_is_policy_loss|"
-                     r"dppo_policy_loss|importance_sampling_loss|cross_entropy_loss|reduce_loss"),),
+                     r"dppo_policy_loss|importance_sampling_loss|cross_entropy_loss|reduce_loss"),
+               (WORKER, r"PolicyWorkerBase\._forward_backward_micro")),
     not_run=(("compute_policy_loss_clip_cov",
               "draws the tokens it un-clips with torch.randperm: not a deterministic function "
               "of its inputs"),
@@ -383,5 +532,9 @@ TRAINER = Trainer(
                   "mask)", "DPPO, KL-Cov, rollout_is and importance_sampling losses",
                   "SAPO and GSPO under token_mean",
                   "token_mean_legacy scaling", "off-policy correction",
-                  "dp_size > 1"),
+                  "dp_size > 1", "the KL in the reward (use_kl_in_reward: "
+                  "RayPPOTrainer.apply_reward_kl_penalty in skyrl/train/trainer.py, which the "
+                  "card does not load: rewards − kl_loss_coef · compute_approx_kl, whose own "
+                  "rows run)", "the worker's entropy bonus (use_entropy_loss False, its "
+                  "default)"),
 )

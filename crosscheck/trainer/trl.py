@@ -199,6 +199,34 @@ def _vllm_is(mode):
         return adapter
     return make
 
+# the reward functions' weights (GRPOConfig.reward_weights) and how the case's reward is split
+# between two reward functions: w₀·2(r − 2s) + w₁·s = r for every s, so the weighted sum is the
+# case's reward, while a dropped, swapped or misplaced weight is not an affine map of r
+REWARD_WEIGHTS = (0.5, 2.0)
+
+
+def _group_advantages(block):
+    """The advantage block of _generate_and_score_completions ('sum_then_normalize'), given
+    rewards_per_func of two reward functions whose weighted sum is the case's reward; an
+    unscorable row (valid 0) has every reward function return None (NaN)."""
+    def adapter(rewards, group_size, valid=None):
+        import sys
+        B = rewards.shape[0]
+        s = (torch.arange(B, dtype=rewards.dtype) % 3) * 0.5        # the second function's
+        per_func = torch.stack([2.0 * (rewards - 2.0 * s), s], dim=1)
+        if valid is not None:
+            per_func = torch.where(torch.as_tensor(valid).bool()[:, None], per_func,
+                                   per_func.new_full((), float("nan")))
+        me = StandInSelf(multi_objective_aggregation="sum_then_normalize",
+                         reward_weights=torch.tensor(REWARD_WEIGHTS, dtype=rewards.dtype),
+                         scale_rewards="group", reward_funcs=[None, None],
+                         accelerator=StandInSelf(process_index=0))
+        return block(rewards_per_func=per_func, self=me, device=rewards.device,
+                     num_generations=int(group_size), nanstd=sys.modules[GRPO].nanstd,
+                     prompts=[None] * B)
+    return adapter
+
+
 # TRL 0.23-0.25 wrote the correction as one token-level truncation, before the modes existed:
 # importance_sampling_ratio = clamp(exp(old − sampling), max=vllm_importance_sampling_cap)
 _OLDER_IS = ((("importance_sampling_ratio", "importance_sampling_ratio",
@@ -289,6 +317,21 @@ ROWS = (
                          empty_rows="include"),
         audit=dict(accumulation="mean"),
         params=_PARAMS, fits=_fits("sapo", "sequence"), known=(_FLOAT32_TAU,)),
+    Row(GENERATE, "group_advantages", _group_advantages, label="group advantages, two rewards",
+        block=("unscorable_mask", "advantages", ("advantages",), True),
+        choices=("the statements from unscorable_mask to the last assignment of advantages "
+                 "(the reward functions' weighted sum, the group mean and nanstd over each "
+                 "prompt's num_generations completions, the division by std + 1e-4, unscorable "
+                 "completions' advantage 0, one process's slice), run with a stand-in self "
+                 "(process_index 0 of one process, prompts the batch's): "
+                 "multi_objective_aggregation 'sum_then_normalize' and scale_rewards 'group' "
+                 f"(GRPOConfig's defaults), reward_weights {REWARD_WEIGHTS}",
+                 "two reward functions whose weighted sum is the case's reward: "
+                 "rewards_per_func = [2(r − 2s), s] with s = 0, 0.5, 1, 0, ... by row; an "
+                 "invalid row (unscorable) has both NaN",
+                 "num_generations = the case's group size: groups are consecutive blocks, as "
+                 "TRL's sampler repeats each prompt"),
+        params=()),
     Row(ROW, "clip_fraction", _clip_metric, label="clip_ratio/region_mean",
         choices=_STAND_IN + ("the clip_ratio/region_mean metric it logs (loss_type 'dapo')",),
         params=_PARAMS, fits=_fits("dapo")),
@@ -308,8 +351,8 @@ TRAINER = Trainer(
                   "the off-policy mask", "several processes",
                   "luspo at sequence level", "vLLM correction folded into the loss"),
     notes=("the off-policy sequence mask (get_off_policy_mask) has no reference yet",
-           "TRL's group advantages (mean and nanstd over each prompt's completions, + 1e-4) are "
-           "statements inside _generate_and_score_completions, which generates text; they are "
-           "not reached as a function here: crosscheck.live checks them, with accumulation and "
-           "several processes, in a real run (docs/live.md)"),
+           "TRL's group advantages are statements inside _generate_and_score_completions, "
+           "which generates text: the card runs that statement block (its 'sum_then_normalize' "
+           "branch); crosscheck.live checks them with several processes in a real run "
+           "(docs/live.md)"),
 )

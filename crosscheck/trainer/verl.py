@@ -706,6 +706,208 @@ ROWS = ROWS + (
                                          ("IcePop mask", "mask", "0.5_2.0", 0.5))
 )
 
+# ---- compositions on the training path --------------------------------------------------------
+# verl/workers/utils/losses.py::ppo_loss (the actor's loss: policy loss + entropy + KL loss, each
+# through agg_loss with global_batch_info) and verl/trainer/ppo/ray_trainer.py::apply_kl_penalty /
+# compute_advantage (the KL folded into the rewards, the estimator dispatch), called as the
+# trainer calls them with stand-in batches
+
+LOSSES = "verl.workers.utils.losses"
+RT = "verl.trainer.ppo.ray_trainer"
+KL_LOSS_COEF = 0.1      # actor.kl_loss_coef (default 0.001, under which a dropped or doubled
+# coefficient moves the loss by less than the audit sees)
+
+
+class _Batch(dict):
+    """A TensorDict batch as ppo_loss and the ray trainer read it: keys, get, select(...)
+    .to_padded_tensor() (the tensors are already padded [B, T]) and batch_size."""
+
+    def __init__(self, size, **tensors):
+        super().__init__(**tensors)
+        self.batch_size = (size,)
+
+    def select(self, *keys):
+        return _Batch(self.batch_size[0], **{k: self[k] for k in keys})
+
+    def to_padded_tensor(self):
+        return self
+
+
+def _packed(logp):
+    """The actor's output as verl's engine returns it, no padding: each sequence a one-token
+    prompt and its T response positions, the log-prob of response token t at sequence position
+    t (the model's output left-shifted by one), then the last position's (unused) output;
+    no_padding_2_padding slices the responses back out."""
+    B, T = logp.shape
+    return torch.cat([logp, logp.new_zeros((B, 1))], dim=1).reshape(B * (T + 1))
+
+
+def _ppo_loss(agg="token-mean", kl_type="low_var_kl", scale=None):
+    def make(fn):
+        config_class = fn.__globals__["ActorConfig"]
+
+        def adapter(logp, old_logp, advantages, mask, ref_logp, n_tokens_global=None,
+                    n_sequences_global=None):
+            B, T = logp.shape
+            config = _actor_config(
+                config_class, policy_loss=_Fields(loss_mode="vanilla"), loss_agg_mode=agg,
+                loss_scale_factor=scale, use_kl_loss=True, kl_loss_type=kl_type,
+                kl_loss_coef=KL_LOSS_COEF, entropy_coeff=0.0)
+            n = mask.sum() if n_tokens_global is None else n_tokens_global
+            data = _Batch(
+                B, dp_size=1, batch_num_tokens=n,
+                global_batch_size=B if n_sequences_global is None else n_sequences_global,
+                prompts=torch.zeros((B, 1), dtype=torch.long),
+                responses=torch.zeros((B, T), dtype=torch.long),
+                attention_mask=torch.ones((B, 1 + T), dtype=torch.long),
+                response_mask=mask.bool(), old_log_probs=old_logp,
+                advantages=per_sequence(advantages, logp), ref_log_prob=ref_logp)
+            loss, _ = fn(config, {"log_probs": _packed(logp)}, data)
+            return loss
+        return adapter
+    return make
+
+
+_PPO_LOSS = ("called as the engine calls it: model_output = {'log_probs': the actor's "
+             "unpadded output} (each sequence a one-token prompt and T response positions, "
+             "sliced back by verl's own no_padding_2_padding), no 'entropy' (verl computes it "
+             "only when calculate_entropy or entropy_coeff ≠ 0)",
+             "data: a dict-like batch with dp_size 1, batch_num_tokens and global_batch_size "
+             "the whole batch's token and sequence counts (as the engine fills them), "
+             "response_mask, old_log_probs, advantages, ref_log_prob",
+             f"ActorConfig (its __init__ not run): policy_loss.loss_mode 'vanilla', clip_ratio "
+             f"0.2, clip_ratio_c 3.0, use_kl_loss True, kl_loss_coef {KL_LOSS_COEF} (the "
+             f"default 0.001 hides a dropped or doubled coefficient), entropy_coeff 0 (its "
+             f"default)")
+
+
+class _KLController:
+    """kl_ctrl as apply_kl_penalty reads it: its value; update() records nothing."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def update(self, current_kl, n_steps):
+        pass
+
+
+def _kl_in_reward(fn):
+    from .card import StandInSelf
+
+    def adapter(scores, logp, ref_logp, mask):
+        m = mask.bool()
+        if scores.dim() == 1:                      # the score at the last valid token
+            position = torch.arange(m.shape[-1])
+            last = torch.where(m, position, -1).max(dim=-1).values
+            scores = (position == last[:, None]).to(logp.dtype) * \
+                zero_padding(m.any(-1), scores)[:, None]
+        data = StandInSelf(batch=_Batch(
+            m.shape[0], response_mask=_float(mask, logp), token_level_scores=scores,
+            old_log_probs=zero_padding(mask, logp), ref_log_prob=zero_padding(mask, ref_logp)))
+        out, _ = fn(data, _KLController(KL_RATIO), kl_penalty="kl")
+        return zero_padding(mask, out.batch["token_level_rewards"])
+    return adapter
+
+
+def _advantage_data(**tensors):
+    from .card import StandInSelf
+    uid = tensors.pop("uid", None)
+    size = next(iter(tensors.values())).shape[0]
+    return StandInSelf(batch=_Batch(size, **tensors),
+                       non_tensor_batch={} if uid is None else {"uid": uid})
+
+
+def _dispatch_gae(fn):
+    estimator = fn.__globals__["AdvantageEstimator"]
+
+    def adapter(rewards, values, mask):
+        zero = values.new_zeros(())
+        values, rewards = torch.where(mask.bool(), values, zero), \
+            torch.where(mask.bool(), rewards, zero)
+        out = fn(_advantage_data(token_level_rewards=rewards, values=values,
+                                 response_mask=_float(mask, rewards)),
+                 adv_estimator=estimator.GAE, gamma=GAMMA, lam=LAM,
+                 config=_Fields(use_pf_ppo=False))
+        returns = out.batch["returns"]
+        return returns - values, returns
+    return adapter
+
+
+def _dispatch_outcome(name, **kwargs):
+    def make(fn):
+        estimator = getattr(fn.__globals__["AdvantageEstimator"], name)
+
+        def adapter(rewards, group_ids):
+            r = rewards[:, None]
+            out = fn(_advantage_data(token_level_rewards=r, response_mask=r.new_ones(r.shape),
+                                     uid=np.asarray(group_ids)),
+                     adv_estimator=estimator, config=_Fields(), **kwargs)
+            return out.batch["advantages"][:, 0]
+        return adapter
+    return make
+
+
+def _norm_as_coded_in_agg(fn):
+    """ppo_loss's seq-mean-token-sum-norm is its agg_loss's: judged as _norm_as_coded judges
+    agg_loss."""
+    return _norm_as_coded(fn.__globals__["agg_loss"])
+
+
+_DISPATCH = ("called as the trainer calls it (v1 trainer_base._compute_advantage through "
+             "compute_advantage_for_multi_trajectories): a DataProto-like data with batch = "
+             "{token_level_rewards, response_mask[, values]} and non_tensor_batch = {uid}",)
+
+ROWS = ROWS + (
+    Row(f"{LOSSES}:ppo_loss", "policy_objective", _ppo_loss(),
+        label="vanilla + low_var_kl loss, token-mean",
+        choices=_PPO_LOSS + ("loss_agg_mode 'token-mean' (its default), kl_loss_type "
+                             "'low_var_kl' (its default)",),
+        conventions=dict(loss="ppo", agg="token-mean", beta=KL_LOSS_COEF, kl_kind="k3",
+                         kl_clamp=(20.0, 10.0)),
+        params=("config", "model_output", "data")),
+    Row(f"{LOSSES}:ppo_loss", "policy_objective",
+        _ppo_loss("seq-mean-token-sum-norm", "k1", SCALE),
+        label="vanilla + k1 loss, seq-mean-token-sum-norm", fits=_norm_as_coded_in_agg,
+        choices=_PPO_LOSS + (f"loss_agg_mode 'seq-mean-token-sum-norm', loss_scale_factor "
+                             f"{SCALE:g} (ppo_loss puts it in global_batch_info for both the "
+                             f"policy and the KL term's agg_loss), kl_loss_type 'k1'",),
+        conventions=dict(loss="ppo", agg="seq-mean-token-sum", norm=SCALE, beta=KL_LOSS_COEF,
+                         kl_kind="k1", kl_clamp=None),
+        params=("config", "model_output", "data")),
+    Row(f"{RT}:apply_kl_penalty", "kl_rewards", _kl_in_reward,
+        choices=(f"kl_ctrl.value = {KL_RATIO} (a fixed controller), kl_penalty 'kl' (k1, "
+                 "algorithm.kl_penalty's default)", "data: a DataProto-like batch of "
+                 "token_level_scores (a score per sequence at its last valid token), "
+                 "old_log_probs and ref_log_prob (0 at padding, as verl's padded batches hold "
+                 "them), response_mask", "the output read at valid tokens"),
+        conventions=dict(beta=KL_RATIO, kind="k1"),
+        params=("data", "kl_ctrl", "kl_penalty")),
+    Row(f"{RT}:compute_advantage", "gae", _dispatch_gae, label=f"GAE γ {GAMMA}, λ {LAM}",
+        choices=_DISPATCH + (f"adv_estimator GAE, gamma {GAMMA}, lam {LAM} (as "
+                             f"algorithm.gamma / .lam reach it); values and token rewards 0 at "
+                             f"masked positions; advantages read as returns − values (they are "
+                             f"whitened inside, masked_whiten's row)",),
+        conventions=dict(gamma=GAMMA, lam=LAM),
+        params=("data", "adv_estimator", "gamma", "lam", "config")),
+    Row(f"{RT}:compute_advantage", "group_advantages", _dispatch_outcome("GRPO"),
+        label="GRPO",
+        choices=_DISPATCH + ("adv_estimator GRPO, norm_adv_by_std_in_grpo True (its default); "
+                             "one reward per sequence as a one-token response, uid = group_ids",),
+        params=("data", "adv_estimator", "norm_adv_by_std_in_grpo")),
+    Row(f"{RT}:compute_advantage", "group_advantages",
+        _dispatch_outcome("GRPO", norm_adv_by_std_in_grpo=False), label="Dr. GRPO",
+        choices=_DISPATCH + ("adv_estimator GRPO, norm_adv_by_std_in_grpo False",),
+        conventions=dict(scale="none"),
+        params=("data", "adv_estimator", "norm_adv_by_std_in_grpo")),
+    Row(f"{RT}:compute_advantage", "group_advantages", _dispatch_outcome("RLOO"),
+        label="RLOO",
+        choices=_DISPATCH + ("adv_estimator RLOO: dispatched through get_adv_estimator_fn with "
+                             "index = uid and config = algorithm",),
+        conventions=dict(baseline="leave_one_out", scale="none"),
+        params=("data", "adv_estimator", "config")),
+)
+
+
 def _domain(source):
     """Before 0.6.0 verl has no rollout rejection (mismatch_helper.py, later
     rollout_corr_helper.py, which can mask out a whole response): every response it builds
@@ -721,8 +923,9 @@ def _domain(source):
 TRAINER = Trainer(
     name="verl", package="verl", dist="verl", profile="verl", pinned="0.9.1", domain=_domain,
     stand_in=("tensordict",),       # verl.protocol's DataProto: no row uses it; ~1 s to import
-    modules=(CA, TF, RC), rows=ROWS, version_file="version/version",
-    inventory=((CA, r"compute_.*|agg_loss|kl_penalty"), (TF, r"masked_whiten")),
+    modules=(CA, TF, RC, LOSSES, RT), rows=ROWS, version_file="version/version",
+    inventory=((CA, r"compute_.*|agg_loss|kl_penalty"), (TF, r"masked_whiten"),
+               (LOSSES, r"ppo_loss|value_loss"), (RT, r"apply_kl_penalty|compute_advantage")),
     not_covered_why="no reference function yet",
     not_run=(("compute_policy_loss_bypass_mode",
               "wraps its weights in a DataProto (a TensorDict batch), which no row's adapter "
@@ -735,6 +938,10 @@ TRAINER = Trainer(
               "the optimal token baseline's multi-turn form (with rollout_is_weights and "
               "handle_zero_tail): a reference exists (optimal_token_baseline_advantages, the "
               "single-turn estimator's row) but no row yet runs this form"),
+             ("value_loss",
+              "the critic's loss on the training path: compute_value_loss (its row, per token) "
+              "aggregated by loss_agg_mode with the global counts; no row runs this "
+              "composition yet"),
              ("compute_pf_ppo_reweight_data",
               "resamples the batch with torch.multinomial on DataProto objects: a sampler, not "
               "a loss or an estimator")),
@@ -750,6 +957,8 @@ TRAINER = Trainer(
                   "KL-Cov's default kl_cov_ratio 2e-4 (0.1 is run)", "clip-cov (random)"),
     notes=("agg_loss's 'token-sum' mode and kl_penalty's straight-through '+' forms (k3+: k3's "
            "value, k2's gradient) have no reference yet",
-           "verl/workers/utils/losses.py::ppo_loss composes the policy loss, agg_loss and "
-           "kl_penalty rows above on TensorDict batches; it is not called directly"),
+           "ppo_loss's entropy term (−entropy_coeff·agg_loss(entropy)) is not run: the rows "
+           "pass no entropy, as the engine computes none at entropy_coeff 0 (its default); "
+           "the entropy's own row is compute_entropy_loss"),
 )
+

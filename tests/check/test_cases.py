@@ -336,3 +336,22 @@ def test_kl_cov_cases_keep_the_k_th_and_next_covariance_apart_at_every_seed():
             assert m.sum() < 2 or k >= len(cov) or \
                 cov[k - 1] - cov[k] > 0.05 * (1 + abs(cov[k - 1])), (seed, i)
             assert (lp[m] <= 0).all() and (np.abs(lp - c.arrays["old_logp"])[m] > 0).all()
+
+
+@pytest.mark.parametrize("name", ["group_advantages", "opo_advantages", "gpg_advantages",
+                                  "passk_advantages", "whitened_group_advantages"])
+def test_group_cases_by_ids_hold_groups_of_unequal_sizes_beside_a_group_of_one(name):
+    # a trainer that groups by ids (verl's index, SkyRL's uids) takes groups of any sizes: a
+    # case whose groups all have one size cannot tell a per-group size from a mean size
+    unequal = one = False
+    for c in drawn(name):
+        ids = c.arrays.get("group_ids")
+        if ids is None:
+            continue
+        sizes = np.unique(ids, return_counts=True)[1]
+        unequal |= len(set(sizes[sizes > 1].tolist())) > 1
+        one |= bool((sizes == 1).any())
+        if name == "passk_advantages":          # its groups need two members
+            assert (sizes >= 2).all(), c.label
+    assert unequal
+    assert one or name == "passk_advantages"

@@ -48,10 +48,11 @@ def test_json_and_markdown_carry_the_card(tmp_path):
     code, out, _ = run_cli(["trainer", "openrlhf", "--json", "--cases", "13",
                             "--markdown", str(md)])
     card = json.loads(out)
-    # its two deviations (GAE's and the returns' discount through multi-turn holes) are known
-    # and reproduced: nothing new
+    # its five deviations (GAE's and the returns' discount through multi-turn holes; the KL
+    # loss aggregated token-mean under seq-mean-token-mean, at value, gradient and micro-batch)
+    # are known and reproduced: nothing new
     assert code == 0 and card["verdict"] == "KNOWN DEVIATIONS" and card["ok"] is True
-    assert card["exit_code"] == 0 and card["grades"]["known deviation"] == 2
+    assert card["exit_code"] == 0 and card["grades"]["known deviation"] == 5
     assert card["grades"]["new deviation"] == 0
     assert card["version"] == "0.11.2" and card["cases"] == 13
     assert {r["verdict"] for r in card["rows"]} == {"CONFORMS", "KNOWN DEVIATION"}

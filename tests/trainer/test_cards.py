@@ -43,11 +43,18 @@ EXPECTED = {
     # only below γλ = 1 (at 1 a step of reward 0 changes nothing)
     "openrlhf": {"RemoteExperienceMaker.get_advantages_and_returns": [("value", "deviation")],
                  "RemoteExperienceMaker.get_cumulative_returns [γ 0.99]":
-                     [("value", "deviation")]},
+                     [("value", "deviation")],
+                 # the KL loss aggregated token-mean whatever loss_agg_mode (ppo_actor.py)
+                 "ActorPPOTrainer.training_step [ppo + k2 KL loss, seq-mean-token-mean]":
+                     [("value", "deviation"), ("grad", "deviation"),
+                      ("microbatch", "deviation")]},
     # REINFORCE++'s reset at masked tokens bites only on a mask with holes; SkyRL gives the
     # estimator response_mask, left-padded with none: a robustness note, not a deviation
     "skyrl": {"compute_reinforce_plus_plus_outcome_advantage [a mask with holes]":
-                  [("value", "robustness")]},
+                  [("value", "robustness")],
+              # the KL loss a per-sequence mean whatever loss_reduction (worker.py's NOTE)
+              "PolicyWorkerBase._forward_backward_micro [regular + k3 KL loss, token_mean]":
+                  [("value", "documented choice"), ("grad", "documented choice")]},
     # luspo's unmasked L_i / T aggregation (TRL's form before huggingface/trl#6654)
     "liger": {"LigerFusedLinearGRPOLoss.forward [luspo]":
               [("value", "deviation"), ("grad", "deviation"), ("mask", "deviation"),
@@ -1411,3 +1418,21 @@ def test_openinstruct_cards_a_checkout_whose_loss_is_composed_inside_an_actor_st
 def test_openinstruct_needs_a_path():
     with pytest.raises(loading.TrainerNotFound):
         card.run(trainers.get("open-instruct"))
+
+
+@_installed("openrlhf")
+def test_a_variant_shared_by_known_entries_at_several_checks_is_audited_once(monkeypatch):
+    audit_pkg = sys.modules["crosscheck.audit"]       # (the package: its name is a function too)
+    calls = []
+    real = audit_pkg.audit
+
+    def counted(*args, **kwargs):
+        calls.append(kwargs.get("variant"))
+        return real(*args, **kwargs)
+    monkeypatch.setattr(audit_pkg, "audit", counted)
+    row = "ActorPPOTrainer.training_step [ppo + k2 KL loss, seq-mean-token-mean]"
+    c = card.run(trainers.get("openrlhf"), cases=8, only=[row])
+    (r,) = c.rows
+    explained = [f["check"] for f in r.findings if f["kind"] == "defect"]
+    assert set(explained) == {"value", "grad", "microbatch"}    # three entries, one variant
+    assert len(calls) == 2                    # the row's audit, and its variant's once

@@ -15,10 +15,14 @@ CASES = 24
 TRL = "trl/trainer/grpo_trainer.py"
 CORE = "verl/trainer/ppo/core_algos.py"
 TORCH_F = "verl/utils/torch_functional.py"
+VLOSS = "verl/workers/utils/losses.py"
+VRT = "verl/trainer/ppo/ray_trainer.py"
 EM = "openrlhf/trainer/ppo_utils/experience_maker.py"
 LOSS = "openrlhf/models/loss.py"
 UTILS = "openrlhf/models/utils.py"
+ACTOR = "openrlhf/trainer/ray/ppo_actor.py"
 SKY = "skyrl/backends/skyrl_train/utils/ppo_utils.py"
+SKYW = "skyrl/backends/skyrl_train/workers/worker.py"
 LIGER = "liger_kernel/chunked_loss/grpo_loss.py"
 TPL = "trinity/algorithm/policy_loss_fn/"
 TKL = "trinity/algorithm/kl_fn/kl_fn.py"
@@ -82,6 +86,17 @@ PATCHES = [
     ("trl", TRL, "(old_per_token_logps - sampling_per_token_logps) * mask",
      "(sampling_per_token_logps - old_per_token_logps) * mask", 0,
      "GRPOTrainer._generate_and_score_completions [token_truncate]"),
+    ("trl", TRL, "rewards = (rewards_per_func * self.reward_weights.to(device).unsqueeze(0))"
+     ".nansum(dim=1)", "rewards = rewards_per_func.nansum(dim=1)", 0,   # the weights dropped
+     "GRPOTrainer._generate_and_score_completions [group advantages, two rewards]"),
+    ("trl", TRL, "torch.nanmean(rewards.view(-1, num_generations), dim=1)",
+     "torch.nanmean(rewards.view(num_generations, -1), dim=0)", 0,     # groups interleaved
+     "GRPOTrainer._generate_and_score_completions [group advantages, two rewards]"),
+    ("trl", TRL, "rewards[unscorable_mask] = torch.nan", "rewards[unscorable_mask] = 0.0", 0,
+     "GRPOTrainer._generate_and_score_completions [group advantages, two rewards]"),
+    ("trl", TRL, "advantages = advantages / (std_rewards + 1e-4)",
+     "advantages = advantages / (std_rewards + 1e-2)", 0,
+     "GRPOTrainer._generate_and_score_completions [group advantages, two rewards]"),
     # verl 0.9.1
     ("verl", CORE, "lastgaelam_ = delta + gamma * lam * lastgaelam",
      "lastgaelam_ = delta + gamma * lastgaelam", 0, "compute_gae_advantage_return"),
@@ -96,6 +111,9 @@ PATCHES = [
      "compute_grpo_outcome_advantage"),
     ("verl", CORE, "response_num = len(id2score[index[i]])",   # unequal groups: a mean size
      "response_num = len(scores) // len(id2score)", 0, "compute_rloo_outcome_advantage"),
+    ("verl", CORE, "response_num = len(id2score[index[i]])",   # the largest group's size for
+     "response_num = max(map(len, id2score.values())) if len(id2score[index[i]]) > 1 else 1",
+     0, "compute_rloo_outcome_advantage"),                 # every group: only unequal sizes
     ("verl", CORE, "scores[i] * response_num / (response_num - 1)",
      "scores[i] * response_num / (response_num + 1)", 0, "compute_rloo_outcome_advantage"),
     ("verl", CORE, "ratio, 1 - cliprange_low, 1 + cliprange_high",
@@ -121,7 +139,46 @@ PATCHES = [
     ("verl", TORCH_F, "torch.logsumexp(logits, dim=-1) - torch.sum(pd * logits, dim=-1)",
      "torch.logsumexp(logits, dim=-1) + torch.sum(pd * logits, dim=-1)", 0,
      "compute_entropy_loss"),
+    # verl 0.9.1: compositions on the training path (the actor's loss, KL in reward, dispatch)
+    ("verl", VLOSS, "policy_loss += kl_loss * config.kl_loss_coef", "policy_loss += kl_loss", 0,
+     "ppo_loss [vanilla + low_var_kl loss, token-mean]"),  # the KL coefficient dropped
+    ("verl", VLOSS, "policy_loss += kl_loss * config.kl_loss_coef",
+     "policy_loss -= kl_loss * config.kl_loss_coef", 0,
+     "ppo_loss [vanilla + low_var_kl loss, token-mean]"),  # the KL term's sign
+    ("verl", VLOSS, "kl_penalty(logprob=log_prob, ref_logprob=ref_log_prob,",
+     "kl_penalty(logprob=ref_log_prob, ref_logprob=log_prob,", 0,
+     "ppo_loss [vanilla + k1 loss, seq-mean-token-sum-norm]"),   # the KL's arguments swapped
+    ("verl", VLOSS, "loss_mat=kld, loss_mask=response_mask",
+     "loss_mat=kld, loss_mask=torch.ones_like(response_mask)", 0,
+     "ppo_loss [vanilla + low_var_kl loss, token-mean]"),  # the KL term not masked
+    ("verl", VLOSS, 'config.global_batch_info["loss_scale_factor"] = config.loss_scale_factor',
+     'config.global_batch_info["loss_scale_factor"] = None', 0,
+     "ppo_loss [vanilla + k1 loss, seq-mean-token-sum-norm]"),   # loss_scale_factor lost
+    ("verl", VRT, "token_level_rewards = token_level_scores - beta * kld",
+     "token_level_rewards = token_level_scores - beta * beta * kld", 0, "apply_kl_penalty"),
+    ("verl", VRT, 'data.batch["old_log_probs"], data.batch["ref_log_prob"], kl_penalty',
+     'data.batch["ref_log_prob"], data.batch["old_log_probs"], kl_penalty', 0,
+     "apply_kl_penalty"),
+    ("verl", VRT, "gamma=gamma,\n            lam=lam,", "gamma=lam,\n            lam=gamma,", 0,
+     "compute_advantage [GAE γ 0.99, λ 0.95]"),           # γ and λ swapped at the call
+    ("verl", VRT, "norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo,\n        )",
+     "\n        )", 0, "compute_advantage [Dr. GRPO]"),   # the switch not passed on
+    ("verl", VRT, 'adv_kwargs["index"] = data.non_tensor_batch["uid"]',
+     'adv_kwargs["index"] = data.non_tensor_batch["uid"][:1]'
+     '.repeat(len(data.non_tensor_batch["uid"]))', 0,
+     "compute_advantage [RLOO]"),                          # every group merged into one
     # OpenRLHF 0.11.2
+    ("openrlhf", ACTOR, "loss = actor_loss + kl_loss * kl_ctl", "loss = actor_loss + kl_loss", 0,
+     "ActorPPOTrainer.training_step [ppo + k3 KL loss, token-mean]"),   # kl_ctl dropped
+    ("openrlhf", ACTOR, "loss = actor_loss + kl_loss * kl_ctl",
+     "loss = actor_loss + kl_loss * kl_ctl * kl_ctl", 0,    # where a known defect is at value
+     "ActorPPOTrainer.training_step [ppo + k2 KL loss, seq-mean-token-mean]"),
+    ("openrlhf", ACTOR, "kl_loss = aggregate_loss(kl, experience.action_mask,",
+     "kl_loss = aggregate_loss(kl, torch.ones_like(experience.action_mask),", 0,
+     "ActorPPOTrainer.training_step [ppo + k3 KL loss, token-mean]"),   # the KL not masked
+    ("openrlhf", ACTOR, "action_log_probs,\n                    base_action_log_probs,",
+     "base_action_log_probs,\n                    action_log_probs,", 0,
+     "ActorPPOTrainer.training_step [ppo + k3 KL loss, token-mean]"),   # the KL reversed
     ("openrlhf", EM, "lastgaelam = delta + gamma * lambd * lastgaelam",
      "lastgaelam = delta + gamma * lastgaelam", 0,
      "RemoteExperienceMaker.get_advantages_and_returns"),  # where a known defect is at value
@@ -145,6 +202,18 @@ PATCHES = [
     ("openrlhf", UTILS, "value = (-k3_log_ratio).exp() - 1 + k3_log_ratio",
      "value = (k3_log_ratio).exp() - 1 + k3_log_ratio", 0, "compute_approx_kl [k3]"),
     # SkyRL 0.4.0
+    ("skyrl", SKYW, "kl_loss_term = kl_loss * self.cfg.algorithm.kl_loss_coef",
+     "kl_loss_term = kl_loss", 0,                            # the KL coefficient dropped
+     "PolicyWorkerBase._forward_backward_micro [regular + k3 KL loss, sequence_mean]"),
+    ("skyrl", SKYW, "(kl_loss_term - entropy_loss_term) * microbatch_weight",
+     "(-kl_loss_term - entropy_loss_term) * microbatch_weight", 0,  # where a choice is known
+     "PolicyWorkerBase._forward_backward_micro [regular + k3 KL loss, token_mean]"),
+    ("skyrl", SKYW, "kl_loss = masked_mean(kl_loss, loss_mask, dim=-1).mean()",
+     "kl_loss = masked_mean(kl_loss, loss_mask, dim=-1).sum()", 0,   # a sum over rows
+     "PolicyWorkerBase._forward_backward_micro [regular + k3 KL loss, sequence_mean]"),
+    ("skyrl", SKYW, "action_log_probs,\n                    base_action_log_probs,",
+     "base_action_log_probs,\n                    action_log_probs,", 0,   # the KL reversed
+     "PolicyWorkerBase._forward_backward_micro [regular + k3 KL loss, sequence_mean]"),
     ("skyrl", SKY, "ratio.clamp(1 - config.eps_clip_low, 1 + config.eps_clip_high)",
      "ratio.clamp(1 - config.eps_clip_high, 1 + config.eps_clip_low)", 0,
      "ppo_policy_loss [regular, 0.2/0.28]"),
@@ -166,6 +235,9 @@ PATCHES = [
      "compute_grpo_outcome_advantage [GRPO]"),
     ("skyrl", SKY, "response_num = len(id2score[index[i]])",   # unequal groups: a mean size
      "response_num = len(scores) // len(id2score)", 0, "compute_rloo_outcome_advantage"),
+    ("skyrl", SKY, "response_num = len(id2score[index[i]])",   # the largest group's size
+     "response_num = max(map(len, id2score.values())) if len(id2score[index[i]]) > 1 else 1",
+     0, "compute_rloo_outcome_advantage"),                 # (seen only on unequal groups)
     ("skyrl", SKY, "/ (id2mean[index[i]] + epsilon)", "/ (id2mean[index[i]] + 1.0)", 0,
      "compute_maxrl_advantage [MaxRL]"),
     ("skyrl", SKY, "advantages[p_start:p_end] / (num_prompts * prompt_tokens)",
@@ -256,6 +328,30 @@ PATCHES = [
      "ppo_critic_loss_fn"),
     ("areal", AD, "log_ratio = log_ratio**2 / 2.0", "log_ratio = log_ratio**2", 0,
      "KLEstimator._compute_approx_kl [k2]"),
+    ("areal", AA, "delta = rewards[:, t] + self.discount * nextvalues - values[:, t]",
+     "delta = rewards[:, t] + nextvalues - values[:, t]", 0,
+     "PPOActor._compute_advantages [GAE γ 0.99, λ 0.95]"),   # a dropped γ: seen only below 1
+    ("areal", AA, "newgaelam = delta + self.discount * self.gae_lambda * lastgaelam",
+     "newgaelam = delta + self.discount * lastgaelam", 0,
+     "PPOActor._compute_advantages [GAE γ 0.99, λ 0.95]"),   # a dropped λ
+    ("areal", AA, "lastgaelam = lastgaelam * (1 - mask) + newgaelam * mask",
+     "lastgaelam = newgaelam", 0,
+     "PPOActor._compute_advantages [GAE γ 0.99, λ 0.95]"),   # masked steps not skipped
+    ("areal", AA, "rewards = -self.kl_ctl * self.kl_estimator(old_logp, ref_logp)",
+     "rewards = -self.kl_ctl * self.kl_estimator(ref_logp, old_logp)", 0,
+     "PPOActor._compute_advantages [tot_rewards, k1, kl_ctl 0.1]"),
+    ("areal", AA, "indices = torch.clip(seqlens - 2, min=0)",
+     "indices = torch.clip(seqlens - 1, min=0)", 0,         # the score one token late
+     "PPOActor._compute_advantages [tot_rewards, k1, kl_ctl 0.1]"),
+    ("areal", AA, "loss_mask = torch.roll(loss_mask, shifts=-1, dims=-1)",
+     "loss_mask = loss_mask", 0,                             # the mask one token off
+     "PPOActor._compute_advantages [GAE γ 0.99, λ 0.95]"),
+    ("areal", AA, "eps_clip=eps_clip,\n            eps_clip_higher=eps_clip_higher,",
+     "eps_clip=eps_clip_higher,\n            eps_clip_higher=eps_clip,", 0,
+     "grpo_loss_fn [ppo, 0.2/0.28, dual clip 3]"),           # the two bounds swapped at the call
+    ("areal", AA, "            c_clip=c_clip,\n            proximal_logprobs=prox_logp,",
+     "            c_clip=None,\n            proximal_logprobs=prox_logp,", 0,
+     "grpo_loss_fn [ppo, 0.2/0.28, dual clip 3]"),           # the dual clip not passed on
     # unsloth-zoo 2026.10.9
     ("unsloth", UZ, "coef_2 = torch.clamp(coef_1, 1 - epsilon_low, 1 + epsilon_high)",
      "coef_2 = torch.clamp(coef_1, 1 - epsilon_high, 1 + epsilon_low)", 0,
