@@ -198,12 +198,15 @@ def _sum_of_parts(fn, parts):
 
     def at_many(shared, varying, params):
         whole = dict(shared, **varying)
+        # inputs no part rewrites (group_ids for a prompt-level aggregation) go to every part
+        other = {k: val for k, val in whole.items() if k not in _PART_INPUTS}
         totals = []
         for arrays, kw in parts({k: whole.get(k) for k in _PART_INPUTS}, params):
             # the real old_logp is the same at every point: given one copy per point
             moving = {k: np.broadcast_to(arrays[k], np.shape(arrays["logp"]))
                       for k in ("logp", "old_logp")}
             fixed = {k: val for k, val in arrays.items() if k not in moving}
+            fixed.update(other)
             totals.append(many.evaluate("policy_objective", fixed, moving, kw))
         return [sum(t[j] for t in totals) for j in range(len(totals[0]))]
 

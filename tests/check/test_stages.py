@@ -404,3 +404,14 @@ def test_the_condition_scaled_vjp_rule_still_catches_a_missing_term_on_that_case
                                 numpy_vjp=no_sigma_path)
     r = {x.stage: x for x in stages.run_entry(entry, 0, 1)}
     assert r["vjp"].status == "fail"
+
+
+def test_a_frozen_gspo_objective_keeps_the_group_ids_of_a_prompt_level_aggregation():
+    # case 22 of policy_objective at seed 0: GSPO-token under prompt-mean-token-mean with
+    # shuffled group_ids; the frozen objective's many-point evaluation dropped group_ids, so
+    # its finite differences raised
+    entry = registry.build()["policy_objective"]
+    results = stages.run_entry(entry, seed=0, n_cases=48, stages=("fd", "detach"))
+    assert {r.stage for r in results} == {"fd", "detach"}
+    failed = [report.failure_message(r) for r in results if not r.passed]
+    assert failed == [], "\n\n".join(failed)
