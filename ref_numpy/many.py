@@ -29,7 +29,9 @@ from .outcome import (_gpg_parts, _whitened_parts, gpg_advantages, gpg_alpha, gr
                       whitened_group_advantages)
 from .pg_losses import (_gmpo_parts, _kl_cov_parts, gmpo_loss, kl_cov_loss, kl_cov_loss_vjp,
                         kl_cov_selection, kl_cov_slope)
-from .objective import _finite_objective, _policy_parts, kl_term, policy_objective
+from .objective import (_finite_objective, _policy_parts, _shaped_values, _shaped_vjp_values,
+                        _shaping_inputs, kl_term, policy_objective, shaped_advantages,
+                        shaped_advantages_vjp)
 from .reduce import _weights, aggregate
 
 
@@ -192,6 +194,16 @@ def _whitened_group_advantages(v, mask, group_size=None, group_ids=None, scale="
 
 
 # name: (many points, the public function that raises for a point that is not finite)
+def _shaped_advantages(v, old_logp, advantages, mask, ref_logp=None, tau=0.0, kl_coef=0.0):
+    _, old, adv, m, _ = _shaping_inputs(v["logp"][0], old_logp, advantages, mask, ref_logp, tau,
+                                        kl_coef)                              # validates
+    lp = _finite(v["logp"], m)
+    if lp is None:
+        return None
+    tau, c = args.shaped_advantages(ref_logp, tau, kl_coef)
+    return list(_shaped_values(lp, old, adv, m, ref_logp, tau, c))
+
+
 EVALUATORS = {"aggregate": (_aggregate, aggregate), "approx_kl": (_approx_kl, approx_kl),
               "whiten": (_whiten, whiten), "policy_objective": (_policy_objective,
                                                                  policy_objective),
@@ -199,12 +211,13 @@ EVALUATORS = {"aggregate": (_aggregate, aggregate), "approx_kl": (_approx_kl, ap
               "gmpo_loss": (_gmpo_loss, gmpo_loss), "kl_cov_loss": (_kl_cov_loss, kl_cov_loss),
               "gpg_advantages": (_gpg_advantages, gpg_advantages),
               "whitened_group_advantages": (_whitened_group_advantages,
-                                            whitened_group_advantages)}
+                                            whitened_group_advantages),
+              "shaped_advantages": (_shaped_advantages, shaped_advantages)}
 # the arrays that differ between points (the rest are shared)
 VARYING = {"aggregate": ("loss",), "approx_kl": ("logp",), "whiten": ("x",),
            "policy_objective": ("logp", "old_logp"), "kl_estimator_moments": ("logits",),
            "gmpo_loss": ("logp",), "kl_cov_loss": ("logp",), "gpg_advantages": ("rewards",),
-           "whitened_group_advantages": ("rewards",)}
+           "whitened_group_advantages": ("rewards",), "shaped_advantages": ("logp",)}
 
 
 def evaluate(name, shared, varying, params):
@@ -276,8 +289,19 @@ def _kl_cov_loss_vjps(gs, logp, old_logp, advantages, mask=None, ratio=2e-4, coe
                                           0.0) * d, 0.0).reshape(shape)} for g in gs]
 
 
+def _shaped_advantages_vjps(gs, logp, old_logp, advantages, mask, ref_logp=None, tau=0.0,
+                            kl_coef=0.0):
+    _, _, _, m, _ = _shaping_inputs(logp, old_logp, advantages, mask, ref_logp, tau, kl_coef)
+    shaped_advantages_vjp(gs[0], logp, old_logp, advantages, mask, ref_logp, tau=tau,
+                          kl_coef=kl_coef)                       # validates, and the cotangent
+    tau, c = args.shaped_advantages(ref_logp, tau, kl_coef)
+    gm = np.where(m, np.stack([np.asarray(gi, dtype=np.float64) for gi in gs]), 0.0)
+    return [{"logp": row} for row in _shaped_vjp_values(gm, m, tau, c)]
+
+
 VJPS = {"whiten_vjp": _whiten_vjps, "kl_cov_loss_vjp": _kl_cov_loss_vjps, "kl_estimator_moments_vjp": _kl_estimator_moments_vjps, "gpg_advantages_vjp": _gpg_vjps,
-        "whitened_group_advantages_vjp": _whitened_group_advantages_vjps}
+        "whitened_group_advantages_vjp": _whitened_group_advantages_vjps,
+        "shaped_advantages_vjp": _shaped_advantages_vjps}
 
 
 def vjps(name, cotangents, arrays, params):

@@ -136,13 +136,25 @@ def shaped_advantages(logp, old_logp, advantages, mask, ref_logp=None, *, tau=0.
     lp, old, adv, m, _ = _shaping_inputs(logp, old_logp, advantages, mask, ref_logp, tau,
                                          kl_coef)
     tau, c = args.shaped_advantages(ref_logp, tau, kl_coef)
-    out = adv - tau * (lp - old)
-    if c > 0:
-        k = lp - ar.zero_masked(np.asarray(ref_logp, dtype=np.float64), m)
-        k = np.where(m, k, 0.0)
-        k_bar = k.sum() / max(int(m.sum()), 1)
-        out = out + c * (k_bar - k)
+    return _shaped_values(lp, old, adv, m, ref_logp, tau, c)
+
+
+def _shaped_values(lp, old, adv, m, ref_logp, tau, c):
+    """Ã on validated inputs; lp may carry leading point axes [..., B, T] (ref_numpy.many):
+    k̄ is each point's mean over its [B, T] valid tokens."""
+    with np.errstate(invalid="ignore", over="ignore"):     # padding may hold NaN or inf
+        out = adv - tau * (lp - old)
+        if c > 0:
+            k = np.where(m, lp - ar.zero_masked(np.asarray(ref_logp, dtype=np.float64), m), 0.0)
+            k_bar = k.sum(axis=(-2, -1), keepdims=True) / max(int(m.sum()), 1)
+            out = out + c * (k_bar - k)
     return np.where(m, out, 0.0)
+
+
+def _shaped_vjp_values(gm, m, tau, c):
+    """∂/∂logp of Σ g·Ã (gm: the cotangent, 0 where masked; leading point axes allowed)."""
+    mean_g = gm.sum(axis=(-2, -1), keepdims=True) / max(int(m.sum()), 1)
+    return np.where(m, -(tau + c) * gm + c * mean_g, 0.0)
 
 
 def _shaping_inputs(logp, old_logp, advantages, mask, ref_logp, tau, kl_coef):
@@ -172,8 +184,7 @@ def shaped_advantages_vjp(g, logp, old_logp, advantages, mask, ref_logp=None, *,
     lp, _, _, m, _ = _shaping_inputs(logp, old_logp, advantages, mask, ref_logp, tau, kl_coef)
     tau, c = args.shaped_advantages(ref_logp, tau, kl_coef)
     gm = ar.zero_masked(args.cotangent(OPS, g, "g", OPS.spec("logp", lp)), m)
-    mean_g = gm.sum() / max(int(m.sum()), 1)
-    return {"logp": np.where(m, -(tau + c) * gm + c * mean_g, 0.0)}
+    return {"logp": _shaped_vjp_values(gm, m, tau, c)}
 
 
 def _finite_objective(per_token, logp, old_logp, advantages, mask, ref_logp):

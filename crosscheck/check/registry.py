@@ -396,7 +396,7 @@ def build() -> Dict[str, Entry]:
                grid=dict(log_ratio_clamp=(None, 10.0))),
         # ART's advantage shaping: Kimi's τ-shifted advantage and a KL folded in as a centred
         # k1 (detached where a trainer uses it: policy_objective's adv_tau and adv_kl)
-        _entry("shaped_advantages", ("logp",), trainer_grad=False,
+        _entry("shaped_advantages", ("logp",), trainer_grad=False, stack="many",
                grid=dict(tau=(0.0, 0.5, 1.0), kl_coef=(0.0, 0.1, 1.0))),
     ]
     return {e.name: e for e in entries}
