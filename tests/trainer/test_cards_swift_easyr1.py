@@ -13,8 +13,7 @@ import pytest
 
 from crosscheck import trainer as trainers
 from crosscheck.trainer import card
-
-CASES = 24
+from tests.trainer.planting import CASES, ascii_id, assert_caught, assert_no_alarm, patched
 ADV = "swift/rl_core/advantage.py"
 HF = "swift/rlhf_trainers/grpo_trainer.py"
 MG = "swift/megatron/trainers/grpo_trainer.py"
@@ -75,12 +74,6 @@ PATCHES = [
 NAMES = ("ms-swift", "easyr1")
 
 
-def _ascii_id(patch):
-    raw = f"{patch[0]}:{patch[5]}:{patch[2][:30]}"
-    return raw.replace("γ", "gamma").replace("ε", "eps").replace("±", "pm").encode(
-        "ascii", "replace").decode()
-
-
 def _root(name):
     """The directory holding the trainer's package, or a reason to skip."""
     if name == "easyr1":
@@ -111,14 +104,6 @@ def copies(tmp_path_factory):
     return out
 
 
-def _patched(text, old, new, nth):
-    at = -1
-    for _ in range(nth + 1):
-        at = text.find(old, at + 1)
-        assert at >= 0, f"the pinned code no longer holds {old!r} (occurrence {nth})"
-    return text[:at] + new + text[at + len(old):]
-
-
 def test_each_new_card_has_at_least_five_planted_bugs():
     for name in NAMES:
         assert sum(p[0] == name for p in PATCHES) >= 5, name
@@ -128,32 +113,16 @@ def test_each_new_card_has_at_least_five_planted_bugs():
 def test_the_unpatched_copy_raises_no_alarm_at_any_patched_row(name, copies):
     if name not in copies:
         pytest.skip(_root(name)[1])
-    rows = sorted({row for t, *_, row in PATCHES if t == name})
-    c = card.run(trainers.get(name), path=str(copies[name]), cases=CASES, only=rows)
-    assert set(rows) <= {r.row.name for r in c.rows}
-    for r in c.rows:
-        if r.row.name in rows:
-            assert r.verdict in ("CONFORMS", "KNOWN DEVIATION"), (r.row.name, r.verdict,
-                                                                  r.reason, r.findings)
+    assert_no_alarm(name, copies[name], sorted({row for t, *_, row in PATCHES if t == name}))
 
 
 @pytest.mark.parametrize("name, rel, old, new, nth, row", PATCHES,
-                         ids=[_ascii_id(p) for p in PATCHES])
+                         ids=[ascii_id(p) for p in PATCHES])
 def test_a_planted_bug_is_caught_at_its_row_as_a_new_deviation(name, rel, old, new, nth, row,
                                                                 copies):
     if name not in copies:
         pytest.skip(_root(name)[1])
-    path = copies[name] / rel
-    original = path.read_text(encoding="utf-8")
-    path.write_text(_patched(original, old, new, nth), encoding="utf-8")
-    try:
-        c = card.run(trainers.get(name), path=str(copies[name]), cases=CASES, only=[row])
-    finally:
-        path.write_text(original, encoding="utf-8")
-    (r,) = [r for r in c.rows if r.row.name == row]
-    new_ones = [f for f in r.findings if f["grade"] == "deviation" and not f["known"]]
-    assert r.verdict == "DOES NOT CONFORM" and new_ones, (r.verdict, r.reason, r.findings)
-    assert c.exit_code == 1
+    assert_caught(name, copies[name], rel, old, new, nth, row)
 
 
 def test_ms_swift_4_5_3s_unscaled_window_loss_shows_on_the_trainers_path_row(copies):
@@ -164,7 +133,7 @@ def test_ms_swift_4_5_3s_unscaled_window_loss_shows_on_the_trainers_path_row(cop
         pytest.skip(_root("ms-swift")[1])
     path = copies["ms-swift"] / HF
     original = path.read_text(encoding="utf-8")
-    path.write_text(_patched(original, "            loss = loss * gradient_accumulation_steps",
+    path.write_text(patched(original, "            loss = loss * gradient_accumulation_steps",
                              "            loss = loss", 0), encoding="utf-8")
     try:
         c = card.run(trainers.get("ms-swift"), path=str(copies["ms-swift"]), cases=CASES,

@@ -10,8 +10,8 @@ import pytest
 
 from crosscheck import trainer as trainers
 from crosscheck.trainer import card
+from tests.trainer.planting import CASES, ascii_id, assert_caught, assert_no_alarm, patched
 
-CASES = 24
 TRL = "trl/trainer/grpo_trainer.py"
 CORE = "verl/trainer/ppo/core_algos.py"
 TORCH_F = "verl/utils/torch_functional.py"
@@ -415,13 +415,6 @@ PATCHES = [
 NAMES = sorted({t for t, *_ in PATCHES})
 
 
-def _ascii_id(patch):
-    """trainer:row:code, in ASCII: pytest escapes β to \\u03b2 in a node id, and that id given
-    back on its command line (as mutmut does) then selects nothing."""
-    raw = f"{patch[0]}:{patch[5]}:{patch[2][:30]}"
-    return raw.replace("β", "beta").replace("ε", "eps").encode("ascii", "replace").decode()
-
-
 def _installed_at_pin(name):
     from importlib import metadata
     t = trainers.get(name)
@@ -445,14 +438,6 @@ def copies(tmp_path_factory):
     return out
 
 
-def _patched(text, old, new, nth):
-    at = -1
-    for _ in range(nth + 1):
-        at = text.find(old, at + 1)
-        assert at >= 0, f"the pinned code no longer holds {old!r} (occurrence {nth})"
-    return text[:at] + new + text[at + len(old):]
-
-
 def test_there_are_at_least_thirty_planted_bugs_across_the_pinned_trainers():
     assert len(PATCHES) >= 30 and set(NAMES) == {"verl", "trl", "openrlhf", "skyrl",
                                                             "liger", "trinity", "torchrl", "areal", "unsloth",
@@ -463,32 +448,16 @@ def test_there_are_at_least_thirty_planted_bugs_across_the_pinned_trainers():
 def test_the_unpatched_copy_raises_no_alarm_at_any_patched_row(name, copies):
     if name not in copies:
         pytest.skip(f"{name} is not installed at its pinned version (.ci/run installs it)")
-    rows = sorted({row for t, *_, row in PATCHES if t == name})
-    c = card.run(trainers.get(name), path=str(copies[name]), cases=CASES, only=rows)
-    assert set(rows) <= {r.row.name for r in c.rows}    # a function's name selects its rows
-    for r in c.rows:
-        assert r.verdict in ("CONFORMS", "KNOWN DEVIATION"), (r.row.name, r.verdict, r.reason)
-    assert c.exit_code == 0
+    assert_no_alarm(name, copies[name], sorted({row for t, *_, row in PATCHES if t == name}))
 
 
 @pytest.mark.parametrize("name, rel, old, new, nth, row", PATCHES,
-                         ids=[_ascii_id(p) for p in PATCHES])
+                         ids=[ascii_id(p) for p in PATCHES])
 def test_a_planted_bug_is_caught_at_its_row_as_a_new_deviation(name, rel, old, new, nth, row,
                                                                 copies):
     if name not in copies:
         pytest.skip(f"{name} is not installed at its pinned version (.ci/run installs it)")
-    path = copies[name] / rel
-    original = path.read_text(encoding="utf-8")
-    path.write_text(_patched(original, old, new, nth), encoding="utf-8")
-    try:
-        c = card.run(trainers.get(name), path=str(copies[name]), cases=CASES, only=[row])
-    finally:
-        path.write_text(original, encoding="utf-8")
-    (r,) = [r for r in c.rows if r.row.name == row]      # a function's name selects its rows
-    new_ones = [f for f in r.findings if f["grade"] == "deviation" and not f["known"]]
-    assert r.verdict == "DOES NOT CONFORM" and new_ones, (r.verdict, r.reason, r.findings)
-    assert all(f["kind"] == "new" for f in new_ones)
-    assert c.exit_code == 1
+    assert_caught(name, copies[name], rel, old, new, nth, row)
 
 
 def test_a_trainer_function_that_raises_on_every_input_is_a_release_defect_at_its_line(copies):
@@ -499,7 +468,7 @@ def test_a_trainer_function_that_raises_on_every_input_is_a_release_defect_at_it
     old = "    scores = token_level_rewards.sum(dim=-1)\n"
     # the first occurrence is compute_grpo_outcome_advantage's: `.to()` given a module where it
     # wants a device or a dtype raises a TypeError on every input, from the trainer's own line
-    patched = _patched(original, old, "    scores = token_level_rewards.sum(dim=-1).to("
+    patched = patched(original, old, "    scores = token_level_rewards.sum(dim=-1).to("
                                       "torch.nn.Module())\n", 0)
     line = original[:original.find(old)].count("\n") + 1
     path.write_text(patched, encoding="utf-8")

@@ -17,8 +17,8 @@ import pytest
 
 from crosscheck import trainer as trainers
 from crosscheck.trainer import card
+from tests.trainer.planting import CASES, Planted, ascii_id, assert_caught, assert_no_alarm
 
-CASES = 24
 ENV = {"roll": "CROSSCHECK_ROLL", "prime-rl": "CROSSCHECK_PRIME_RL", "slime": "CROSSCHECK_SLIME",
        "rllm": "CROSSCHECK_RLLM", "nemo-rl": "CROSSCHECK_NEMO_RL",
        "minimind": "CROSSCHECK_MINIMIND", "open-instruct": "CROSSCHECK_OPEN_INSTRUCT"}
@@ -233,14 +233,6 @@ BASELINED = [
 ]
 
 
-def _ascii_id(patch):
-    raw = f"{patch[0]}:{patch[-1]}:{patch[2][:30]}"
-    for char, word in (("γ", "gamma"), ("λ", "lambda"), ("ε", "eps"), ("·", "."), ("×", "x"),
-                       ("ρ", "rho")):
-        raw = raw.replace(char, word)
-    return raw.encode("ascii", "replace").decode()
-
-
 def _checkout(name):
     """The checkout named by the trainer's environment variable, or skip with why."""
     var = ENV[name]
@@ -273,29 +265,6 @@ def copies(tmp_path_factory):
     return get
 
 
-def _patched(text, old, new, nth=0):
-    at = -1
-    for _ in range(nth + 1):
-        at = text.find(old, at + 1)
-        assert at >= 0, f"the pinned code no longer holds {old!r} (occurrence {nth})"
-    return text[:at] + new + text[at + len(old):]
-
-
-class _Planted:
-    """The file patched inside the with block, restored after it."""
-
-    def __init__(self, root, rel, old, new, nth=0):
-        self.path, self.old, self.new, self.nth = root / rel, old, new, nth
-
-    def __enter__(self):
-        self.original = self.path.read_text(encoding="utf-8")
-        self.path.write_text(_patched(self.original, self.old, self.new, self.nth),
-                             encoding="utf-8")
-
-    def __exit__(self, *exc):
-        self.path.write_text(self.original, encoding="utf-8")
-
-
 def test_every_checkout_card_has_at_least_five_planted_bugs():
     counts = {n: sum(1 for t, *_ in PATCHES + BASELINED if t == n) for n in ENV}
     assert all(c >= 5 for c in counts.values()), counts
@@ -306,31 +275,18 @@ def test_every_checkout_card_has_at_least_five_planted_bugs():
 
 @pytest.mark.parametrize("name", NAMES)
 def test_the_unpatched_checkout_raises_no_alarm_at_any_patched_row(name, copies):
-    root = copies(name)
-    rows = sorted({row for t, *_, row in PATCHES if t == name})
-    c = card.run(trainers.get(name), path=str(root), cases=CASES, only=rows)
-    assert {r.row.name for r in c.rows} == set(rows)
-    for r in c.rows:
-        assert r.verdict in ("CONFORMS", "KNOWN DEVIATION"), (r.row.name, r.verdict, r.reason)
-    assert c.exit_code == 0
+    assert_no_alarm(name, copies(name), sorted({row for t, *_, row in PATCHES if t == name}))
 
 
 @pytest.mark.parametrize("name, rel, old, new, nth, row", PATCHES,
-                         ids=[_ascii_id(p) for p in PATCHES])
+                         ids=[ascii_id(p) for p in PATCHES])
 def test_a_planted_bug_is_caught_at_its_row_as_a_new_deviation(name, rel, old, new, nth, row,
                                                                 copies):
-    root = copies(name)
-    with _Planted(root, rel, old, new, nth):
-        c = card.run(trainers.get(name), path=str(root), cases=CASES, only=[row])
-    (r,) = [r for r in c.rows if r.row.name == row]
-    new_ones = [f for f in r.findings if f["grade"] == "deviation" and not f["known"]]
-    assert r.verdict == "DOES NOT CONFORM" and new_ones, (r.verdict, r.reason, r.findings)
-    assert all(f["kind"] == "new" for f in new_ones)
-    assert c.exit_code == 1
+    assert_caught(name, copies(name), rel, old, new, nth, row)
 
 
 @pytest.mark.parametrize("name, rel, old, new, row", BASELINED,
-                         ids=[_ascii_id(p) for p in BASELINED])
+                         ids=[ascii_id(p) for p in BASELINED])
 def test_a_second_bug_at_an_already_failing_row_is_new_since_the_baseline(name, rel, old, new,
                                                                           row, copies):
     root = copies(name)
@@ -341,7 +297,7 @@ def test_a_second_bug_at_an_already_failing_row_is_new_since_the_baseline(name, 
     saved = {name: before.to_dict()}
     again = card.run(t, path=str(root), cases=CASES, only=[row]).against(saved, "card.json")
     assert again.exit_code == 0 and not again.comparison.new     # its own baseline holds it
-    with _Planted(root, rel, old, new):
+    with Planted(root, rel, old, new):
         after = card.run(t, path=str(root), cases=CASES, only=[row]).against(saved, "card.json")
     assert after.exit_code == 1, after.text()
     assert after.comparison.new and {n for n, _ in after.comparison.new} == {row}
