@@ -20,16 +20,13 @@ import sys
 import torch
 
 from . import verl as verl_card
+from .verl import _float, _kl          # EasyR1's compute_kl(logp, ref_logp, kind) is verl's
 from .card import NotInVersion, Row, StandInSelf, Trainer, per_token, zero_padding
 
 CA = "verl.trainer.core_algos"
 TF = "verl.utils.torch_functional"
 ACTOR = "verl.workers.actor.dp_actor"
 GAMMA, LAM = verl_card.GAMMA, verl_card.LAM
-
-
-def _float(mask, like):
-    return mask.to(like.dtype)
 
 
 def _returns(gamma):
@@ -63,14 +60,6 @@ def _value(fn):
                                             cliprange_value=0.5, loss_avg_mode="token")[0],
                          mask, values, old_values, returns)
     return adapter
-
-
-def _kl(kind):
-    def make(fn):
-        def adapter(logp, ref_logp, mask):
-            return fn(logp, ref_logp, kind) * _float(mask, logp)
-        return adapter
-    return make
 
 
 def _average(mode):

@@ -43,6 +43,7 @@ import numpy as np
 import torch
 
 from .card import Known, Row, Trainer, per_sequence, zero_padding
+from .openrlhf import _entropy  # entropy_from_logits(logits): OpenRLHF's compute_entropy's form
 
 GU = "open_instruct.grpo_utils"
 MU = "open_instruct.model_utils"
@@ -233,14 +234,6 @@ def _groups(kind):
 
 
 # --------------------------------------------------------------------- entropy, GAE
-def _entropy(fn):
-    def adapter(logits, mask):
-        zero = logits.new_zeros(())
-        return torch.where(mask.bool(), fn(torch.where(mask.bool()[..., None], logits, zero)),
-                           zero)
-    return adapter
-
-
 def _gae(fn):
     """calculate_advantages on NumPy [B, T] rows, rewards and values 0 at padding."""
     def adapter(rewards, values, mask):
