@@ -56,6 +56,8 @@ PATCHES = [
     ("easyr1", CORE, "baseline = (id2sum[index[i]] - scores[i]) / (sample_num - 1)",
      "baseline = (id2sum[index[i]] - scores[i]) / sample_num", 0,
      "compute_rloo_outcome_advantage"),
+    ("easyr1", CORE, "sample_num = len(id2score[index[i]])",      # unequal groups: a mean size
+     "sample_num = bsz // len(id2score)", 0, "compute_rloo_outcome_advantage"),
     ("easyr1", CORE, "id2std[idx] = torch.std(torch.tensor(id2score[idx]))",
      "id2std[idx] = torch.std(torch.tensor(id2score[idx]), correction=0)", 0,
      "compute_grpo_outcome_advantage"),
