@@ -359,12 +359,17 @@ def _level_kinks(case, edges):
     ratio away. Where a valid token's mixed log-ratio lies within MARGIN of an edge, finite
     differences would straddle a kink: such a case is judged at the value and VJP stages
     only."""
-    from ref_numpy.policy_losses import _level_inputs
     a, p = case.arrays, case.params
-    ratio, m = _level_inputs(a["logp"], a["old_logp"], a["advantages"], a["mask"],
-                             p.get("log_ratio_clamp"), p["level"])[3], a["mask"].astype(bool)
-    with np.errstate(divide="ignore"):
-        x = np.log(ratio[m])
+    m = a["mask"].astype(bool)
+    with np.errstate(invalid="ignore"):                 # padding may hold NaN or inf
+        rho = np.where(m, a["logp"] - a["old_logp"], 0.0)
+    clamp = p.get("log_ratio_clamp")
+    if clamp is not None:
+        rho = np.clip(rho, -clamp, clamp)
+    rho_bar = rho.sum(-1, keepdims=True) / np.maximum(m.sum(-1, keepdims=True), 1)
+    x = {"token": rho, "sequence": np.broadcast_to(rho_bar, rho.shape),        # log r̃ by level
+         "average": np.logaddexp(rho, rho_bar) - np.log(2.0),
+         "geometric_average": (rho + rho_bar) / 2}[p["level"]][m]
     near = any(np.any(np.abs(x - e) < MARGIN) for e in edges)
     return dataclasses.replace(case, stages=("value", "vjp")) if near else case
 
