@@ -7,14 +7,15 @@ A baseline is what `trainer NAME --json` prints (one card), what `trainer --all 
 A finding is matched by its **signature**, never by its check's name alone: the row, the
 check, the grade, how it was explained (new, or the known entry whose variant reproduced it),
 the diagnosis (what the function most likely computes), where the first failure is (the output,
-or the gradient wrt which input) and how the trainer's output relates to the reference's on the
-minimal counterexample: a common factor (rounded to two significant digits), zero, or not a
-scaling. No raw digits enter it, so that a baseline written on another machine, whose kernels
-round the last digits otherwise, still matches; a second bug at a row that already fails
-changes the relation, the place or the diagnosis, and is new. Where it changes none of them
-(two bugs whose outputs are both "not a scaling" of the reference's), the finding is new all the
-same when the row's code, replayed on the baseline finding's minimal counterexample, no longer
-gives the output saved with it (beyond the trainer's precision row of the tolerance table).
+or the gradient wrt which input), how the trainer's output relates to the reference's on the
+minimal counterexample (a common factor rounded to two significant digits, zero, or not a
+scaling) and the counterexample's class (how its rows are grouped). No raw digits enter it, so
+that a baseline written on another machine, whose kernels round the last digits otherwise,
+still matches; a second bug at a row that already fails changes the relation, the place, the
+diagnosis or the class, and is new. Where it changes none of them (two bugs whose outputs are
+both "not a scaling" of the reference's), the finding is new all the same when the row's code,
+replayed on the baseline finding's minimal counterexample, no longer gives the output saved
+with it (beyond the trainer's precision row of the tolerance table).
 """
 import json
 import math
@@ -85,6 +86,23 @@ def relation(yours, reference) -> str:
     return f"×{k:.2g}"
 
 
+def counterexample_class(ce: Mapping) -> str:
+    """The class of a minimal counterexample, without its numbers: how its rows are grouped
+    (`group_ids`: one group, groups of equal or unequal sizes, with a group of one). A bug
+    that needs unequal groups and one whose counterexample is a single group are two findings,
+    whatever their relation; "" where the counterexample holds no groups."""
+    ids = ce.get("group_ids")
+    if not isinstance(ids, (list, tuple)) or not ids:
+        return ""
+    sizes = {}
+    for g in ids:
+        sizes[str(g)] = sizes.get(str(g), 0) + 1
+    counts = set(sizes.values())
+    kind = "one group" if len(sizes) == 1 else \
+        "groups of equal sizes" if len(counts) == 1 else "groups of unequal sizes"
+    return kind + (", a group of one" if 1 in counts and len(sizes) > 1 else "")
+
+
 def where(message: str) -> str:
     """The place of the first failure, without indices or numbers: "output", "d/dlogp
     (random cotangent)", "padding with NaN makes your function ..."."""
@@ -104,7 +122,8 @@ def signature(row: str, finding: Mapping) -> str:
     diagnosis = NUMBER.sub(_rounded, str(finding.get("diagnosis") or ""))
     parts = [row, finding["check"], finding.get("grade", "deviation"), how] + \
         ([f"likely {diagnosis}"] if diagnosis else []) + \
-        [where(str(finding.get("message", ""))), relation(ce.get(mine), ce.get(ref))]
+        [where(str(finding.get("message", ""))), relation(ce.get(mine), ce.get(ref)),
+         counterexample_class(ce)]
     return " | ".join(p for p in parts if p)
 
 

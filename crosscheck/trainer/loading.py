@@ -569,6 +569,11 @@ class Loaded:
             return self
         self._forget()
         self._finder = _Finder(self.source, self.real, self.stand_in)
+        # a module the load always stands in is stood in also where the process imported it
+        # before the card (a user's session, an earlier test): the card is the same whatever
+        # ran first; __exit__ puts the saved ones back
+        for k in [k for k in self._saved if k.partition(".")[0] in self._finder.always]:
+            sys.modules.pop(k, None)
         sys.meta_path.insert(0, self._finder)
         for m in self.modules:
             if not os.path.isfile(self.source.file(m)):

@@ -91,6 +91,24 @@ def test_a_signature_carries_no_digits_beyond_a_rounded_factor():
     assert baseline.signature("f [x]", nudged) == sig
 
 
+
+def test_a_counterexample_of_unequal_groups_and_one_of_a_single_group_are_two_findings():
+    # NeMo-RL's GRPO baseline: its float32 one-pass variance fails on one group at the pinned
+    # commit; a mean group size planted beside it fails on groups of unequal sizes
+    def finding(ids):
+        return dict(check="value", grade="deviation", known=False, kind="new", diagnosis="",
+                    message="output[0]: yours 1, reference 2",
+                    counterexample={"rewards": [0.4, -0.1, -0.1, 0.3], "group_ids": ids,
+                                    "your output": [1.0, 0.2, 0.3, 0.0],
+                                    "reference output": [2.0, 0.1, 0.3, 0.0]})
+    one, unequal = finding([0, 0, 0, 0]), finding([4, 4, 4, 28])
+    assert baseline.signature("f", one).endswith("not a scaling | one group")
+    assert baseline.signature("f", unequal).endswith(
+        "not a scaling | groups of unequal sizes, a group of one")
+    assert baseline.signature("f", finding([1, 1, 2, 2])).endswith("groups of equal sizes")
+    assert baseline.signature("f", finding([7, 7, 3, 3])) == \
+        baseline.signature("f", finding([1, 1, 2, 2]))       # the ids' values do not enter it
+
 def _saved(output):
     return dict(check="value", grade="deviation", known=False, message="output[0]: yours 1",
                 counterexample={"rewards": [[1.0, "nan"]], "mask": [[True, False]],

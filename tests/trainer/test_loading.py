@@ -396,8 +396,7 @@ def test_an_importable_package_without_distribution_metadata_reads_its_version_f
 def test_an_installed_module_the_math_never_uses_can_be_stood_in_to_save_its_import(
         tmp_path, monkeypatch):
     """verl's DataProto imports tensordict, which no row uses: the verl card stands it in
-    (Trainer.stand_in) and says why. (A module some earlier code already imported stays the
-    real one: only a fresh import meets the stand-in.)"""
+    (Trainer.stand_in) and says why."""
     monkeypatch.delitem(sys.modules, "cloudpickle", raising=False)
     _write(tmp_path, {"slowimport_xyz/__init__.py": "",
                       "slowimport_xyz/math.py": "import cloudpickle\n\ndef f(x):\n    return x\n"})
@@ -474,3 +473,17 @@ def test_a_failed_normal_import_leaves_no_real_copy_of_a_module_the_trainer_stan
     with loading.Loaded(source, ["partial_xyz.math"], stand_in=("realdep_xyz",)) as loaded:
         assert loaded.how.startswith("loaded by file")
         assert isinstance(loaded.module("partial_xyz.math").realdep_xyz, loading.StandInModule)
+
+
+def test_a_module_always_stood_in_is_stood_in_also_where_it_was_imported_before(tmp_path):
+    """A by-file load is the same whatever the process imported first (a user's session, an
+    earlier test): NeMo-RL's policy package asserts a transformers version at import, which the
+    stand-in passes and the installed transformers fails. The real module is back afterwards."""
+    import cloudpickle                               # imported before the load
+    _write(tmp_path, {"preimported_xyz/__init__.py": "",
+                      "preimported_xyz/math.py": "import cloudpickle\n\ndef f(x):\n    return x\n"})
+    source = loading.locate("preimported_xyz", "preimported_xyz", str(tmp_path))
+    with loading.Loaded(source, ["preimported_xyz.math"], stand_in=("cloudpickle",)) as loaded:
+        assert isinstance(loaded.module("preimported_xyz.math").cloudpickle,
+                          loading.StandInModule)
+    assert sys.modules["cloudpickle"] is cloudpickle

@@ -468,10 +468,10 @@ def test_a_trainer_function_that_raises_on_every_input_is_a_release_defect_at_it
     old = "    scores = token_level_rewards.sum(dim=-1)\n"
     # the first occurrence is compute_grpo_outcome_advantage's: `.to()` given a module where it
     # wants a device or a dtype raises a TypeError on every input, from the trainer's own line
-    patched = patched(original, old, "    scores = token_level_rewards.sum(dim=-1).to("
-                                      "torch.nn.Module())\n", 0)
+    broken = patched(original, old, "    scores = token_level_rewards.sum(dim=-1).to("
+                                     "torch.nn.Module())\n", 0)
     line = original[:original.find(old)].count("\n") + 1
-    path.write_text(patched, encoding="utf-8")
+    path.write_text(broken, encoding="utf-8")
     try:
         c = card.run(trainers.get("verl"), path=str(copies["verl"]), cases=CASES,
                      only=["compute_grpo_outcome_advantage"])
