@@ -312,16 +312,17 @@ def _audit(args):
     from .audit import audit as run_audit
     from .audit.model import progress_stream
     try:
-        fn = _load_target(args.target)
-        conventions = _pairs(args.set, "--set", "ddof=1")
-        rename = _pairs(args.map, "--map", "log_prob=logp") or None
-        report = run_audit(fn, args.ref, backend=args.backend, profile=args.profile,
-                           cases=args.cases, seed=args.seed, accumulation=args.accumulation,
-                           precision=args.precision, kl_use=args.kl_use, rename=rename,
-                           domain=None if args.domain is None else tuple(args.domain),
-                           timeout=args.timeout,
-                           progress=progress_stream(args.json or not sys.stdout.isatty()),
-                           **conventions)
+        with _prints_to_stderr():                 # the user's module and function print too
+            fn = _load_target(args.target)
+            conventions = _pairs(args.set, "--set", "ddof=1")
+            rename = _pairs(args.map, "--map", "log_prob=logp") or None
+            report = run_audit(fn, args.ref, backend=args.backend, profile=args.profile,
+                               cases=args.cases, seed=args.seed, accumulation=args.accumulation,
+                               precision=args.precision, kl_use=args.kl_use, rename=rename,
+                               domain=None if args.domain is None else tuple(args.domain),
+                               timeout=args.timeout,
+                               progress=progress_stream(args.json or not sys.stdout.isatty()),
+                               **conventions)
     except (ValueError, TypeError) as exc:
         return "", f"{_prog('audit')}: error: {exc}", EXIT_USAGE
     return _audit_output(args, report)
@@ -427,6 +428,14 @@ def _output_path(parser, option, path, folder=False) -> None:
         parser.error(f"{option} {path!r}: {problem}")
 
 
+def _prints_to_stderr():
+    """While a trainer's or a user's code runs: what it prints (EasyR1's "The sum of the mask is
+    less than one" at every empty row) goes to stderr, so that stdout holds the report alone
+    (`--json`)."""
+    import contextlib
+    return contextlib.redirect_stdout(sys.stderr)
+
+
 def trainer_main(argv, workers: int = 1) -> int:
     import json
 
@@ -460,14 +469,15 @@ def trainer_main(argv, workers: int = 1) -> int:
     if args.all:
         return _all_cards(args, saved)
     try:
-        result = card.run(trainers.get(args.name), path=args.path, cases=args.cases,
-                          seed=args.seed, workers=workers,
-                          progress=progress_stream(args.json or not sys.stdout.isatty()))
+        with _prints_to_stderr():
+            result = card.run(trainers.get(args.name), path=args.path, cases=args.cases,
+                              seed=args.seed, workers=workers,
+                              progress=progress_stream(args.json or not sys.stdout.isatty()))
+            if saved is not None:
+                result.against(saved, args.baseline)
     except loading.TrainerNotFound as exc:
         print(f"{_prog('trainer')}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    if saved is not None:
-        result.against(saved, args.baseline)
     if args.markdown:
         with open(args.markdown, "w", encoding="utf-8") as fh:
             fh.write(result.markdown())
@@ -493,12 +503,13 @@ def _all_cards(args, saved=None) -> int:
         return EXIT_USAGE
     # one process: a card forks its second worker from a process whose torch has not run yet,
     # which after the first card no longer holds
-    cards = [card.run(trainers.get(n), cases=args.cases, seed=args.seed, workers=1,
-                      progress=progress_stream(args.json or not sys.stdout.isatty()))
-             for n in names]
-    if saved is not None:
-        for c in cards:
-            c.against(saved, args.baseline)
+    with _prints_to_stderr():
+        cards = [card.run(trainers.get(n), cases=args.cases, seed=args.seed, workers=1,
+                          progress=progress_stream(args.json or not sys.stdout.isatty()))
+                 for n in names]
+        if saved is not None:
+            for c in cards:
+                c.against(saved, args.baseline)
     if args.json:
         print(json.dumps([c.to_dict() for c in cards], indent=2, ensure_ascii=False))
     else:

@@ -26,6 +26,19 @@ def test_cli_pass_fail_and_json():
                                       for f in doc["findings"])
 
 
+def test_what_the_audited_code_prints_goes_to_stderr_and_json_stays_parseable(tmp_path):
+    mod = tmp_path / "noisy.py"
+    mod.write_text("print('hello at import')\n\n\n"
+                   "def adv(rewards, group_size):\n"
+                   "    print('hello from the function')\n"
+                   "    r = rewards.reshape(-1, group_size)\n"
+                   "    return (r - r.mean(-1, keepdim=True)).reshape(-1)\n")
+    code, out, err = run(["audit", f"{mod}:adv", "--ref", "group_advantages", "--cases", "5",
+                          "--set", "scale=none", "--json"])
+    assert json.loads(out)["verdict"] in ("CONFORMS", "DOES NOT CONFORM")
+    assert "hello" not in out
+
+
 @pytest.mark.parametrize("argv, message", [
     (["audit", "missing.py:f", "--ref", "whiten"], "does not exist"),
     (["audit", "examples/buggy.py:nope", "--ref", "whiten"], "has no function 'nope'"),

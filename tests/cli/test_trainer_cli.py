@@ -60,6 +60,22 @@ def test_json_and_markdown_carry_the_card(tmp_path):
     assert md.read_text().startswith("# Report card: openrlhf 0.11.2")
 
 
+@pytest.mark.skipif(importlib.util.find_spec("openrlhf") is None,
+                    reason="openrlhf is not installed (.ci/run installs it with --no-deps)")
+def test_what_the_trainers_code_prints_goes_to_stderr_and_json_stays_parseable(monkeypatch):
+    # EasyR1 prints "The sum of the mask is less than one ..." at every empty row it averages
+    from crosscheck.trainer import card
+    real = card.run_row
+
+    def printing(*args, **kwargs):
+        print("The sum of the mask is less than one, which can cause a division by zero.")
+        return real(*args, **kwargs)
+    monkeypatch.setattr(card, "run_row", printing)
+    code, out, err = run_cli(["trainer", "openrlhf", "--json", "--cases", "2"])
+    assert json.loads(out)["trainer"] == "openrlhf"
+    assert "The sum of the mask is less than one" in err
+
+
 @pytest.mark.parametrize("where, message", [
     ("{tmp}/blocker/card.md", "is a file, not a folder"), ("{tmp}", "is a folder")])
 def test_an_unwritable_markdown_path_is_refused_before_the_card_is_computed(tmp_path, where,
