@@ -167,16 +167,22 @@ def _kl_cov_tie(args, params):
     return None
 
 
+def _sequence_rows(args):
+    """(logp, old_logp, mask) of a sequence-level mask's call as float64 [B, T] rows (a [T]
+    trajectory as one row; no mask: every token valid)."""
+    import numpy as np
+    lp = np.asarray(args["logp"], dtype=np.float64)
+    old = np.asarray(args["old_logp"], dtype=np.float64)
+    m = np.ones(lp.shape, bool) if args.get("mask") is None else \
+        np.asarray(args["mask"], dtype=bool)
+    return (lp[None], old[None], m[None]) if lp.ndim == 1 else (lp, old, m)
+
+
 def _opsm_tie(args, params):
     """OPSM compares each row's mean log-ratio D with δ: where D lies within rounding of δ (in
     the trainer's own arithmetic), either side is a right mask."""
     import numpy as np
-    m = np.ones(np.shape(args["logp"]), bool) if args.get("mask") is None else \
-        np.asarray(args["mask"], dtype=bool)
-    lp = np.asarray(args["logp"], dtype=np.float64)
-    old = np.asarray(args["old_logp"], dtype=np.float64)
-    if lp.ndim == 1:
-        lp, old, m = lp[None], old[None], m[None]
+    lp, old, m = _sequence_rows(args)
     drift = cases.opsm_drift(lp, old, m).ravel()
     delta = params.get("delta", inspect.signature(ref_numpy.opsm_mask).parameters["delta"].default)
     scale = np.where(m, np.abs(old) + np.abs(lp), 0.0).max(axis=-1, initial=0.0)
@@ -191,12 +197,7 @@ def _tv_tie(args, params):
     rounding (in the trainer's own arithmetic), keeping or dropping the row's tokens are both
     right."""
     import numpy as np
-    m = np.ones(np.shape(args["logp"]), bool) if args.get("mask") is None else \
-        np.asarray(args["mask"], dtype=bool)
-    lp = np.asarray(args["logp"], dtype=np.float64)
-    old = np.asarray(args["old_logp"], dtype=np.float64)
-    if lp.ndim == 1:
-        lp, old, m = lp[None], old[None], m[None]
+    lp, old, m = _sequence_rows(args)
     drift = ref_numpy.pg_losses.tv_drift(lp, old, m, params.get("log_ratio_clamp")).ravel()
     for bound in (params.get("lower"), params.get("upper")):
         if bound is not None and np.any(np.abs(drift - bound) <= 1e-5 * max(bound, 1.0)):
